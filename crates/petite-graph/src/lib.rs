@@ -1,0 +1,2 @@
+//! petite-graph (skeleton; see docs/ARCHITECTURE.md).
+#![deny(missing_docs)]

@@ -1,0 +1,2 @@
+//! petite-pi05 (skeleton; see docs/ARCHITECTURE.md).
+#![deny(missing_docs)]

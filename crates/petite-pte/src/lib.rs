@@ -1,0 +1,2 @@
+//! petite-pte (skeleton; see docs/ARCHITECTURE.md).
+#![deny(missing_docs)]

@@ -1,0 +1,2 @@
+//! petite-reference (skeleton; see docs/ARCHITECTURE.md).
+#![deny(missing_docs)]

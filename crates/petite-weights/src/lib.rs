@@ -1,0 +1,2 @@
+//! petite-weights (skeleton; see docs/ARCHITECTURE.md).
+#![deny(missing_docs)]

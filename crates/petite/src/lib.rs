@@ -1,0 +1,2 @@
+//! petite: orchestration of the export pipeline (skeleton; see docs/ARCHITECTURE.md).
+#![deny(missing_docs)]
