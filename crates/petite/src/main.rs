@@ -1,12 +1,26 @@
-//! The `petite` command line.
-use clap::Parser;
+//! The `petite` command line. Each subcommand lives in its own module under `cli/`.
+use clap::{Parser, Subcommand};
+
+mod cli;
 
 /// petite: compile pi0.5 into ExecuTorch `.pte` programs in bounded memory.
 #[derive(Parser)]
-#[command(version, about)]
-struct Cli {}
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// pi0.5 tools: synthetic checkpoints, reference runs.
+    #[command(subcommand)]
+    Pi05(cli::pi05::Pi05Cmd),
+}
 
 fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    Ok(())
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Pi05(c) => cli::pi05::run(c),
+    }
 }

@@ -1,0 +1,2 @@
+//! One module per subcommand, so subcommands can grow independently.
+pub mod pi05;
