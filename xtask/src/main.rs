@@ -1,6 +1,8 @@
 //! Project automation: `cargo xtask <command>`. Automation only; the work lives in the crates.
 //! One module per task so tasks grow independently.
 
+mod bench;
+mod conformance;
 mod util;
 
 use anyhow::Result;
@@ -21,18 +23,33 @@ enum Cmd {
     /// Every check CI runs: rustfmt, clippy (-D warnings), all tests, and the conformance tier
     /// against real ExecuTorch / lerobot software in venvs under target/.
     Ci,
+    /// Conformance against real ExecuTorch and lerobot software (venvs under target/).
+    Conformance(conformance::Args),
+    /// Whole-process benchmarks under memcap.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Ci => ci(),
+        Cmd::Conformance(a) => conformance::run(&a),
+        Cmd::Bench(b) => bench::run(b),
     }
 }
 
 fn ci() -> Result<()> {
     util::cargo(&["fmt", "--all", "--", "--check"])?;
-    util::cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    util::cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     util::cargo(&["test", "--workspace"])?;
+    conformance::run(&conformance::Args { full: false })?;
     Ok(())
 }
