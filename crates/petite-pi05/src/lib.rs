@@ -1,2 +1,55 @@
-//! petite-pi05 (skeleton; see docs/ARCHITECTURE.md).
+//! petite-pi05: pi0.5 only — its config (real and small), the checkpoint tensor names of both
+//! layouts, and the programs (prefix, step, timestep table) built as petite-graph graphs.
+//! Nothing here reads weight bytes: programs hold names and shapes.
 #![deny(missing_docs)]
+
+pub mod config;
+pub mod names;
+
+pub use config::{ExpertConfig, LanguageConfig, Pi05Config, VisionConfig};
+
+/// Errors of this crate; each names the file, field or tensor and what was expected.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Config text is not JSON.
+    #[error("{origin}: not valid JSON: {message}")]
+    ConfigJson {
+        /// Where the text came from.
+        origin: String,
+        /// serde_json's message (with line and column).
+        message: String,
+    },
+    /// A config field read from a file is missing, mistyped, unknown or inconsistent.
+    #[error("{origin}: config field `{field}`: expected {expected}, found {found}")]
+    ConfigField {
+        /// Where the config came from.
+        origin: String,
+        /// Dotted field path, e.g. `expert.heads`.
+        field: String,
+        /// What the field should be.
+        expected: String,
+        /// What it is.
+        found: String,
+    },
+    /// A config (built in code) is inconsistent.
+    #[error("invalid config: field `{field}`: expected {expected}, found {found}")]
+    InvalidConfig {
+        /// Dotted field path.
+        field: String,
+        /// What the field should be.
+        expected: String,
+        /// What it is.
+        found: String,
+    },
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
