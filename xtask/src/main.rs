@@ -2,6 +2,7 @@
 //! One module per task so tasks grow independently.
 
 mod bench;
+mod codegen;
 mod conformance;
 mod util;
 
@@ -28,6 +29,8 @@ enum Cmd {
     /// Whole-process benchmarks under memcap.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Regenerate petite-pte's flatbuffers code from the vendored schema (`--check`: fail if stale).
+    Codegen(codegen::Args),
 }
 
 fn main() -> Result<()> {
@@ -36,6 +39,7 @@ fn main() -> Result<()> {
         Cmd::Ci => ci(),
         Cmd::Conformance(a) => conformance::run(&a),
         Cmd::Bench(b) => bench::run(b),
+        Cmd::Codegen(a) => codegen::run(&a),
     }
 }
 

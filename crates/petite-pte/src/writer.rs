@@ -1,0 +1,395 @@
+//! Writing a `.pte`: the flatbuffer (small, in memory) with the `eh00` header, then each segment
+//! streamed from its source at its aligned offset. File sources are copied with
+//! `copy_file_range` (in-kernel, no user-space copy), falling back to a bounded buffer, so a
+//! segment's bytes are never all in memory. The file is written under a temporary name in the
+//! destination directory and renamed into place only when complete.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::header::{self, SEGMENT_ALIGNMENT, align_up, lcm};
+use crate::model::{DataSegment, Program};
+use crate::{Error, Result, encode, verify};
+
+/// Size of the fallback copy buffer (and the largest zero-padding write).
+const COPY_BUF: usize = 1 << 20;
+/// The largest chunk handed to one `copy_file_range` call.
+const COPY_CHUNK: usize = 1 << 30;
+
+/// Where a segment's bytes come from.
+#[derive(Clone, Debug)]
+pub enum SegmentData {
+    /// Bytes already in memory (small blobs; shared, not copied, when cloned).
+    Bytes(Arc<[u8]>),
+    /// `len` bytes of a file starting at `offset`, read at write time.
+    File {
+        /// Source file (never modified).
+        path: PathBuf,
+        /// Start of the region.
+        offset: u64,
+        /// Length of the region.
+        len: u64,
+    },
+}
+
+impl SegmentData {
+    /// In-memory bytes.
+    pub fn bytes(b: impl Into<Arc<[u8]>>) -> SegmentData {
+        SegmentData::Bytes(b.into())
+    }
+
+    /// A whole file (its size is taken now and checked again at write time).
+    pub fn file(path: impl AsRef<Path>) -> Result<SegmentData> {
+        let path = path.as_ref();
+        let len = std::fs::metadata(path)
+            .map_err(|e| Error::io(path, "stat segment source", e))?
+            .len();
+        Ok(SegmentData::File {
+            path: path.to_path_buf(),
+            offset: 0,
+            len,
+        })
+    }
+
+    /// A region of a file.
+    pub fn file_region(path: impl Into<PathBuf>, offset: u64, len: u64) -> SegmentData {
+        SegmentData::File {
+            path: path.into(),
+            offset,
+            len,
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            SegmentData::Bytes(b) => b.len() as u64,
+            SegmentData::File { len, .. } => *len,
+        }
+    }
+
+    /// True for an empty source.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A segment to write: its data and the alignment it needs (the file uses
+/// `lcm(128, alignment)`).
+#[derive(Clone, Debug)]
+pub struct Segment {
+    /// The bytes.
+    pub data: SegmentData,
+    /// Required alignment (a power of two ≥ 1).
+    pub alignment: u64,
+}
+
+/// What a write produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteSummary {
+    /// Total file size.
+    pub file_len: u64,
+    /// Size of the flatbuffer region (headers included).
+    pub program_size: u64,
+    /// File offset of the first segment (0 without segment data).
+    pub segment_base_offset: u64,
+    /// Segment data bytes (padding between segments included).
+    pub segment_data_size: u64,
+    /// Bytes copied with `copy_file_range`.
+    pub bytes_copied_in_kernel: u64,
+    /// Bytes copied through the bounded buffer or from memory.
+    pub bytes_copied_buffered: u64,
+}
+
+/// Options of a write.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WriteOptions {
+    /// `fsync` the file before renaming it into place.
+    pub fsync: bool,
+    /// Never use `copy_file_range` (exercises the fallback path).
+    pub force_buffered_copy: bool,
+}
+
+/// Computes segment offsets (relative to the segment base) for `segments`, in order.
+pub fn layout_segments(segments: &[Segment]) -> Result<Vec<DataSegment>> {
+    let mut end = 0u64;
+    segments
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            if s.alignment == 0 || !s.alignment.is_power_of_two() {
+                return Err(Error::Build(format!(
+                    "segment {i}: alignment {} is not a power of two",
+                    s.alignment
+                )));
+            }
+            let offset = align_up(end, lcm(SEGMENT_ALIGNMENT, s.alignment));
+            end = offset
+                .checked_add(s.data.len())
+                .ok_or_else(|| Error::Build(format!("segment {i}: size overflows")))?;
+            Ok(DataSegment {
+                offset,
+                size: s.data.len(),
+            })
+        })
+        .collect()
+}
+
+/// Serialises `program` with the given segments into the exact bytes that precede the segment
+/// data: the flatbuffer with its header (and the program with `segments` filled in).
+fn prepare(program: &Program, segments: &[Segment]) -> Result<(Vec<u8>, Program, u64, u64)> {
+    let mut program = program.clone();
+    program.segments = layout_segments(segments)?;
+    verify::verify_program(&program)?;
+    let data_size = program
+        .segments
+        .iter()
+        .map(|s| s.offset + s.size)
+        .max()
+        .unwrap_or(0);
+    let fb = encode::encode_program(&program);
+    if fb.len() as u64 >= (1 << 31) - 64 {
+        return Err(Error::Build(format!(
+            "the program flatbuffer is {} bytes, over the 2 GiB flatbuffer limit: move data into segments",
+            fb.len()
+        )));
+    }
+    if data_size == 0 {
+        // No segment data: EXIR writes no extended header at all.
+        return Ok((fb, program, 0, 0));
+    }
+    let program_size = (fb.len() + header::PADDED_HEADER_LEN) as u64;
+    let base_align = segments
+        .iter()
+        .fold(SEGMENT_ALIGNMENT, |a, s| lcm(a, s.alignment));
+    let base = align_up(program_size, base_align);
+    Ok((
+        header::insert(&fb, base, data_size),
+        program,
+        base,
+        data_size,
+    ))
+}
+
+/// Writes `program` and its segments (in order; `program.segments` is replaced by their layout)
+/// to `path`, atomically.
+pub fn write_pte(
+    path: impl AsRef<Path>,
+    program: &Program,
+    segments: &[Segment],
+    opts: WriteOptions,
+) -> Result<WriteSummary> {
+    let path = path.as_ref();
+    let (head, _program, base, data_size) = prepare(program, segments)?;
+    let tmp = TempFile::create(path)?;
+    let mut summary = WriteSummary {
+        file_len: 0,
+        program_size: head.len() as u64,
+        segment_base_offset: base,
+        segment_data_size: data_size,
+        bytes_copied_in_kernel: 0,
+        bytes_copied_buffered: 0,
+    };
+    let out = &tmp.file;
+    out.write_all_at(&head, 0)
+        .map_err(|e| Error::io(&tmp.path, "write program", e))?;
+    let mut pos = head.len() as u64;
+    let layout = layout_segments(segments)?;
+    let mut buf = Vec::new();
+    for (i, (seg, at)) in segments.iter().zip(&layout).enumerate() {
+        let start = base + at.offset;
+        write_zeros(out, &tmp.path, pos, start - pos)?;
+        pos = start;
+        match &seg.data {
+            SegmentData::Bytes(b) => {
+                out.write_all_at(b, pos)
+                    .map_err(|e| Error::io(&tmp.path, "write segment", e))?;
+                summary.bytes_copied_buffered += b.len() as u64;
+            }
+            SegmentData::File {
+                path: src,
+                offset,
+                len,
+            } => {
+                let (k, u) =
+                    copy_region(i, src, *offset, *len, out, &tmp.path, pos, opts, &mut buf)?;
+                summary.bytes_copied_in_kernel += k;
+                summary.bytes_copied_buffered += u;
+            }
+        }
+        pos += seg.data.len();
+    }
+    summary.file_len = pos;
+    // The file must be exactly this long (a pre-existing temp is impossible: created exclusively).
+    if opts.fsync {
+        out.sync_all()
+            .map_err(|e| Error::io(&tmp.path, "fsync", e))?;
+    }
+    tmp.commit(path)?;
+    Ok(summary)
+}
+
+/// The bytes of a program with only in-memory segments (tests, small programs). Identical to
+/// what [`write_pte`] writes.
+pub fn to_bytes(program: &Program, segments: &[Segment]) -> Result<Vec<u8>> {
+    let (mut out, program, base, _) = prepare(program, segments)?;
+    for (seg, at) in segments.iter().zip(&program.segments) {
+        let SegmentData::Bytes(b) = &seg.data else {
+            return Err(Error::Build(
+                "to_bytes needs in-memory segments; use write_pte for file sources".into(),
+            ));
+        };
+        out.resize((base + at.offset) as usize, 0);
+        out.extend_from_slice(b);
+    }
+    Ok(out)
+}
+
+fn write_zeros(out: &File, path: &Path, mut pos: u64, mut n: u64) -> Result<()> {
+    const ZEROS: [u8; 4096] = [0; 4096];
+    while n > 0 {
+        let k = n.min(ZEROS.len() as u64) as usize;
+        out.write_all_at(&ZEROS[..k], pos)
+            .map_err(|e| Error::io(path, "write padding", e))?;
+        pos += k as u64;
+        n -= k as u64;
+    }
+    Ok(())
+}
+
+/// Copies `len` bytes of `src` at `offset` to `out` at `pos`; returns (in-kernel, buffered) byte
+/// counts.
+#[allow(clippy::too_many_arguments)]
+fn copy_region(
+    index: usize,
+    src: &Path,
+    offset: u64,
+    len: u64,
+    out: &File,
+    out_path: &Path,
+    pos: u64,
+    opts: WriteOptions,
+    buf: &mut Vec<u8>,
+) -> Result<(u64, u64)> {
+    let source_err = |msg: String| Error::Source {
+        index,
+        path: src.to_path_buf(),
+        msg,
+    };
+    let f = File::open(src).map_err(|e| source_err(format!("cannot open: {e}")))?;
+    let have = f
+        .metadata()
+        .map_err(|e| source_err(format!("cannot stat: {e}")))?
+        .len();
+    if offset.checked_add(len).is_none_or(|e| e > have) {
+        return Err(source_err(format!(
+            "region [{offset}, +{len}) lies outside the {have}-byte file"
+        )));
+    }
+    let mut done = 0u64;
+    let mut in_kernel = 0u64;
+    if !opts.force_buffered_copy {
+        while done < len {
+            let mut off_in = (offset + done) as libc::loff_t;
+            let mut off_out = (pos + done) as libc::loff_t;
+            let want = ((len - done) as usize).min(COPY_CHUNK);
+            // SAFETY: both descriptors are open for the duration of the call and the offset
+            // pointers point at live locals; the kernel reads/writes only those.
+            let r = unsafe {
+                libc::copy_file_range(
+                    f.as_raw_fd(),
+                    &mut off_in,
+                    out.as_raw_fd(),
+                    &mut off_out,
+                    want,
+                    0,
+                )
+            };
+            if r < 0 {
+                let err = std::io::Error::last_os_error();
+                match err.raw_os_error() {
+                    // Not supported here (old kernel, cross-filesystem, special files): fall back.
+                    Some(libc::ENOSYS | libc::EXDEV | libc::EOPNOTSUPP | libc::EINVAL)
+                    | Some(libc::EBADF | libc::EPERM) => break,
+                    Some(libc::EINTR) => continue,
+                    _ => return Err(Error::io(out_path, "copy_file_range", err)),
+                }
+            }
+            if r == 0 {
+                return Err(source_err(format!(
+                    "file ended after {} of {len} bytes (it shrank while being copied)",
+                    done
+                )));
+            }
+            done += r as u64;
+            in_kernel += r as u64;
+        }
+    }
+    let buffered_start = done;
+    if done < len {
+        buf.resize(COPY_BUF, 0);
+        while done < len {
+            let n = ((len - done) as usize).min(COPY_BUF);
+            f.read_exact_at(&mut buf[..n], offset + done)
+                .map_err(|e| source_err(format!("read failed at {}: {e}", offset + done)))?;
+            out.write_all_at(&buf[..n], pos + done)
+                .map_err(|e| Error::io(out_path, "write segment", e))?;
+            done += n as u64;
+        }
+    }
+    Ok((in_kernel, done - buffered_start))
+}
+
+/// A file under a temporary name next to its destination, removed unless committed.
+struct TempFile {
+    path: PathBuf,
+    file: File,
+    committed: bool,
+}
+
+impl TempFile {
+    fn create(dest: &Path) -> Result<TempFile> {
+        let name = dest
+            .file_name()
+            .ok_or_else(|| Error::Build(format!("{} has no file name", dest.display())))?;
+        let dir = dest.parent().filter(|p| !p.as_os_str().is_empty());
+        let tmp_name = format!(
+            ".{}.petite-tmp-{}",
+            name.to_string_lossy(),
+            std::process::id()
+        );
+        let path = match dir {
+            Some(d) => d.join(tmp_name),
+            None => PathBuf::from(tmp_name),
+        };
+        // A stale temp from a crashed run with the same pid is ours to replace.
+        let _ = std::fs::remove_file(&path);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, "create temporary output", e))?;
+        Ok(TempFile {
+            path,
+            file,
+            committed: false,
+        })
+    }
+
+    fn commit(mut self, dest: &Path) -> Result<()> {
+        std::fs::rename(&self.path, dest).map_err(|e| Error::io(dest, "rename into place", e))?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
