@@ -1,10 +1,28 @@
 //! petite-weights: memory-mapped safetensors checkpoints, streamed f32 → bf16 conversion and
 //! page residency control. Knows nothing of graphs, engines or pi0.5.
+//!
+//! - [`MappedSafetensors`]: one mapped `.safetensors` file as a [`WeightSource`] (zero-copy views).
+//! - [`Checkpoint`]: a single file or a sharded checkpoint (`model.safetensors.index.json`).
+//! - [`Remapped`]: a source seen through a caller-supplied [`KeyMap`] (layout differences).
+//! - [`SafetensorsWriter`]: streams tensors into a page-aligned safetensors file (temp + rename).
+//! - [`convert()`]: f32 → bf16/f16 in bounded chunks, dropping the source's pages behind itself.
+//! - [`residency`]: how much of a mapping / of this process is resident.
 #![deny(missing_docs)]
 
+mod header;
+mod mapped;
+mod remap;
+pub mod residency;
+mod sharded;
 mod source;
+mod writer;
 
+pub use header::{Header, HeaderEntry, Index, MAX_HEADER_LEN, parse_header, parse_index};
+pub use mapped::MappedSafetensors;
+pub use remap::{KeyMap, Remapped};
+pub use sharded::Checkpoint;
 pub use source::{Dtype, TensorInfo, TensorView, WeightSource};
+pub use writer::{PAD_PREFIX, SafetensorsWriter, TensorSink, TensorSpec};
 
 /// Errors of this crate; each names the file and, where relevant, the tensor.
 #[derive(Debug, thiserror::Error)]
@@ -17,7 +35,113 @@ pub enum Error {
         /// The tensor name.
         name: String,
     },
+    /// An I/O operation on a file failed.
+    #[error("{file}: {op}: {source}")]
+    Io {
+        /// The file.
+        file: String,
+        /// What was being done (`"open"`, `"map"`, `"write"`, ...).
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is shorter than its own header says (or shorter than the 8-byte length prefix).
+    #[error("{file}: truncated: {reason}")]
+    Truncated {
+        /// The file.
+        file: String,
+        /// Expected vs found.
+        reason: String,
+    },
+    /// The safetensors header is malformed or lies about the data.
+    #[error("{file}: invalid safetensors header{}: {reason}", tensor_suffix(.tensor))]
+    InvalidHeader {
+        /// The file.
+        file: String,
+        /// The tensor entry at fault, if one is.
+        tensor: Option<String>,
+        /// What is wrong: expected vs found.
+        reason: String,
+    },
+    /// A sharded checkpoint's index is malformed.
+    #[error("{file}: invalid checkpoint index{}: {reason}", tensor_suffix(.tensor))]
+    InvalidIndex {
+        /// The index file.
+        file: String,
+        /// The tensor entry at fault, if one is.
+        tensor: Option<String>,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A shard named by the index does not exist.
+    #[error("{index}: shard `{shard}` (holding `{tensor}`) is missing")]
+    MissingShard {
+        /// The index file.
+        index: String,
+        /// The shard file name as written in the index.
+        shard: String,
+        /// One tensor the index places in it.
+        tensor: String,
+    },
+    /// A tensor's dtype is not what the operation needs.
+    #[error("tensor `{tensor}`: expected {expected}, found {found:?}")]
+    WrongDtype {
+        /// The tensor.
+        tensor: String,
+        /// What was needed.
+        expected: &'static str,
+        /// What it is.
+        found: Dtype,
+    },
+    /// A writer was given a table it cannot write (duplicate or reserved name, size overflow).
+    #[error("{file}: invalid tensor table{}: {reason}", tensor_suffix(.tensor))]
+    InvalidTable {
+        /// The output file.
+        file: String,
+        /// The tensor at fault, if one is.
+        tensor: Option<String>,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor was written with the wrong number of bytes, or more than once.
+    #[error("{file}: tensor `{tensor}`: {reason}")]
+    ByteCount {
+        /// The output file.
+        file: String,
+        /// The tensor.
+        tensor: String,
+        /// Expected vs found.
+        reason: String,
+    },
+    /// A keep/drop list or key map names something the source does not have.
+    #[error("{0}")]
+    Selection(String),
+}
+
+fn tensor_suffix(t: &Option<String>) -> String {
+    match t {
+        Some(t) => format!(" (tensor `{t}`)"),
+        None => String::new(),
+    }
+}
+
+impl Error {
+    pub(crate) fn io(file: &std::path::Path, op: &'static str, source: std::io::Error) -> Self {
+        Error::Io {
+            file: file.display().to_string(),
+            op,
+            source,
+        }
+    }
 }
 
 /// Result alias of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The OS page size (4 KiB on typical x86-64 and Jetson kernels, 16/64 KiB on some aarch64).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p <= 0 { 4096 } else { p as usize }
+}

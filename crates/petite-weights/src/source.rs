@@ -1,7 +1,7 @@
 //! The `WeightSource` seam: what every consumer of weights (reference executor, engine builders)
 //! sees. A source hands out zero-copy views by checkpoint name and can give pages back to the OS.
 
-use crate::Result;
+use crate::{Error, Result};
 
 /// Element type of a stored tensor. Only what checkpoints and mapping files hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -33,6 +33,25 @@ impl Dtype {
         }
     }
 
+    /// True for F32, BF16 and F16 (the dtypes conversion rounds).
+    pub fn is_float(self) -> bool {
+        matches!(self, Dtype::F32 | Dtype::Bf16 | Dtype::F16)
+    }
+
+    /// Parses the safetensors spelling; `None` for dtypes petite does not handle (F64, I8, ...).
+    pub fn from_safetensors_name(s: &str) -> Option<Dtype> {
+        Some(match s {
+            "F32" => Dtype::F32,
+            "BF16" => Dtype::Bf16,
+            "F16" => Dtype::F16,
+            "I64" => Dtype::I64,
+            "I32" => Dtype::I32,
+            "U8" => Dtype::U8,
+            "BOOL" => Dtype::Bool,
+            _ => return None,
+        })
+    }
+
     /// The safetensors spelling (`"F32"`, `"BF16"`, ...).
     pub fn safetensors_name(self) -> &'static str {
         match self {
@@ -60,10 +79,60 @@ pub struct TensorView<'a> {
     pub bytes: &'a [u8],
 }
 
-impl TensorView<'_> {
+impl<'a> TensorView<'a> {
     /// Number of elements.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// The elements as `f32`, zero-copy: `None` unless the dtype is F32 and the bytes are 4-byte
+    /// aligned (files written by petite always are; odd third-party files may not be).
+    pub fn as_f32(&self) -> Option<&'a [f32]> {
+        self.typed(Dtype::F32)
+    }
+
+    /// The elements as bf16, zero-copy: `None` unless the dtype is BF16 and 2-byte aligned.
+    pub fn as_bf16(&self) -> Option<&'a [half::bf16]> {
+        self.typed(Dtype::Bf16)
+    }
+
+    /// The elements as f16, zero-copy: `None` unless the dtype is F16 and 2-byte aligned.
+    pub fn as_f16(&self) -> Option<&'a [half::f16]> {
+        self.typed(Dtype::F16)
+    }
+
+    fn typed<T: bytemuck::Pod>(&self, want: Dtype) -> Option<&'a [T]> {
+        if self.dtype != want || cfg!(target_endian = "big") {
+            return None;
+        }
+        bytemuck::try_cast_slice(self.bytes).ok()
+    }
+
+    /// A copy of the elements widened to `f32`, for any float dtype and any alignment (exact: every
+    /// bf16 and f16 value is an f32 value).
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        let b = self.bytes;
+        Ok(match self.dtype {
+            Dtype::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Dtype::Bf16 => b
+                .chunks_exact(2)
+                .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
+                .collect(),
+            Dtype::F16 => b
+                .chunks_exact(2)
+                .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect(),
+            found => {
+                return Err(Error::WrongDtype {
+                    tensor: self.name.to_string(),
+                    expected: "a float dtype (F32, BF16, F16)",
+                    found,
+                });
+            }
+        })
     }
 }
 
@@ -87,4 +156,12 @@ pub trait WeightSource: Sync {
     /// Gives the pages of these tensors back to the OS (their bytes stay readable: pages fault
     /// back in from the file). Called after the last reader of each tensor is done.
     fn release(&self, names: &[&str]) -> Result<()>;
+
+    /// Gives back the pages of `name` that lie within bytes `start..end` of its data, rounding
+    /// outward to whole pages (a neighbour sharing an edge page just faults it back in). Streaming
+    /// readers (conversion) call it behind themselves. The default does nothing.
+    fn release_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
+        let _ = (name, start, end);
+        Ok(())
+    }
 }

@@ -1,0 +1,401 @@
+//! A streaming safetensors writer: the whole table is known up front, so the header (and every
+//! tensor's offset) is written first and tensor bytes are then streamed in, sequentially or from
+//! several threads at once (positional writes), never held in memory.
+//!
+//! Layout: the JSON header is padded with spaces so the data region starts on a page boundary.
+//! Tensors whose size is a multiple of the page size come first, so each starts on a page
+//! boundary; then small tensors (under a page), largest element size first (keeps every tensor
+//! aligned to its element size); then large tensors of odd size, each moved to a page boundary by
+//! a zero-filled U8 padding tensor named `__petite_pad_<n>__` (safetensors readers require the
+//! data region to be contiguous, so a gap has to be a tensor). Readers in this crate hide them.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::{Dtype, Error, Result, page_size};
+
+/// Name prefix of the padding tensors the writer inserts; never valid for a caller's tensor.
+pub const PAD_PREFIX: &str = "__petite_pad_";
+
+/// One row of the table given to [`SafetensorsWriter::create`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// Tensor name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+}
+
+impl TensorSpec {
+    /// A table row.
+    pub fn new(name: impl Into<String>, dtype: Dtype, shape: &[usize]) -> Self {
+        TensorSpec {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Slot {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Absolute file offset of the first byte.
+    offset: u64,
+    len: u64,
+    pad: bool,
+    written: AtomicU64,
+    claimed: AtomicBool,
+}
+
+/// Writes one safetensors file. Created under a temporary name next to the output; [`finish`]
+/// checks every tensor got exactly its byte count, fsyncs and renames. Dropped without `finish`,
+/// it deletes the temporary file, so the final name never holds a partial file.
+///
+/// [`finish`]: SafetensorsWriter::finish
+#[derive(Debug)]
+pub struct SafetensorsWriter {
+    out: PathBuf,
+    tmp: PathBuf,
+    file: Option<File>,
+    slots: Vec<Slot>,
+    by_name: std::collections::HashMap<String, usize>,
+    total_len: u64,
+    data_start: u64,
+}
+
+fn usize_bytes(spec: &TensorSpec) -> Option<u64> {
+    spec.shape
+        .iter()
+        .try_fold(spec.dtype.size() as u64, |a, &d| a.checked_mul(d as u64))
+}
+
+impl SafetensorsWriter {
+    /// Plans the layout of `table` (see the module docs), creates `<out>.petite-tmp` and writes the
+    /// header. `metadata` goes into `__metadata__`.
+    pub fn create(
+        out: impl AsRef<Path>,
+        table: &[TensorSpec],
+        metadata: &[(String, String)],
+    ) -> Result<Self> {
+        let out = out.as_ref().to_path_buf();
+        let shown = out.display().to_string();
+        let bad = |t: Option<&str>, reason: String| Error::InvalidTable {
+            file: shown.clone(),
+            tensor: t.map(str::to_string),
+            reason,
+        };
+        let page = page_size() as u64;
+        let mut seen = std::collections::HashSet::new();
+        let mut sized = Vec::with_capacity(table.len());
+        for t in table {
+            if t.name.starts_with(PAD_PREFIX) || t.name == "__metadata__" {
+                return Err(bad(Some(&t.name), "reserved name".into()));
+            }
+            if !seen.insert(t.name.as_str()) {
+                return Err(bad(Some(&t.name), "name appears more than once".into()));
+            }
+            let len = usize_bytes(t).ok_or_else(|| bad(Some(&t.name), "size overflows".into()))?;
+            sized.push((t, len));
+        }
+        // Stable order within each class keeps the caller's order (deterministic output).
+        let mut order: Vec<usize> = (0..sized.len()).collect();
+        let class = |len: u64| {
+            if len > 0 && len.is_multiple_of(page) {
+                0
+            } else if len < page {
+                1
+            } else {
+                2
+            }
+        };
+        order.sort_by_key(|&i| {
+            let (t, len) = sized[i];
+            let c = class(len);
+            (c, if c == 1 { 8 - t.dtype.size() } else { 0 })
+        });
+        let mut rows: Vec<(String, Dtype, Vec<usize>, u64, bool)> = Vec::new();
+        let mut pos = 0u64;
+        let mut pads = 0usize;
+        for i in order {
+            let (t, len) = sized[i];
+            if class(len) == 2 && !pos.is_multiple_of(page) {
+                let gap = page - pos % page;
+                rows.push((
+                    format!("{PAD_PREFIX}{pads}__"),
+                    Dtype::U8,
+                    vec![gap as usize],
+                    gap,
+                    true,
+                ));
+                pads += 1;
+                pos += gap;
+            }
+            rows.push((t.name.clone(), t.dtype, t.shape.clone(), len, false));
+            pos = pos
+                .checked_add(len)
+                .ok_or_else(|| bad(Some(&t.name), "file size overflows".into()))?;
+        }
+        // Header JSON, padded with spaces so the data region starts on a page boundary.
+        let mut obj = serde_json::Map::new();
+        if !metadata.is_empty() {
+            let m: serde_json::Map<String, serde_json::Value> = metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect();
+            obj.insert("__metadata__".into(), m.into());
+        }
+        let mut off = 0u64;
+        for (name, dtype, shape, len, _) in &rows {
+            obj.insert(
+                name.clone(),
+                serde_json::json!({
+                    "dtype": dtype.safetensors_name(),
+                    "shape": shape,
+                    "data_offsets": [off, off + len],
+                }),
+            );
+            off += len;
+        }
+        let mut json = serde_json::to_vec(&obj).expect("a JSON map serializes");
+        let padded = (8 + json.len() as u64).div_ceil(page) * page - 8;
+        json.resize(padded as usize, b' ');
+        let data_start = 8 + padded;
+
+        let mut slots = Vec::with_capacity(rows.len());
+        let mut by_name = std::collections::HashMap::new();
+        let mut off = data_start;
+        for (name, dtype, shape, len, pad) in rows {
+            by_name.insert(name.clone(), slots.len());
+            slots.push(Slot {
+                name,
+                dtype,
+                shape,
+                offset: off,
+                len,
+                pad,
+                written: AtomicU64::new(if pad { len } else { 0 }),
+                claimed: AtomicBool::new(pad),
+            });
+            off += len;
+        }
+        let mut tmp_name = out
+            .file_name()
+            .ok_or_else(|| bad(None, "output path has no file name".into()))?
+            .to_os_string();
+        tmp_name.push(".petite-tmp");
+        let tmp = out.with_file_name(tmp_name);
+        let mut file = File::create(&tmp).map_err(|e| Error::io(&tmp, "create", e))?;
+        let mut w = SafetensorsWriter {
+            out,
+            tmp: tmp.clone(),
+            file: None,
+            slots,
+            by_name,
+            total_len: off,
+            data_start,
+        };
+        let res = (|| {
+            file.write_all(&(padded).to_le_bytes())?;
+            file.write_all(&json)?;
+            // Reserve the final length now: zero-filled holes become the padding tensors, and a
+            // full disk shows up as early as the filesystem can tell.
+            file.set_len(off)
+        })();
+        w.file = Some(file);
+        res.map_err(|e| Error::io(&tmp, "write header", e))?;
+        Ok(w)
+    }
+
+    /// The tensors in file order (padding excluded): streaming them in this order writes the file
+    /// sequentially.
+    pub fn order(&self) -> Vec<&str> {
+        self.slots
+            .iter()
+            .filter(|s| !s.pad)
+            .map(|s| s.name.as_str())
+            .collect()
+    }
+
+    /// Offset of the data region (a page multiple).
+    pub fn data_start(&self) -> u64 {
+        self.data_start
+    }
+
+    /// Final size of the file in bytes.
+    pub fn total_len(&self) -> u64 {
+        self.total_len
+    }
+
+    fn slot(&self, name: &str) -> Result<&Slot> {
+        self.by_name
+            .get(name)
+            .map(|&i| &self.slots[i])
+            .filter(|s| !s.pad)
+            .ok_or_else(|| Error::MissingTensor {
+                file: self.out.display().to_string(),
+                name: name.to_string(),
+            })
+    }
+
+    /// Byte length and absolute file offset of `name`'s data.
+    pub fn placement(&self, name: &str) -> Result<(u64, u64)> {
+        let s = self.slot(name)?;
+        Ok((s.offset, s.len))
+    }
+
+    /// A sequential sink for `name`'s bytes (`write_all` chunks, then [`TensorSink::finish`]).
+    /// Each tensor can be opened once.
+    pub fn tensor(&self, name: &str) -> Result<TensorSink<'_>> {
+        let s = self.slot(name)?;
+        if s.claimed.swap(true, Ordering::SeqCst) {
+            return Err(Error::ByteCount {
+                file: self.out.display().to_string(),
+                tensor: name.to_string(),
+                reason: "opened for writing twice".into(),
+            });
+        }
+        Ok(TensorSink {
+            w: self,
+            slot: s,
+            pos: 0,
+        })
+    }
+
+    /// Writes `bytes` at byte `offset` within `name`'s data (positional, from any thread). Each
+    /// byte of every tensor must be written exactly once across all calls; `finish` checks the
+    /// totals.
+    pub fn write_at(&self, name: &str, offset: u64, bytes: &[u8]) -> Result<()> {
+        let s = self.slot(name)?;
+        s.claimed.store(true, Ordering::SeqCst);
+        self.write_slot(s, offset, bytes)
+    }
+
+    fn write_slot(&self, s: &Slot, offset: u64, bytes: &[u8]) -> Result<()> {
+        let n = bytes.len() as u64;
+        if offset.checked_add(n).is_none_or(|e| e > s.len) {
+            return Err(Error::ByteCount {
+                file: self.out.display().to_string(),
+                tensor: s.name.clone(),
+                reason: format!(
+                    "write of {n} bytes at {offset} runs past its {} bytes ({:?} {:?})",
+                    s.len, s.dtype, s.shape
+                ),
+            });
+        }
+        let file = self.file.as_ref().expect("file open until finish");
+        file.write_all_at(bytes, s.offset + offset)
+            .map_err(|e| Error::io(&self.tmp, "write", e))?;
+        let before = s.written.fetch_add(n, Ordering::SeqCst);
+        if before + n > s.len {
+            return Err(Error::ByteCount {
+                file: self.out.display().to_string(),
+                tensor: s.name.clone(),
+                reason: format!(
+                    "{} bytes written, more than its {} bytes",
+                    before + n,
+                    s.len
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The open temporary file (e.g. for `sync_file_range`/`posix_fadvise` on written ranges).
+    pub fn file(&self) -> &File {
+        self.file.as_ref().expect("file open until finish")
+    }
+
+    /// Checks that every tensor received exactly its byte count, fsyncs the file, renames it to
+    /// the output name and fsyncs the directory. On error the temporary file is removed.
+    pub fn finish(mut self) -> Result<PathBuf> {
+        for s in &self.slots {
+            let w = s.written.load(Ordering::SeqCst);
+            if w != s.len {
+                return Err(Error::ByteCount {
+                    file: self.out.display().to_string(),
+                    tensor: s.name.clone(),
+                    reason: format!(
+                        "{w} of its {} bytes written ({:?} {:?})",
+                        s.len, s.dtype, s.shape
+                    ),
+                });
+            }
+        }
+        let file = self.file.take().expect("file open until finish");
+        file.sync_all()
+            .map_err(|e| Error::io(&self.tmp, "fsync", e))?;
+        drop(file);
+        std::fs::rename(&self.tmp, &self.out).map_err(|e| Error::io(&self.out, "rename", e))?;
+        if let Some(dir) = self.out.parent() {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
+        }
+        // Renamed: nothing left for Drop to delete.
+        self.tmp = PathBuf::new();
+        Ok(self.out.clone())
+    }
+}
+
+impl Drop for SafetensorsWriter {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Sequential writer of one tensor's bytes, from [`SafetensorsWriter::tensor`]. Writing past the
+/// tensor's size is an error; [`TensorSink::finish`] checks the count is exact.
+#[derive(Debug)]
+pub struct TensorSink<'w> {
+    w: &'w SafetensorsWriter,
+    slot: &'w Slot,
+    pos: u64,
+}
+
+impl TensorSink<'_> {
+    /// Bytes still expected.
+    pub fn remaining(&self) -> u64 {
+        self.slot.len - self.pos
+    }
+
+    /// Checks that exactly the tensor's byte count was written.
+    pub fn finish(self) -> Result<()> {
+        if self.pos != self.slot.len {
+            return Err(Error::ByteCount {
+                file: self.w.out.display().to_string(),
+                tensor: self.slot.name.clone(),
+                reason: format!("{} of its {} bytes written", self.pos, self.slot.len),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Write for TensorSink<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.w
+            .write_slot(self.slot, self.pos, buf)
+            .map_err(std::io::Error::other)?;
+        self.pos += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
