@@ -1,2 +1,32 @@
-//! petite-graph (skeleton; see docs/ARCHITECTURE.md).
+//! petite-graph: the IR every petite stage works on.
+//!
+//! A [`Program`] is a list of [`Node`]s; each node holds an [`Op`] (attributes included), the
+//! ids of the values it reads and the [`ValueType`] of the one value it produces, so a value's
+//! id *is* its producer's id. Sources are nodes too: graph inputs ([`Op::Input`]), weights
+//! referenced by checkpoint name with shape and dtype but no bytes ([`Op::Weight`]), and small
+//! inline constants ([`Op::Constant`]). The only multi-output op, [`Op::Split`], produces a
+//! tuple that is consumed exclusively through [`Op::GetItem`] nodes, so every edge between
+//! nodes that a partitioner can cut is a plain tensor.
+//!
+//! Programs are written with the [`Builder`] (types inferred and checked per node, errors
+//! naming the node's id, op and label), checked with [`Program::validate`], walked with the
+//! iterative [`Program::topo_order`] / [`Program::ancestors`], and serialised with serde
+//! deterministically (vectors only; no hash maps). The exact semantics of every op — input
+//! order, shapes, broadcasting, dtype rules, axis conventions — are documented on [`Op`] and in
+//! the [`op`] module. This crate does no numerics and knows nothing else in the workspace.
 #![deny(missing_docs)]
+
+mod builder;
+mod dtype;
+mod error;
+mod hex;
+pub mod op;
+mod program;
+
+pub use builder::Builder;
+pub use dtype::{Dtype, ShapeDisplay, TensorType, ValueType};
+pub use error::{Error, NodeDesc, Result};
+pub use op::{
+    BinaryOp, CompareOp, LogicalOp, Op, ReduceOp, UnaryOp, broadcast_shapes, broadcasts_to,
+};
+pub use program::{GraphOutput, Node, NodeId, Program, SubProgram, ValueId, WeightInfo};
