@@ -5,8 +5,12 @@
 
 pub mod config;
 pub mod names;
+pub mod programs;
 
 pub use config::{ExpertConfig, LanguageConfig, Pi05Config, VisionConfig};
+pub use programs::{
+    Precision, Programs, build_all, build_prefix, build_step, build_timestep_table,
+};
 
 /// Errors of this crate; each names the file, field or tensor and what was expected.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +53,12 @@ pub enum Error {
         /// What it is.
         found: String,
     },
+    /// A program asked for a tensor the config's checkpoint does not have (a builder bug).
+    #[error("no checkpoint tensor named `{0}` for this config")]
+    UnknownWeight(String),
+    /// petite-graph rejected a node (its error names the node, op and label).
+    #[error("building a program: {0}")]
+    Graph(#[from] petite_graph::Error),
 }
 
 /// Result alias of this crate.
