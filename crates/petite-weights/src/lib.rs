@@ -9,6 +9,7 @@
 //! - [`residency`]: how much of a mapping / of this process is resident.
 #![deny(missing_docs)]
 
+mod convert;
 mod header;
 mod mapped;
 mod remap;
@@ -17,6 +18,9 @@ mod sharded;
 mod source;
 mod writer;
 
+pub use convert::{
+    ConvertOptions, ConvertReport, Selection, TargetDtype, bf16_bits_from_f32, convert,
+};
 pub use header::{Header, HeaderEntry, Index, MAX_HEADER_LEN, parse_header, parse_index};
 pub use mapped::MappedSafetensors;
 pub use remap::{KeyMap, Remapped};

@@ -161,6 +161,12 @@ impl MappedSafetensors {
         Ok(vec.iter().filter(|&&b| b & 1 == 1).count() * page)
     }
 
+    /// Bytes of this mapping resident in this process (pages mapped into its page tables), from
+    /// `/proc/self/smaps`; `None` without procfs.
+    pub fn process_resident_bytes(&self) -> Option<u64> {
+        crate::residency::mapping_rss(self.map.as_ptr() as usize)
+    }
+
     /// Bytes of the whole file that are in memory (page cache), per `mincore`.
     pub fn resident_bytes(&self) -> Result<usize> {
         self.resident_bytes_in(0, self.map.len())
@@ -209,5 +215,17 @@ impl WeightSource for MappedSafetensors {
         let e = r.start + end.min(r.len());
         let e = (e.div_ceil(page) * page).min(self.map.len());
         self.drop_pages(s / page * page, e)
+    }
+
+    fn prefetch_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
+        let r = self.file_range(name)?;
+        let s = r.start + start.min(r.len());
+        let e = r.start + end.min(r.len());
+        if s < e {
+            self.map
+                .advise_range(memmap2::Advice::WillNeed, s, e - s)
+                .map_err(|err| Error::io(&self.path, "madvise(WILLNEED)", err))?;
+        }
+        Ok(())
     }
 }

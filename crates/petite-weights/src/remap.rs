@@ -119,4 +119,8 @@ impl<S: WeightSource> WeightSource for Remapped<S> {
         self.inner
             .release_range(self.stored_name(name)?, start, end)
     }
+    fn prefetch_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
+        self.inner
+            .prefetch_range(self.stored_name(name)?, start, end)
+    }
 }

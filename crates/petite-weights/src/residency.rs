@@ -37,3 +37,31 @@ pub fn rss() -> Option<Rss> {
         peak: *kv.get("VmHWM")?,
     })
 }
+
+/// Resident bytes (`Rss`, pages mapped into this process) of the mapping that contains address
+/// `addr`, from `/proc/self/smaps`. Exact (a page-table walk), and unlike `RssFile` it counts one
+/// mapping only, so other files' pages do not blur the figure. `None` without procfs or when no
+/// mapping contains `addr`.
+pub fn mapping_rss(addr: usize) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut inside = false;
+    for line in text.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-')
+            && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+        {
+            inside = a <= addr && addr < b;
+            continue;
+        }
+        if inside && let Some(v) = line.strip_prefix("Rss:") {
+            return v
+                .trim()
+                .strip_suffix(" kB")?
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .map(|k| k * 1024);
+        }
+    }
+    None
+}

@@ -133,4 +133,7 @@ impl WeightSource for Checkpoint {
     fn release_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
         self.shard(name)?.release_range(name, start, end)
     }
+    fn prefetch_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
+        self.shard(name)?.prefetch_range(name, start, end)
+    }
 }

@@ -164,4 +164,11 @@ pub trait WeightSource: Sync {
         let _ = (name, start, end);
         Ok(())
     }
+
+    /// Hints that bytes `start..end` of `name` will be read soon (`MADV_WILLNEED`: readahead
+    /// starts now instead of page fault by page fault). The default does nothing.
+    fn prefetch_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
+        let _ = (name, start, end);
+        Ok(())
+    }
 }

@@ -204,10 +204,7 @@ impl SafetensorsWriter {
         };
         let res = (|| {
             file.write_all(&(padded).to_le_bytes())?;
-            file.write_all(&json)?;
-            // Reserve the final length now: zero-filled holes become the padding tensors, and a
-            // full disk shows up as early as the filesystem can tell.
-            file.set_len(off)
+            file.write_all(&json)
         })();
         w.file = Some(file);
         res.map_err(|e| Error::io(&tmp, "write header", e))?;
@@ -330,6 +327,9 @@ impl SafetensorsWriter {
             }
         }
         let file = self.file.take().expect("file open until finish");
+        // Padding tensors are holes (zeros); the length covers a trailing one.
+        file.set_len(self.total_len)
+            .map_err(|e| Error::io(&self.tmp, "set length", e))?;
         file.sync_all()
             .map_err(|e| Error::io(&self.tmp, "fsync", e))?;
         drop(file);

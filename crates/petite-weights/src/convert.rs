@@ -1,0 +1,442 @@
+//! Streamed dtype conversion: a checkpoint in, a page-aligned safetensors mapping file out, in
+//! bounded chunks. Peak memory is a few chunks per thread, whatever the checkpoint size: source
+//! pages are given back behind the reader, and written output is flushed and evicted behind the
+//! writer (on an 8 GB device the page cache shares DRAM with everything else).
+
+use std::collections::VecDeque;
+use std::io::IsTerminal;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::{Dtype, Error, Result, SafetensorsWriter, TensorSpec, WeightSource};
+
+/// The float dtype floats are converted to (other dtypes are copied unchanged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetDtype {
+    /// bfloat16, round-to-nearest-even (PyTorch's `.to(torch.bfloat16)`).
+    Bf16,
+    /// IEEE binary16, round-to-nearest-even.
+    F16,
+}
+
+impl TargetDtype {
+    fn dtype(self) -> Dtype {
+        match self {
+            TargetDtype::Bf16 => Dtype::Bf16,
+            TargetDtype::F16 => Dtype::F16,
+        }
+    }
+}
+
+/// Which tensors to write. An entry matches a name exactly, or, when it ends in `*`, every name
+/// starting with what precedes the `*`. An entry matching nothing is an error (catches typos).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Selection {
+    /// Every tensor.
+    #[default]
+    All,
+    /// Only these.
+    Keep(Vec<String>),
+    /// All but these.
+    Drop(Vec<String>),
+}
+
+fn matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(stem) => name.starts_with(stem),
+        None => pattern == name,
+    }
+}
+
+impl Selection {
+    /// Applies the selection to `names`, returning `(kept, dropped)`.
+    pub fn apply(&self, names: &[String]) -> Result<(Vec<String>, Vec<String>)> {
+        let (list, keep) = match self {
+            Selection::All => return Ok((names.to_vec(), Vec::new())),
+            Selection::Keep(l) => (l, true),
+            Selection::Drop(l) => (l, false),
+        };
+        for p in list {
+            if !names.iter().any(|n| matches(p, n)) {
+                return Err(Error::Selection(format!(
+                    "--{} entry `{p}` matches no tensor in the checkpoint",
+                    if keep { "keep" } else { "drop" }
+                )));
+            }
+        }
+        Ok(names
+            .iter()
+            .cloned()
+            .partition(|n| list.iter().any(|p| matches(p, n)) == keep))
+    }
+}
+
+/// Options of [`convert`].
+#[derive(Debug, Clone)]
+pub struct ConvertOptions {
+    /// Target float dtype.
+    pub dtype: TargetDtype,
+    /// Which tensors to write.
+    pub selection: Selection,
+    /// Source bytes per work item (bounded memory: about 1.5× this per thread).
+    pub chunk_bytes: usize,
+    /// Worker threads (2 is enough to overlap reading, converting and writing).
+    pub threads: usize,
+    /// Print progress (bytes, rate, ETA) on stderr when it is a terminal.
+    pub progress: bool,
+    /// Extra `__metadata__` entries for the output.
+    pub metadata: Vec<(String, String)>,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions {
+            dtype: TargetDtype::Bf16,
+            selection: Selection::All,
+            chunk_bytes: 8 << 20,
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get().min(4))
+                .unwrap_or(2),
+            progress: true,
+            metadata: Vec::new(),
+        }
+    }
+}
+
+/// What [`convert`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConvertReport {
+    /// Tensors written.
+    pub tensors: usize,
+    /// Tensors left out by the selection.
+    pub dropped: Vec<String>,
+    /// Source bytes read.
+    pub bytes_read: u64,
+    /// Size of the output file.
+    pub bytes_written: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// f32 → bf16 bits, round-to-nearest-even, as PyTorch's `c10::BFloat16` and `ml_dtypes` do.
+/// NaN becomes the quiet NaN `0x7FC0` with the input's sign (PyTorch's scalar path gives
+/// `0x7FC0` for every NaN; ml_dtypes keeps the sign), never infinity.
+#[inline]
+pub fn bf16_bits_from_f32(x: f32) -> u16 {
+    let b = x.to_bits();
+    if b & 0x7fff_ffff > 0x7f80_0000 {
+        ((b >> 16) as u16 & 0x8000) | 0x7fc0
+    } else {
+        ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+    }
+}
+
+fn f16_bits_from_f32(x: f32) -> u16 {
+    half::f16::from_f32(x).to_bits()
+}
+
+/// Converts `src` bytes of dtype `from` into `out` bytes of dtype `to` (both little-endian).
+fn convert_chunk(from: Dtype, to: Dtype, src: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    if from == to || !from.is_float() {
+        out.extend_from_slice(src);
+        return;
+    }
+    let n = src.len() / from.size();
+    out.resize(n * to.size(), 0);
+    let widen = |c: &[u8]| -> f32 {
+        match from {
+            Dtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            Dtype::Bf16 => f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16),
+            _ => half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
+        }
+    };
+    match (from, to) {
+        (Dtype::F32, Dtype::Bf16) => {
+            for (o, c) in out.chunks_exact_mut(2).zip(src.chunks_exact(4)) {
+                let x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                o.copy_from_slice(&bf16_bits_from_f32(x).to_le_bytes());
+            }
+        }
+        (_, Dtype::Bf16) => {
+            for (o, c) in out.chunks_exact_mut(2).zip(src.chunks_exact(from.size())) {
+                o.copy_from_slice(&bf16_bits_from_f32(widen(c)).to_le_bytes());
+            }
+        }
+        (_, Dtype::F16) => {
+            for (o, c) in out.chunks_exact_mut(2).zip(src.chunks_exact(from.size())) {
+                o.copy_from_slice(&f16_bits_from_f32(widen(c)).to_le_bytes());
+            }
+        }
+        _ => unreachable!("targets are bf16 or f16"),
+    }
+}
+
+struct Item {
+    tensor: usize,
+    /// Element range within the tensor.
+    start: usize,
+    end: usize,
+}
+
+/// Output ranges written but not yet flushed: once a range is old enough its writeback is awaited
+/// and its pages are evicted, so dirty and cached output stays bounded.
+struct Flusher {
+    fd: i32,
+    pending: VecDeque<(u64, u64)>,
+}
+
+impl Flusher {
+    const DEPTH: usize = 4;
+
+    fn push(&mut self, off: u64, len: u64) {
+        // SAFETY: plain syscalls on an fd the writer keeps open; failures only cost memory, so
+        // they are ignored (the final fsync reports real I/O errors).
+        unsafe {
+            libc::sync_file_range(self.fd, off as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
+        }
+        self.pending.push_back((off, len));
+        while self.pending.len() > Self::DEPTH {
+            self.retire();
+        }
+    }
+
+    fn retire(&mut self) {
+        if let Some((off, len)) = self.pending.pop_front() {
+            // SAFETY: as in `push`.
+            unsafe {
+                libc::sync_file_range(
+                    self.fd,
+                    off as i64,
+                    len as i64,
+                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                        | libc::SYNC_FILE_RANGE_WRITE
+                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+                );
+                libc::posix_fadvise(self.fd, off as i64, len as i64, libc::POSIX_FADV_DONTNEED);
+            }
+        }
+    }
+}
+
+fn human(b: f64) -> String {
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    }
+}
+
+/// Converts `src` into a safetensors file at `out`: floats to `opts.dtype` (round-to-nearest-even),
+/// other dtypes copied, tensors selected by `opts.selection`, every large tensor on a page
+/// boundary. Streams in chunks of `opts.chunk_bytes` on `opts.threads` threads, giving the source's
+/// pages back behind itself. The output is written under a temporary name, fsynced and renamed; on
+/// any error nothing is left under `out`. The source is only read.
+pub fn convert<S: WeightSource>(
+    src: &S,
+    out: &Path,
+    opts: &ConvertOptions,
+) -> Result<ConvertReport> {
+    let t0 = Instant::now();
+    let names = src.names();
+    let (kept, dropped) = opts.selection.apply(&names)?;
+    let target = opts.dtype.dtype();
+    let mut table = Vec::with_capacity(kept.len());
+    for n in &kept {
+        let info = src.info(n)?;
+        let dtype = if info.dtype.is_float() {
+            target
+        } else {
+            info.dtype
+        };
+        table.push(TensorSpec {
+            name: n.clone(),
+            dtype,
+            shape: info.shape,
+        });
+    }
+    let mut metadata = vec![("format".to_string(), "pt".to_string())];
+    metadata.extend(opts.metadata.iter().cloned());
+    let writer = SafetensorsWriter::create(out, &table, &metadata)?;
+
+    // Work items in file order, each about `chunk_bytes` of source.
+    let by_name: std::collections::HashMap<&str, usize> = table
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.as_str(), i))
+        .collect();
+    let mut items = Vec::new();
+    let mut src_dtypes = vec![Dtype::U8; table.len()];
+    let mut total_src = 0u64;
+    for name in writer.order() {
+        let i = by_name[name];
+        let info = src.info(name)?;
+        src_dtypes[i] = info.dtype;
+        let numel: usize = info.shape.iter().product();
+        total_src += (numel * info.dtype.size()) as u64;
+        let per = (opts.chunk_bytes / info.dtype.size()).max(1);
+        let mut s = 0;
+        while s < numel {
+            let e = (s + per).min(numel);
+            items.push(Item {
+                tensor: i,
+                start: s,
+                end: e,
+            });
+            s = e;
+        }
+    }
+
+    let next = AtomicUsize::new(0);
+    let done = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let first_err: Mutex<Option<Error>> = Mutex::new(None);
+    let show = opts.progress && std::io::stderr().is_terminal();
+    let fd = writer.file().as_raw_fd();
+    std::thread::scope(|scope| {
+        if show {
+            let (done, stop) = (&done, &stop);
+            scope.spawn(move || {
+                let start = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(250));
+                    let d = done.load(Ordering::Relaxed) as f64;
+                    let secs = start.elapsed().as_secs_f64().max(1e-3);
+                    let rate = d / secs;
+                    let eta = if rate > 0.0 {
+                        (total_src as f64 - d) / rate
+                    } else {
+                        0.0
+                    };
+                    eprint!(
+                        "\rconvert: {} / {} read, {}/s, ETA {:.0} s   ",
+                        human(d),
+                        human(total_src as f64),
+                        human(rate),
+                        eta
+                    );
+                }
+                eprintln!();
+            });
+        }
+        let workers: Vec<_> = (0..opts.threads.max(1))
+            .map(|_| {
+                let (next, done, items, table, src_dtypes, writer, first_err) = (
+                    &next,
+                    &done,
+                    &items,
+                    &table,
+                    &src_dtypes,
+                    &writer,
+                    &first_err,
+                );
+                scope.spawn(move || {
+                    let mut buf = Vec::new();
+                    let mut flusher = Flusher {
+                        fd,
+                        pending: VecDeque::new(),
+                    };
+                    let run = |buf: &mut Vec<u8>, flusher: &mut Flusher| -> Result<bool> {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(it) = items.get(k) else {
+                            return Ok(false);
+                        };
+                        let t = &table[it.tensor];
+                        let from = src_dtypes[it.tensor];
+                        let view = src.tensor(&t.name)?;
+                        let (bs, be) = (it.start * from.size(), it.end * from.size());
+                        // Ask for the next part of this tensor while converting this one.
+                        if be < view.bytes.len() {
+                            let ahead = (be + (be - bs)).min(view.bytes.len());
+                            src.prefetch_range(&t.name, be, ahead)?;
+                        }
+                        convert_chunk(from, t.dtype, &view.bytes[bs..be], buf);
+                        let off = (it.start * t.dtype.size()) as u64;
+                        writer.write_at(&t.name, off, buf)?;
+                        src.release_range(&t.name, bs, be)?;
+                        let (abs, _) = writer.placement(&t.name)?;
+                        flusher.push(abs + off, buf.len() as u64);
+                        done.fetch_add((be - bs) as u64, Ordering::Relaxed);
+                        Ok(true)
+                    };
+                    loop {
+                        if first_err.lock().expect("no panics").is_some() {
+                            break;
+                        }
+                        match run(&mut buf, &mut flusher) {
+                            Ok(true) => {}
+                            Ok(false) => break,
+                            Err(e) => {
+                                first_err.lock().expect("no panics").get_or_insert(e);
+                                break;
+                            }
+                        }
+                    }
+                    while !flusher.pending.is_empty() {
+                        flusher.retire();
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("conversion worker panicked");
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    if let Some(e) = first_err.into_inner().expect("no panics") {
+        return Err(e);
+    }
+    let bytes_written = writer.total_len();
+    writer.finish()?;
+    Ok(ConvertReport {
+        tensors: table.len(),
+        dropped,
+        bytes_read: total_src,
+        bytes_written,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounding_cases() {
+        // Exactly representable values pass through.
+        assert_eq!(bf16_bits_from_f32(1.0), 0x3f80);
+        assert_eq!(bf16_bits_from_f32(-2.0), 0xc000);
+        // Halfway cases round to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7.
+        assert_eq!(bf16_bits_from_f32(f32::from_bits(0x3f80_8000)), 0x3f80);
+        assert_eq!(bf16_bits_from_f32(f32::from_bits(0x3f81_8000)), 0x3f82);
+        // Above halfway rounds up; below rounds down.
+        assert_eq!(bf16_bits_from_f32(f32::from_bits(0x3f80_8001)), 0x3f81);
+        assert_eq!(bf16_bits_from_f32(f32::from_bits(0x3f80_7fff)), 0x3f80);
+        // Overflow to infinity at the top; infinities and zeros keep their sign.
+        assert_eq!(bf16_bits_from_f32(f32::MAX), 0x7f80);
+        assert_eq!(bf16_bits_from_f32(f32::NEG_INFINITY), 0xff80);
+        assert_eq!(bf16_bits_from_f32(-0.0), 0x8000);
+        // NaN stays NaN (even a payload that would round into the infinity pattern).
+        assert_eq!(bf16_bits_from_f32(f32::from_bits(0x7f80_0001)), 0x7fc0);
+        assert_eq!(bf16_bits_from_f32(f32::from_bits(0xffff_ffff)), 0xffc0);
+    }
+
+    #[test]
+    fn selection_rules() {
+        let names: Vec<String> = ["a.x", "a.y", "b"].iter().map(|s| s.to_string()).collect();
+        let (k, d) = Selection::Drop(vec!["a.*".into()]).apply(&names).unwrap();
+        assert_eq!(
+            (k, d),
+            (vec!["b".to_string()], vec!["a.x".into(), "a.y".into()])
+        );
+        let (k, _) = Selection::Keep(vec!["a.y".into()]).apply(&names).unwrap();
+        assert_eq!(k, vec!["a.y".to_string()]);
+        let e = Selection::Drop(vec!["lm_head".into()])
+            .apply(&names)
+            .unwrap_err();
+        assert!(e.to_string().contains("`lm_head` matches no tensor"), "{e}");
+    }
+}
