@@ -34,7 +34,9 @@ impl fmt::Display for NodeId {
 /// One operation and the value it produces.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Node {
-    /// What the node computes (attributes included).
+    /// What the node computes (attributes included). Flattened in JSON:
+    /// `{"op": "linear", "inputs": [..], "ty": ..}`.
+    #[serde(flatten)]
     pub op: Op,
     /// Input values, in the order the op documents.
     pub inputs: Vec<ValueId>,
