@@ -27,7 +27,8 @@ pub enum Error {
     },
     /// Bytes 4..8 are not `ET12`.
     #[error(
-        "file identifier is {found:?} at bytes 4..8, expected \"ET12\" (not an ExecuTorch program)"
+        "file identifier is \"{}\" at bytes 4..8, expected \"ET12\" (not an ExecuTorch program)",
+        found.escape_ascii()
     )]
     Identifier {
         /// The four bytes found.

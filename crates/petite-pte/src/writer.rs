@@ -200,6 +200,10 @@ pub fn write_pte(
     let layout = layout_segments(segments)?;
     let mut buf = Vec::new();
     for (i, (seg, at)) in segments.iter().zip(&layout).enumerate() {
+        if seg.data.is_empty() {
+            // Nothing to place (and without segment data there is no segment base).
+            continue;
+        }
         let start = base + at.offset;
         write_zeros(out, &tmp.path, pos, start - pos)?;
         pos = start;
@@ -242,6 +246,9 @@ pub fn to_bytes(program: &Program, segments: &[Segment]) -> Result<Vec<u8>> {
                 "to_bytes needs in-memory segments; use write_pte for file sources".into(),
             ));
         };
+        if b.is_empty() {
+            continue;
+        }
         out.resize((base + at.offset) as usize, 0);
         out.extend_from_slice(b);
     }

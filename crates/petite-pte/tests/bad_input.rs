@@ -1,0 +1,411 @@
+//! Bad input gets a clear error, never a panic; failed writes leave nothing under the final name;
+//! writes are deterministic.
+
+use std::path::PathBuf;
+
+use petite_pte::model::*;
+use petite_pte::{
+    Error, MethodBuilder, ProgramBuilder, PteFile, SegmentData, WriteOptions, read_bytes,
+};
+
+fn sample(name: &str) -> Vec<u8> {
+    std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(name),
+    )
+    .unwrap()
+}
+
+fn err_of(bytes: &[u8]) -> String {
+    match read_bytes(bytes) {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn truncated_files_are_refused_at_every_length() {
+    for name in [
+        "tiny_linear.pte",
+        "tiny_linear_xnnpack.pte",
+        "tiny_linear_extconst.pte",
+    ] {
+        let b = sample(name);
+        for len in 0..b.len() {
+            assert!(
+                read_bytes(&b[..len]).is_err(),
+                "{name} truncated to {len} was accepted"
+            );
+        }
+        read_bytes(&b).unwrap();
+    }
+}
+
+#[test]
+fn wrong_identifier() {
+    let mut b = sample("tiny_linear.pte");
+    b[4..8].copy_from_slice(b"ET11");
+    let e = err_of(&b);
+    assert!(e.contains("ET11") && e.contains("ET12"), "{e}");
+}
+
+#[test]
+fn corrupt_extended_header_magic_is_refused() {
+    // ExecuTorch loads this and computes garbage (format doc §8.1); petite refuses.
+    let mut b = sample("tiny_linear.pte");
+    b[8..12].copy_from_slice(b"eh01");
+    let e = err_of(&b);
+    assert!(e.contains("eh00") && e.contains("segments[0]"), "{e}");
+}
+
+#[test]
+fn corrupt_extended_header_fields_are_refused() {
+    let base = sample("tiny_linear.pte");
+    let cases: &[(usize, u64, &str)] = &[
+        (16, 8, "program_size"),            // program_size smaller than the header
+        (16, 1 << 40, "exceeds the file"),  // program_size past EOF
+        (24, 100, "inside the flatbuffer"), // segment base before program end
+        (24, 1 << 40, "segments end"),      // segment base past EOF
+        (32, 1 << 20, "segments end"),      // segment_data_size past EOF
+        (32, 10, "segment_data_size"),      // segment data smaller than segment 0
+    ];
+    for &(at, v, needle) in cases {
+        let mut b = base.clone();
+        b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        let e = err_of(&b);
+        assert!(e.contains(needle), "field at {at} = {v}: {e}");
+    }
+    let mut b = base.clone();
+    b[12..16].copy_from_slice(&8u32.to_le_bytes());
+    assert!(err_of(&b).contains("header length"));
+}
+
+fn program_with(f: impl FnOnce(&mut Program)) -> Vec<u8> {
+    let mut pb = ProgramBuilder::new();
+    let c = pb.add_constant(&[0u8; 16]);
+    let mut m = MethodBuilder::new("forward");
+    let w = m.constant_tensor(ScalarType::FLOAT, &[4], c);
+    let x = m.planned_tensor(ScalarType::FLOAT, &[4]).unwrap();
+    let y = m.planned_tensor(ScalarType::FLOAT, &[4]).unwrap();
+    let one = m.int(1);
+    m.kernel_call("aten::add", "out", &[x, w, one, y, y]);
+    m.inputs(&[x]);
+    m.outputs(&[y]);
+    pb.add_method(m).unwrap();
+    let (mut p, segs) = pb.build().unwrap();
+    // Bypass the writer's verification: lay out, encode, then break the program.
+    p.segments = petite_pte::writer::layout_segments(&segs).unwrap();
+    f(&mut p);
+    let fb = petite_pte::encode::encode_program(&p);
+    let data: u64 = segs.iter().map(|s| s.data.len()).sum();
+    let base = (fb.len() as u64 + 32).div_ceil(128) * 128;
+    let mut out = petite_pte::header::insert(&fb, base, data);
+    out.resize(base as usize, 0);
+    out.extend(std::iter::repeat_n(0u8, data as usize));
+    out
+}
+
+#[test]
+fn a_valid_hand_laid_file_reads() {
+    read_bytes(&program_with(|_| {})).unwrap();
+}
+
+#[test]
+fn out_of_range_indices_are_refused() {
+    type Mutation = Box<dyn Fn(&mut Program)>;
+    let cases: Vec<(Mutation, &str)> = vec![
+        (
+            Box::new(|p| p.execution_plan[0].inputs = vec![99]),
+            "input value index 99",
+        ),
+        (
+            Box::new(|p| p.execution_plan[0].outputs = vec![-1]),
+            "output value index -1",
+        ),
+        (
+            Box::new(|p| {
+                p.execution_plan[0].chains[0].instructions[0] = Instruction::KernelCall {
+                    op_index: 5,
+                    args: vec![0],
+                }
+            }),
+            "operator index 5",
+        ),
+        (
+            Box::new(|p| {
+                p.execution_plan[0].chains[0].instructions[0] = Instruction::KernelCall {
+                    op_index: 0,
+                    args: vec![0, 42],
+                }
+            }),
+            "kernel argument value index 42",
+        ),
+        (
+            Box::new(|p| {
+                p.execution_plan[0].chains[0]
+                    .instructions
+                    .push(Instruction::DelegateCall {
+                        delegate_index: 0,
+                        args: vec![],
+                    })
+            }),
+            "delegate index 0",
+        ),
+        (
+            Box::new(|p| {
+                p.execution_plan[0].delegates.push(BackendDelegate {
+                    id: "X".into(),
+                    processed: DataReference {
+                        location: DataLocation::SEGMENT,
+                        index: 7,
+                    },
+                    compile_specs: vec![],
+                })
+            }),
+            "processed data index 7",
+        ),
+        (
+            Box::new(|p| {
+                p.named_data = Some(vec![NamedData {
+                    key: "k".into(),
+                    segment_index: 3,
+                }])
+            }),
+            "segment_index 3",
+        ),
+        (
+            Box::new(|p| p.constant_segment.as_mut().unwrap().segment_index = 9),
+            "constant_segment.segment_index 9",
+        ),
+        (
+            Box::new(|p| {
+                let EValue::Tensor(t) = &mut p.execution_plan[0].values[0] else {
+                    unreachable!()
+                };
+                t.data_buffer_idx = 4;
+            }),
+            "data_buffer_idx 4",
+        ),
+        (
+            Box::new(|p| {
+                let EValue::Tensor(t) = &mut p.execution_plan[0].values[1] else {
+                    unreachable!()
+                };
+                t.allocation_info.as_mut().unwrap().memory_id = 0;
+            }),
+            "memory_id 0",
+        ),
+        (
+            Box::new(|p| p.execution_plan[0].non_const_buffer_sizes = vec![0, 16]),
+            "does not fit planned buffer",
+        ),
+        (
+            Box::new(|p| p.execution_plan[0].values.push(EValue::IntList(vec![0]))),
+            "IntList items are indices of Int values",
+        ),
+        (
+            Box::new(|p| p.execution_plan[0].values.push(EValue::TensorList(vec![3]))),
+            "expected a Tensor",
+        ),
+        (
+            Box::new(|p| {
+                let EValue::Tensor(t) = &mut p.execution_plan[0].values[0] else {
+                    unreachable!()
+                };
+                t.dim_order = vec![1];
+            }),
+            "not a permutation",
+        ),
+        (
+            Box::new(|p| p.execution_plan[0].chains.clear()),
+            "chains is empty",
+        ),
+        (
+            Box::new(|p| p.segments[0].size = 1 << 30),
+            "segment_data_size",
+        ),
+    ];
+    for (i, (f, needle)) in cases.into_iter().enumerate() {
+        let e = err_of(&program_with(f));
+        assert!(e.contains(needle), "case {i}: {e:?} lacks {needle:?}");
+    }
+}
+
+#[test]
+fn overlapping_segments_are_refused() {
+    let b = program_with(|p| {
+        p.segments.push(DataSegment { offset: 8, size: 4 });
+    });
+    let e = err_of(&b);
+    assert!(e.contains("overlap"), "{e}");
+}
+
+#[test]
+fn missing_delegates_is_refused() {
+    // Hand-encode a plan without `delegates` via the generated builders.
+    use flatbuffers::FlatBufferBuilder;
+    use petite_pte::generated::executorch_flatbuffer as fb;
+    let mut b = FlatBufferBuilder::new();
+    let name = Some(b.create_string("forward"));
+    let empty_i32 = Some(b.create_vector::<i32>(&[]));
+    let ins = Some(b.create_vector::<flatbuffers::WIPOffset<fb::Instruction>>(&[]));
+    let chain = fb::Chain::create(
+        &mut b,
+        &fb::ChainArgs {
+            instructions: ins,
+            ..Default::default()
+        },
+    );
+    let chains = Some(b.create_vector(&[chain]));
+    let values = Some(b.create_vector::<flatbuffers::WIPOffset<fb::EValue>>(&[]));
+    let sizes = Some(b.create_vector(&[0i64]));
+    let plan = fb::ExecutionPlan::create(
+        &mut b,
+        &fb::ExecutionPlanArgs {
+            name,
+            values,
+            inputs: empty_i32,
+            outputs: empty_i32,
+            chains,
+            non_const_buffer_sizes: sizes,
+            ..Default::default()
+        },
+    );
+    let plans = Some(b.create_vector(&[plan]));
+    let root = fb::Program::create(
+        &mut b,
+        &fb::ProgramArgs {
+            execution_plan: plans,
+            ..Default::default()
+        },
+    );
+    fb::finish_program_buffer(&mut b, root);
+    let e = err_of(b.finished_data());
+    assert!(e.contains("delegates"), "{e}");
+}
+
+fn small_builder(src: SegmentData) -> ProgramBuilder {
+    let mut pb = ProgramBuilder::new();
+    let seg = pb.add_named_data("engine", src, 16).unwrap();
+    let mut m = MethodBuilder::new("forward");
+    let x = m.planned_tensor(ScalarType::FLOAT, &[2]).unwrap();
+    let y = m.planned_tensor(ScalarType::FLOAT, &[2]).unwrap();
+    let d = m.delegate(petite_pte::DelegateSpec {
+        id: "TensorRTBackend".into(),
+        processed: petite_pte::Processed::Segment(seg),
+        compile_specs: vec![],
+    });
+    m.delegate_call(d, &[x, y]);
+    m.inputs(&[x]);
+    m.outputs(&[y]);
+    pb.add_method(m).unwrap();
+    pb
+}
+
+fn dir_is_empty(d: &std::path::Path) -> bool {
+    std::fs::read_dir(d).unwrap().next().is_none()
+}
+
+#[test]
+fn unreadable_source_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let missing = SegmentData::file_region(dir.path().join("nope.engine"), 0, 100);
+    let e = small_builder(missing)
+        .write(out_dir.join("p.pte"), WriteOptions::default())
+        .unwrap_err();
+    assert!(matches!(e, Error::Source { .. }), "{e}");
+    assert!(e.to_string().contains("nope.engine"), "{e}");
+    assert!(dir_is_empty(&out_dir), "a failed write left files behind");
+}
+
+#[test]
+fn source_shorter_than_promised_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("engine.bin");
+    std::fs::write(&src, vec![7u8; 1000]).unwrap();
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let e = small_builder(SegmentData::file_region(&src, 500, 1000))
+        .write(out_dir.join("p.pte"), WriteOptions::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("outside the 1000-byte file"), "{e}");
+    assert!(dir_is_empty(&out_dir));
+}
+
+#[test]
+fn missing_destination_directory_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = small_builder(SegmentData::bytes(vec![1u8; 64]))
+        .write(
+            dir.path().join("no/such/dir/p.pte"),
+            WriteOptions::default(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("create temporary output"), "{e}");
+}
+
+#[test]
+fn writes_are_deterministic_and_both_copy_paths_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("engine.bin");
+    let bytes: Vec<u8> = (0..300_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    std::fs::write(&src, &bytes).unwrap();
+    let a = dir.path().join("a.pte");
+    let b = dir.path().join("b.pte");
+    let c = dir.path().join("c.pte");
+    let sa = small_builder(SegmentData::file(&src).unwrap())
+        .write(&a, WriteOptions::default())
+        .unwrap();
+    small_builder(SegmentData::file(&src).unwrap())
+        .write(&b, WriteOptions::default())
+        .unwrap();
+    let sc = small_builder(SegmentData::file(&src).unwrap())
+        .write(
+            &c,
+            WriteOptions {
+                force_buffered_copy: true,
+                fsync: true,
+            },
+        )
+        .unwrap();
+    let (ba, bb, bc) = (
+        std::fs::read(&a).unwrap(),
+        std::fs::read(&b).unwrap(),
+        std::fs::read(&c).unwrap(),
+    );
+    assert_eq!(ba, bb);
+    assert_eq!(ba, bc);
+    assert_eq!(sa.file_len, ba.len() as u64);
+    assert_eq!(sc.bytes_copied_in_kernel, 0);
+    assert_eq!(sc.bytes_copied_buffered, bytes.len() as u64);
+    let f = PteFile::open(&a).unwrap();
+    let seg = f.named_segment("engine").unwrap();
+    let (at, len) = f.segment_range(seg).unwrap();
+    assert_eq!(at % 128, 0);
+    assert_eq!(&ba[at as usize..(at + len) as usize], &bytes[..]);
+    // Only the final file remains (no temporaries).
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains("petite-tmp")), "{names:?}");
+}
+
+#[test]
+fn builder_refuses_duplicate_keys_and_methods() {
+    let mut pb = ProgramBuilder::new();
+    pb.add_named_data("k", SegmentData::bytes(vec![1u8]), 1)
+        .unwrap();
+    assert!(
+        pb.add_named_data("k", SegmentData::bytes(vec![2u8]), 1)
+            .is_err()
+    );
+    assert!(pb.add_segment(SegmentData::bytes(vec![1u8]), 3).is_err());
+    pb.add_method(MethodBuilder::new("m")).unwrap();
+    assert!(pb.add_method(MethodBuilder::new("m")).is_err());
+}
