@@ -627,6 +627,56 @@ impl Program {
     }
 }
 
+impl fmt::Display for Program {
+    /// A line-per-node text form for debugging and golden tests, e.g.
+    /// `%7 = linear(%5, %6) : f32[1, 4, 16]  # layer0.q_proj`, then `output "y" = %7`.
+    /// Constants show their byte count, not their bytes.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, n) in self.nodes.iter().enumerate() {
+            write!(f, "%{i} = {}", n.op.name())?;
+            let attrs = match &n.op {
+                Op::Constant { data } => format!(" <{} bytes>", data.len()),
+                Op::Input { name } | Op::Weight { name } => format!(" {name:?}"),
+                op => match serde_json::to_value(op) {
+                    Ok(serde_json::Value::Object(m)) => {
+                        let parts: Vec<String> = m
+                            .iter()
+                            .filter(|(k, _)| k.as_str() != "op")
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect();
+                        if parts.is_empty() {
+                            String::new()
+                        } else {
+                            format!("[{}]", parts.join(", "))
+                        }
+                    }
+                    _ => String::new(),
+                },
+            };
+            f.write_str(&attrs)?;
+            if !n.op.is_source() {
+                f.write_str("(")?;
+                for (k, v) in n.inputs.iter().enumerate() {
+                    if k > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{v}")?;
+                }
+                f.write_str(")")?;
+            }
+            write!(f, " : {}", n.ty)?;
+            if let Some(l) = &n.label {
+                write!(f, "  # {l}")?;
+            }
+            writeln!(f)?;
+        }
+        for o in &self.outputs {
+            writeln!(f, "output {:?} = {}", o.name, o.value)?;
+        }
+        Ok(())
+    }
+}
+
 /// Checks a source node's declared type.
 pub(crate) fn check_source(op: &Op, ty: &ValueType) -> std::result::Result<(), String> {
     let Some(t) = ty.tensor() else {
