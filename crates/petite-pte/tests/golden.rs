@@ -11,38 +11,13 @@ use petite_pte::{
     write_pte,
 };
 
+mod common;
+use common::*;
+
 fn data(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
         .join(name)
-}
-
-const INP_SPEC: &str = "[1, {\"type\": \"builtins.tuple\", \"context\": \"null\", \"children_spec\": [{\"type\": \"builtins.tuple\", \"context\": \"null\", \"children_spec\": [{\"type\": null, \"context\": null, \"children_spec\": []}]}, {\"type\": \"builtins.dict\", \"context\": \"[]\", \"children_spec\": []}]}]";
-const OUT_SPEC: &str = "[1, {\"type\": null, \"context\": null, \"children_spec\": []}]";
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// w = arange(12).reshape(3,4)/10, b = [1, -1, 0.5, 2] (samples README).
-fn weights() -> (Vec<u8>, Vec<u8>) {
-    let w: Vec<f32> = (0..12).map(|i| i as f32 / 10.0).collect();
-    (f32_bytes(&w), f32_bytes(&[1.0, -1.0, 0.5, 2.0]))
-}
-
-fn tensor(sizes: &[i32], requires_grad: bool) -> Tensor {
-    let mut t = Tensor::new(ScalarType::FLOAT, sizes);
-    t.requires_grad = requires_grad;
-    t
-}
-
-fn planned(sizes: &[i32], requires_grad: bool, offset: u64) -> Tensor {
-    let mut t = tensor(sizes, requires_grad);
-    t.allocation_info = Some(AllocationDetails {
-        memory_id: 1,
-        memory_offset: offset,
-    });
-    t
 }
 
 #[test]
@@ -80,32 +55,6 @@ fn reads_tiny_linear_facts() {
     let mut b = [0u8; 16];
     f.read_segment_at(0, 48, &mut b).unwrap();
     assert_eq!(b.to_vec(), weights().1);
-}
-
-fn rebuild_tiny_linear() -> ProgramBuilder {
-    let (w, b) = weights();
-    let mut pb = ProgramBuilder::new();
-    let wi = pb.add_constant(&w);
-    let bi = pb.add_constant(&b);
-    let mut m = MethodBuilder::new("forward");
-    m.container_meta(INP_SPEC, OUT_SPEC);
-    let mut wt = tensor(&[3, 4], true);
-    wt.data_buffer_idx = wi;
-    let w = m.tensor(wt);
-    let mut bt = tensor(&[4], true);
-    bt.data_buffer_idx = bi;
-    let b = m.tensor(bt);
-    let x = m.tensor(planned(&[2, 3], false, 0));
-    let mm = m.tensor(planned(&[2, 4], true, 32));
-    let out = m.tensor(planned(&[2, 4], true, 0));
-    let alpha = m.int(1);
-    m.kernel_call("aten::mm", "out", &[x, w, mm, mm]);
-    m.kernel_call("aten::add", "out", &[mm, b, alpha, out, out]);
-    m.inputs(&[x]);
-    m.outputs(&[out]);
-    m.set_planned_buffers(&[64]);
-    pb.add_method(m).unwrap();
-    pb
 }
 
 #[test]

@@ -4,6 +4,8 @@
 
 use anyhow::Result;
 
+mod pte;
+
 /// Options of the conformance task.
 #[derive(clap::Args)]
 pub struct Args {
@@ -14,6 +16,6 @@ pub struct Args {
 
 /// Runs every conformance tier.
 pub fn run(args: &Args) -> Result<()> {
-    let _ = args.full;
+    pte::run(args.full)?;
     Ok(())
 }
