@@ -20,13 +20,7 @@ pub fn run(full: bool) -> Result<()> {
     let root = util::root();
     let flatc = codegen::flatc()?;
     codegen::check_with(&flatc)?;
-    util::cargo(&[
-        "test",
-        "-p",
-        "petite-pte",
-        "--test",
-        "conformance_files",
-    ])?;
+    util::cargo(&["test", "-p", "petite-pte", "--test", "conformance_files"])?;
     let python = util::venv("pte", codegen::PTE_VENV_REQUIREMENTS)?;
     let conf_dir = root.join("target").join("pte-conformance");
     let schema_dir = root.join("crates").join("petite-pte").join("schema");
