@@ -4,8 +4,10 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod inputs;
 pub mod names;
 pub mod programs;
+pub mod synth;
 
 pub use config::{ExpertConfig, LanguageConfig, Pi05Config, VisionConfig};
 pub use programs::{
@@ -53,6 +55,21 @@ pub enum Error {
         /// What it is.
         found: String,
     },
+    /// An input or checkpoint tensor is missing or has the wrong dtype, shape or values.
+    #[error("{file}: tensor `{tensor}`: expected {expected}, found {found}")]
+    BadTensor {
+        /// The file.
+        file: String,
+        /// The tensor.
+        tensor: String,
+        /// What it should be.
+        expected: String,
+        /// What it is.
+        found: String,
+    },
+    /// Reading or writing weights/tensors failed (the error names the file and tensor).
+    #[error(transparent)]
+    Weights(#[from] petite_weights::Error),
     /// A program asked for a tensor the config's checkpoint does not have (a builder bug).
     #[error("no checkpoint tensor named `{0}` for this config")]
     UnknownWeight(String),

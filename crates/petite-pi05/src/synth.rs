@@ -1,0 +1,323 @@
+//! Synthetic pi0.5 checkpoints: every tensor of a layout, f32, filled as
+//! [`ParamKind::synthetic_init`](crate::names::ParamKind::synthetic_init) says (norms at the real
+//! model's initial constants, everything else seeded normal draws), streamed to disk so the
+//! full-size 15.4 GiB model needs only a few MiB of memory.
+//!
+//! **Values are a pure function of `(seed, canonical tensor name, element index)`**: element pair
+//! `j` of a tensor comes from a counter-based generator (a 64-bit mix of the tensor's key and `j`)
+//! through Box–Muller. So the bytes do not depend on the thread count or the chunking, and the
+//! same canonical tensor holds the same values in both layouts (a Hub file's
+//! `paligemma.lm_head.weight` equals a lerobot file's `embed_tokens.weight` for the same seed),
+//! which lets tests compare the two layouts of one model.
+//!
+//! Memory stays bounded because each worker generates one chunk at a time, writes it at its
+//! place in the file, asks the kernel to start writeback and, a few chunks later, waits for it
+//! and drops the pages from the page cache (dirty and cached output would otherwise grow until
+//! the cgroup's limit forces reclaim).
+
+use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use petite_weights::{Dtype, SafetensorsWriter, TensorSpec as WriterSpec};
+
+use crate::config::Pi05Config;
+use crate::names::{self, Init, Layout};
+use crate::{Error, Result};
+
+/// File name written inside the output directory.
+pub const FILE_NAME: &str = "model.safetensors";
+
+/// Elements per work item (4 MiB of f32): big enough to amortise the syscalls, small enough that
+/// `threads × (DEPTH + 1)` chunks in flight stay a few tens of MiB.
+const CHUNK_ELEMS: usize = 1 << 20;
+
+/// Chunks a worker keeps in writeback before waiting for the oldest and evicting it.
+const FLUSH_DEPTH: usize = 4;
+
+/// Options of [`write_synthetic`].
+#[derive(Debug, Clone)]
+pub struct SynthOptions {
+    /// Seed; the same seed gives the same bytes.
+    pub seed: u64,
+    /// Worker threads (at least 1); does not change the output.
+    pub threads: usize,
+}
+
+impl Default for SynthOptions {
+    fn default() -> Self {
+        SynthOptions {
+            seed: 0,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(2)),
+        }
+    }
+}
+
+/// What [`write_synthetic`] wrote.
+#[derive(Debug, Clone)]
+pub struct SynthReport {
+    /// The file written (`DIR/model.safetensors`).
+    pub path: PathBuf,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Tensor data bytes (f32 elements × 4).
+    pub data_bytes: u64,
+    /// File size (header and alignment padding included).
+    pub file_bytes: u64,
+    /// Wall time, fsync and rename included.
+    pub seconds: f64,
+}
+
+/// 64-bit finaliser (Stafford's "mix13", as in SplitMix64): a bijection with full avalanche, so
+/// consecutive counters give independent-looking outputs.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// FNV-1a of the name: spreads tensor names over the key space before mixing with the seed.
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The generator key of one tensor: depends on the seed and the tensor's canonical name only.
+pub fn tensor_key(seed: u64, canonical: &str) -> u64 {
+    mix64(mix64(seed ^ 0x9e37_79b9_7f4a_7c15).wrapping_add(name_hash(canonical)))
+}
+
+/// Two standard normal draws for pair `j` of the tensor keyed `key` (Box–Muller on two 24-bit
+/// uniforms; |z| ≤ 5.8 by construction, which a synthetic model does not miss).
+#[inline]
+fn normal_pair(key: u64, j: u64) -> (f32, f32) {
+    const TWO_NEG24: f32 = 1.0 / (1u32 << 24) as f32;
+    let bits = mix64(key ^ j.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    // u1 in (0, 1] so ln is finite; u2 in [0, 1).
+    let u1 = ((bits >> 40) as u32 + 1) as f32 * TWO_NEG24;
+    let u2 = ((bits >> 8) as u32 & 0x00ff_ffff) as f32 * TWO_NEG24;
+    let r = (-2.0 * u1.ln()).sqrt();
+    let (s, c) = (std::f32::consts::TAU * u2).sin_cos();
+    (r * c, r * s)
+}
+
+/// Fills `out` with elements `start..start + out.len()` of a tensor initialised as `init`
+/// (normal draws keyed by `key`). Exposed so tests can check single values against a file.
+pub fn fill(init: Init, key: u64, start: usize, out: &mut [f32]) {
+    match init {
+        Init::Constant(c) => out.fill(c),
+        Init::Normal { std } => {
+            let mut i = 0;
+            let mut idx = start;
+            // An odd start takes the second draw of its pair.
+            if idx % 2 == 1 && !out.is_empty() {
+                out[0] = normal_pair(key, (idx / 2) as u64).1 * std;
+                i = 1;
+                idx += 1;
+            }
+            while i + 1 < out.len() {
+                let (a, b) = normal_pair(key, (idx / 2) as u64);
+                out[i] = a * std;
+                out[i + 1] = b * std;
+                i += 2;
+                idx += 2;
+            }
+            if i < out.len() {
+                out[i] = normal_pair(key, (idx / 2) as u64).0 * std;
+            }
+        }
+    }
+}
+
+/// Output ranges written but not yet retired: once a range is `FLUSH_DEPTH` chunks old its
+/// writeback is awaited and its pages evicted, so dirty and cached output stays bounded.
+struct Flusher {
+    fd: i32,
+    pending: VecDeque<(u64, u64)>,
+}
+
+impl Flusher {
+    fn push(&mut self, off: u64, len: u64) {
+        // SAFETY: plain syscalls on an fd the writer keeps open for the whole run. Failures only
+        // cost memory, so they are ignored; the writer's final fsync reports real I/O errors.
+        unsafe {
+            libc::sync_file_range(self.fd, off as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
+        }
+        self.pending.push_back((off, len));
+        while self.pending.len() > FLUSH_DEPTH {
+            self.retire();
+        }
+    }
+
+    fn retire(&mut self) {
+        if let Some((off, len)) = self.pending.pop_front() {
+            // SAFETY: as in `push`.
+            unsafe {
+                libc::sync_file_range(
+                    self.fd,
+                    off as i64,
+                    len as i64,
+                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                        | libc::SYNC_FILE_RANGE_WRITE
+                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+                );
+                libc::posix_fadvise(self.fd, off as i64, len as i64, libc::POSIX_FADV_DONTNEED);
+            }
+        }
+    }
+}
+
+struct Item {
+    /// Index into the table.
+    tensor: usize,
+    start: usize,
+    end: usize,
+}
+
+/// Writes `out_dir/model.safetensors`: every tensor `layout` stores for `cfg`, f32, with the
+/// stored names and shapes (see the module docs for the values). The config is validated first
+/// and nothing is created if it is inconsistent; the file is written under a temporary name and
+/// renamed only when complete, so on any error nothing exists under the final name.
+/// `out_dir` is created if missing.
+pub fn write_synthetic(
+    cfg: &Pi05Config,
+    layout: Layout,
+    out_dir: &Path,
+    opts: &SynthOptions,
+) -> Result<SynthReport> {
+    cfg.validate()?;
+    let t0 = Instant::now();
+    let stored = names::layout_tensors(cfg, layout);
+    // The canonical name of each stored tensor keys its values (same values in both layouts).
+    let canonical: Vec<String> = names::lerobot_tensors(cfg)
+        .into_iter()
+        .map(|t| t.name)
+        .filter(|n| names::stored_name(n, layout).is_some())
+        .collect();
+    let mut by_stored = std::collections::HashMap::new();
+    for c in &canonical {
+        let s = names::stored_name(c, layout).expect("filtered to stored names");
+        by_stored.insert(s, c.clone());
+    }
+    let mut table = Vec::with_capacity(stored.len());
+    let mut plan = Vec::with_capacity(stored.len());
+    for t in &stored {
+        let canon = by_stored.get(&t.name).ok_or_else(|| {
+            Error::UnknownWeight(format!("{} (no canonical name in this layout)", t.name))
+        })?;
+        table.push(WriterSpec::new(t.name.clone(), Dtype::F32, &t.shape));
+        plan.push((
+            t.kind.synthetic_init(),
+            tensor_key(opts.seed, canon),
+            t.numel(),
+        ));
+    }
+
+    std::fs::create_dir_all(out_dir).map_err(|source| Error::Io {
+        path: out_dir.display().to_string(),
+        source,
+    })?;
+    let path = out_dir.join(FILE_NAME);
+    let metadata = vec![
+        ("format".to_string(), "pt".to_string()),
+        ("petite.synthetic_seed".to_string(), opts.seed.to_string()),
+        (
+            "petite.layout".to_string(),
+            match layout {
+                Layout::Lerobot => "lerobot".to_string(),
+                Layout::Hub { prefixed: true } => "hub-prefixed".to_string(),
+                Layout::Hub { prefixed: false } => "hub".to_string(),
+            },
+        ),
+    ];
+    let writer = SafetensorsWriter::create(&path, &table, &metadata)?;
+
+    // Work items in file order, so concurrent workers write close to sequentially.
+    let index: std::collections::HashMap<&str, usize> = table
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.as_str(), i))
+        .collect();
+    let mut items = Vec::new();
+    let mut data_bytes = 0u64;
+    for name in writer.order() {
+        let i = index[name];
+        let numel = plan[i].2;
+        data_bytes += numel as u64 * 4;
+        let mut s = 0;
+        while s < numel {
+            let e = (s + CHUNK_ELEMS).min(numel);
+            items.push(Item {
+                tensor: i,
+                start: s,
+                end: e,
+            });
+            s = e;
+        }
+    }
+
+    let next = AtomicUsize::new(0);
+    let first_err: Mutex<Option<Error>> = Mutex::new(None);
+    let fd = writer.file().as_raw_fd();
+    std::thread::scope(|scope| {
+        for _ in 0..opts.threads.max(1) {
+            let (next, items, table, plan, writer, first_err) =
+                (&next, &items, &table, &plan, &writer, &first_err);
+            scope.spawn(move || {
+                let mut vals = vec![0f32; CHUNK_ELEMS];
+                let mut bytes = vec![0u8; CHUNK_ELEMS * 4];
+                let mut flusher = Flusher {
+                    fd,
+                    pending: VecDeque::new(),
+                };
+                loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(it) = items.get(k) else { break };
+                    if first_err.lock().is_ok_and(|e| e.is_some()) {
+                        break;
+                    }
+                    let (init, key, _) = plan[it.tensor];
+                    let n = it.end - it.start;
+                    fill(init, key, it.start, &mut vals[..n]);
+                    for (dst, v) in bytes.chunks_exact_mut(4).zip(&vals[..n]) {
+                        dst.copy_from_slice(&v.to_le_bytes());
+                    }
+                    let name = &table[it.tensor].name;
+                    let off = it.start as u64 * 4;
+                    let res = writer
+                        .write_at(name, off, &bytes[..n * 4])
+                        .and_then(|()| writer.placement(name));
+                    match res {
+                        Ok((abs, _)) => flusher.push(abs + off, n as u64 * 4),
+                        Err(e) => {
+                            if let Ok(mut slot) = first_err.lock() {
+                                slot.get_or_insert(e.into());
+                            }
+                            break;
+                        }
+                    }
+                }
+                while !flusher.pending.is_empty() {
+                    flusher.retire();
+                }
+            });
+        }
+    });
+    if let Some(e) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        // Dropping the writer deletes the temporary file.
+        return Err(e);
+    }
+    let file_bytes = writer.total_len();
+    let path = writer.finish()?;
+    Ok(SynthReport {
+        path,
+        tensors: table.len(),
+        data_bytes,
+        file_bytes,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
