@@ -1,2 +1,35 @@
-//! petite-reference (skeleton; see docs/ARCHITECTURE.md).
+//! petite-reference: a CPU executor for petite-graph programs.
+//!
+//! f32 math (bf16 values are widened, computed in f32 and rounded back to nearest-even), weights
+//! read through a [`petite_weights::WeightSource`] and converted per use, GEMMs through the `gemm`
+//! crate with rayon. Every node's result depends only on its inputs (fixed reduction orders, no
+//! cross-node fusion), so running a program split into parts equals running it whole, bit for bit:
+//! that is what makes it the partitioner's oracle. It knows nothing of `.pte`, TensorRT or pi0.5.
 #![deny(missing_docs)]
+
+pub mod bf16;
+pub mod kernels;
+
+/// Errors of this crate; each names what was expected and what was found.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A kernel got buffers or shapes that do not fit together.
+    #[error("{kernel}: {message}")]
+    Kernel {
+        /// The kernel (e.g. `linear`, `sdpa`).
+        kernel: &'static str,
+        /// What was expected and what was found.
+        message: String,
+    },
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Builds an [`Error::Kernel`]; kernels check their preconditions instead of panicking.
+pub(crate) fn kerr(kernel: &'static str, message: impl Into<String>) -> Error {
+    Error::Kernel {
+        kernel,
+        message: message.into(),
+    }
+}

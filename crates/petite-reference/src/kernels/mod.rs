@@ -1,0 +1,33 @@
+//! Kernels over plain slices and shapes (row-major, contiguous unless strides are given).
+//!
+//! All math is f32 (reductions accumulate in f64 where PyTorch accumulates in a wider type or
+//! a cascade, so results sit at least as close to the exact value). Each kernel's result depends
+//! only on its arguments: reduction orders are fixed and independent of thread count.
+
+mod activation;
+mod attention;
+mod conv;
+mod elementwise;
+mod matmul;
+mod norm;
+mod rope;
+mod shape;
+
+pub use activation::{gelu_tanh, gelu_tanh_scalar, silu, silu_scalar};
+pub use attention::{SdpaShape, sdpa, softmax_lastdim};
+pub use conv::{Conv2dParams, conv2d, conv2d_out_hw};
+pub use elementwise::{broadcast_shape, broadcast_strides, map_binary, map_ternary};
+pub use matmul::{MatRef, gemm_f32, linear, matmul_batched};
+pub use norm::{layer_norm, rms_norm};
+pub use rope::{rope_cos_sin, rope_inv_freq, rotary_halves};
+pub use shape::{
+    Reduce, concat, cumsum_f32, cumsum_i64, gather_rows, permute, reduce_f32, slice_axis,
+};
+
+/// Number of elements of a shape (1 for a scalar).
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// Elements above `PAR_MIN` are worth splitting across rayon threads (memory-bound maps).
+pub(crate) const PAR_MIN: usize = 1 << 15;
