@@ -257,6 +257,62 @@ impl Ctx {
         Ok(self.b.reshape(m, &[1, 1, sh[0], sh[1]])?)
     }
 
+    /// Rotary embedding. bf16 activations follow torch's eager op order
+    /// (`x·cos + rotate_half(x)·sin`, each op rounded to bf16); f32 uses the fused op.
+    fn rope(&mut self, x: ValueId, cos: ValueId, sin: ValueId) -> Result<ValueId> {
+        if self.b.dtype(x)? != Dtype::Bf16 {
+            return Ok(self.b.rope(x, cos, sin)?);
+        }
+        let d = *self.b.shape(x)?.last().expect("rank 4") as isize;
+        let x1 = self.b.slice(x, -1, 0, d / 2, 1)?;
+        let x2 = self.b.slice(x, -1, d / 2, d, 1)?;
+        let n2 = self.b.neg(x2)?;
+        let rot = self.b.concat(&[n2, x1], -1)?;
+        let a = self.b.mul(x, cos)?;
+        let r = self.b.mul(rot, sin)?;
+        Ok(self.b.add(a, r)?)
+    }
+
+    /// Attention with an additive f32 mask. f32 uses the fused op; bf16 follows transformers'
+    /// eager attention: `q·kᵀ` and the scaling rounded to bf16, `+ mask` and softmax in f32,
+    /// probabilities rounded to bf16, `p·v` in bf16 (KV heads repeated for GQA).
+    fn attend(
+        &mut self,
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+        mask: Option<ValueId>,
+        scale: f64,
+    ) -> Result<ValueId> {
+        if self.b.dtype(q)? != Dtype::Bf16 {
+            return Ok(self.b.attention(q, k, v, mask, scale)?);
+        }
+        let h = self.b.shape(q)?[1];
+        let ks = self.b.shape(k)?.to_vec();
+        let rep = h / ks[1];
+        let repeat = |c: &mut Ctx, t: ValueId| -> Result<ValueId> {
+            if rep == 1 {
+                return Ok(t);
+            }
+            let sh = c.b.shape(t)?.to_vec();
+            let r = c.b.reshape(t, &[sh[0], sh[1], 1, sh[2], sh[3]])?;
+            let r = c.b.expand(r, &[sh[0], sh[1], rep, sh[2], sh[3]])?;
+            Ok(c.b.reshape(r, &[sh[0], sh[1] * rep, sh[2], sh[3]])?)
+        };
+        let k = repeat(self, k)?;
+        let v = repeat(self, v)?;
+        let kt = self.b.transpose(k, 2, 3)?;
+        let logits = self.b.matmul(q, kt)?;
+        let logits = self.b.mul_scalar(logits, scale)?;
+        let mut logits = self.b.cast(logits, Dtype::F32)?;
+        if let Some(m) = mask {
+            logits = self.b.add(logits, m)?;
+        }
+        let p = self.b.softmax(logits, -1)?;
+        let p = self.b.cast(p, Dtype::Bf16)?;
+        Ok(self.b.matmul(p, v)?)
+    }
+
     /// Gated MLP `down(gelu_tanh(gate(x)) · up(x))`.
     fn gemma_mlp(&mut self, x: ValueId, prefix: &str) -> Result<ValueId> {
         let g = self.linear(x, &format!("{prefix}.gate_proj"), false)?;
@@ -353,8 +409,7 @@ pub fn build_prefix(cfg: &Pi05Config, precision: Precision) -> Result<Program> {
             let t = c.b.reshape(t, &[cams, np, vheads, vhd])?;
             qkv[k] = c.b.permute(t, &[0, 2, 1, 3])?;
         }
-        let a =
-            c.b.attention(qkv[0], qkv[1], qkv[2], None, (vhd as f64).powf(-0.5))?;
+        let a = c.attend(qkv[0], qkv[1], qkv[2], None, (vhd as f64).powf(-0.5))?;
         let a = c.b.permute(a, &[0, 2, 1, 3])?;
         let a = c.b.reshape(a, &[cams, np, vh])?;
         let a = c.linear(a, &n("self_attn.out_proj"), true)?;
@@ -422,7 +477,7 @@ pub fn build_prefix(cfg: &Pi05Config, precision: Precision) -> Result<Program> {
         let hn = c.b.rms_norm(x, Some(nw), l.eps)?;
         let k = c.linear(hn, &n("self_attn.k_proj"), false)?;
         let k = c.split_heads(k, kvh, hd)?;
-        let k = c.b.rope(k, cos, sin)?;
+        let k = c.rope(k, cos, sin)?;
         let vv = c.linear(hn, &n("self_attn.v_proj"), false)?;
         let vv = c.split_heads(vv, kvh, hd)?;
         c.b.output(&io::prefix_k(i), k)?;
@@ -430,9 +485,8 @@ pub fn build_prefix(cfg: &Pi05Config, precision: Precision) -> Result<Program> {
         if i + 1 < l.depth {
             let q = c.linear(hn, &n("self_attn.q_proj"), false)?;
             let q = c.split_heads(q, h, hd)?;
-            let q = c.b.rope(q, cos, sin)?;
-            let a =
-                c.b.attention(q, k, vv, Some(mask), (hd as f64).powf(-0.5))?;
+            let q = c.rope(q, cos, sin)?;
+            let a = c.attend(q, k, vv, Some(mask), (hd as f64).powf(-0.5))?;
             let a = c.merge_heads(a)?;
             let a = c.linear(a, &n("self_attn.o_proj"), false)?;
             x = c.b.add(x, a)?;
@@ -502,16 +556,15 @@ pub fn build_step(cfg: &Pi05Config, precision: Precision) -> Result<Program> {
         let g1 = c.cast(g1, act)?;
         let q = c.linear(hn, &n("self_attn.q_proj"), false)?;
         let q = c.split_heads(q, h, hd)?;
-        let q = c.b.rope(q, cos, sin)?;
+        let q = c.rope(q, cos, sin)?;
         let k = c.linear(hn, &n("self_attn.k_proj"), false)?;
         let k = c.split_heads(k, kvh, hd)?;
-        let k = c.b.rope(k, cos, sin)?;
+        let k = c.rope(k, cos, sin)?;
         let vv = c.linear(hn, &n("self_attn.v_proj"), false)?;
         let vv = c.split_heads(vv, kvh, hd)?;
         let k = c.b.concat(&[pk[i], k], 2)?;
         let vv = c.b.concat(&[pv[i], vv], 2)?;
-        let att =
-            c.b.attention(q, k, vv, Some(mask), (hd as f64).powf(-0.5))?;
+        let att = c.attend(q, k, vv, Some(mask), (hd as f64).powf(-0.5))?;
         let att = c.merge_heads(att)?;
         let o = c.linear(att, &n("self_attn.o_proj"), false)?;
         let o = c.b.mul(o, g1)?;

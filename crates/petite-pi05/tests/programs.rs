@@ -120,8 +120,16 @@ fn check(cfg: &Pi05Config, prec: Precision) {
     // Exactly one fused attention per SigLIP layer, per non-last language layer, per expert layer.
     let count = |prog: &Program, f: fn(&Op) -> bool| prog.nodes.iter().filter(|n| f(&n.op)).count();
     let attn = |o: &Op| matches!(o, Op::Attention { .. });
-    assert_eq!(count(&p.prefix, attn), cfg.vision.layers + last);
-    assert_eq!(count(&p.step, attn), cfg.expert.depth);
+    // bf16 follows transformers' eager attention op by op (matmul, scale, mask, softmax, matmul).
+    let fused = if prec == Precision::F32 { 1 } else { 0 };
+    assert_eq!(count(&p.prefix, attn), cfg.vision.layers + fused * last);
+    assert_eq!(count(&p.step, attn), fused * cfg.expert.depth);
+    let softmax = |o: &Op| matches!(o, Op::Softmax { .. });
+    assert_eq!(count(&p.prefix, softmax), (1 - fused) * last);
+    assert_eq!(count(&p.step, softmax), (1 - fused) * cfg.expert.depth);
+    let rope = |o: &Op| matches!(o, Op::Rope);
+    assert_eq!(count(&p.prefix, rope), fused * (2 * last + 1));
+    assert_eq!(count(&p.step, rope), fused * 2 * cfg.expert.depth);
     assert_eq!(
         count(&p.timestep_table, |o| matches!(o, Op::Input { .. })),
         0
