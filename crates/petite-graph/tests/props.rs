@@ -108,8 +108,8 @@ proptest! {
         // Same consumers, up to renaming.
         let cp = p.consumers();
         let cq = q.consumers();
-        for old in 0..n {
-            let mut a: Vec<u32> = cp[old].iter().map(|c| perm.iter().position(|&o| o == c.index()).unwrap() as u32).collect();
+        for (old, consumers) in cp.iter().enumerate() {
+            let mut a: Vec<u32> = consumers.iter().map(|c| perm.iter().position(|&o| o == c.index()).unwrap() as u32).collect();
             a.sort_unstable();
             let new = perm.iter().position(|&o| o == old).unwrap();
             let b: Vec<u32> = cq[new].iter().map(|c| c.0).collect();
