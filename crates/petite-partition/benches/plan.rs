@@ -1,0 +1,24 @@
+//! Planning the full-size pi0.5 prefix and step (shapes only; no checkpoint).
+use criterion::{Criterion, criterion_group, criterion_main};
+use petite_partition::{PartitionOptions, plan};
+use petite_pi05::{Pi05Config, Precision, build_prefix, build_step};
+use std::hint::black_box;
+
+fn bench(c: &mut Criterion) {
+    let cfg = Pi05Config::default();
+    let prefix = build_prefix(&cfg, Precision::Bf16).expect("prefix");
+    let step = build_step(&cfg, Precision::Bf16).expect("step");
+    let opts = PartitionOptions::new(512 << 20);
+    let mut g = c.benchmark_group("plan");
+    g.sample_size(20);
+    g.bench_function("pi05_prefix_512MiB", |b| {
+        b.iter(|| plan(black_box(&prefix), &opts).expect("plan"))
+    });
+    g.bench_function("pi05_step_512MiB", |b| {
+        b.iter(|| plan(black_box(&step), &opts).expect("plan"))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,111 @@
+//! Options and the cost model.
+
+use petite_graph::{NodeId, Program, ValueId};
+
+use crate::{Error, Result};
+
+/// Default [`PartitionOptions::crossing_limit`]: input-only values up to 64 KiB cross between
+/// engines; larger ones are recomputed (passing a small value is cheaper than recomputing it).
+pub const DEFAULT_CROSSING_LIMIT: u64 = 64 * 1024;
+
+/// Torch-TensorRT's `ENGINE_COMPILATION_MEMORY_USAGE_MULTIPLIER`: a TensorRT build needs up to
+/// about 4× the engine's weights in host memory. The default build-memory estimate uses it.
+pub const TORCH_TRT_BUILD_MULTIPLIER: u64 = 4;
+
+/// What the planner knows about one finished engine when it asks for a build-memory estimate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineCost {
+    /// Weight bytes the engine reads (each weight once).
+    pub weight_bytes: u64,
+    /// Bytes of the values crossing in from earlier engines.
+    pub input_bytes: u64,
+    /// Bytes of the values the engine hands to later engines.
+    pub output_bytes: u64,
+    /// Nodes the engine computes (recomputed ones included).
+    pub nodes: usize,
+}
+
+/// Sizes the planner works with. Backends that store weights in another dtype than the program
+/// declares, or whose builds need another multiple of the weights, supply their own.
+pub trait CostModel {
+    /// Bytes a weight node adds to every engine that reads it. Default: its declared
+    /// `numel × dtype size`.
+    fn weight_bytes(&self, program: &Program, weight: NodeId) -> u64 {
+        program.node(weight).ty.nbytes() as u64
+    }
+
+    /// Bytes of a value when it crosses between engines; decides recompute vs. cross and the
+    /// crossing figures. Default: `numel × dtype size`.
+    fn value_bytes(&self, program: &Program, value: ValueId) -> u64 {
+        program.node(value).ty.nbytes() as u64
+    }
+
+    /// Estimated host memory to build one engine. Default: [`TORCH_TRT_BUILD_MULTIPLIER`] × its
+    /// weights plus its input and output tensors.
+    fn build_bytes(&self, engine: &EngineCost) -> u64 {
+        engine
+            .weight_bytes
+            .saturating_mul(TORCH_TRT_BUILD_MULTIPLIER)
+            .saturating_add(engine.input_bytes)
+            .saturating_add(engine.output_bytes)
+    }
+}
+
+/// The default [`CostModel`]: declared sizes, 4× build multiplier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DefaultCost;
+
+impl CostModel for DefaultCost {}
+
+/// Settings of [`crate::plan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionOptions<C = DefaultCost> {
+    /// Maximum weight bytes per engine (≥ 1). Only an atomic group that is larger on its own
+    /// may exceed it, in an engine of its own.
+    pub engine_cap: u64,
+    /// Input-only values larger than this are recomputed in each engine that reads them; smaller
+    /// ones cross. Any value is accepted (`u64::MAX` disables recompute, `0` recomputes all).
+    pub crossing_limit: u64,
+    /// Sizes of weights and values, and the build-memory estimate.
+    pub cost: C,
+}
+
+impl PartitionOptions<DefaultCost> {
+    /// Options with this cap, the default crossing limit and the default cost model.
+    pub fn new(engine_cap: u64) -> Self {
+        PartitionOptions {
+            engine_cap,
+            crossing_limit: DEFAULT_CROSSING_LIMIT,
+            cost: DefaultCost,
+        }
+    }
+}
+
+impl<C> PartitionOptions<C> {
+    /// The same options with another crossing limit.
+    pub fn crossing_limit(mut self, bytes: u64) -> Self {
+        self.crossing_limit = bytes;
+        self
+    }
+
+    /// The same options with another cost model.
+    pub fn with_cost<D: CostModel>(self, cost: D) -> PartitionOptions<D> {
+        PartitionOptions {
+            engine_cap: self.engine_cap,
+            crossing_limit: self.crossing_limit,
+            cost,
+        }
+    }
+
+    /// Checks the ranges.
+    pub fn check(&self) -> Result<()> {
+        if self.engine_cap == 0 {
+            return Err(Error::InvalidOption {
+                setting: "engine_cap",
+                expected: "at least 1 byte of weights per engine".into(),
+                found: "0".into(),
+            });
+        }
+        Ok(())
+    }
+}
