@@ -115,6 +115,19 @@ impl TensorType {
             .unwrap_or(usize::MAX)
     }
 
+    /// Number of elements, or `None` if it overflows `usize`.
+    pub fn checked_numel(&self) -> Option<usize> {
+        self.shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+    }
+
+    /// Bytes of the tensor, or `None` if they overflow `usize`. Validation rejects such types,
+    /// so on a validated program [`TensorType::nbytes`] is exact.
+    pub fn checked_nbytes(&self) -> Option<usize> {
+        self.checked_numel()?.checked_mul(self.dtype.size())
+    }
+
     /// Bytes of the tensor: elements × dtype size. Saturates instead of overflowing.
     pub fn nbytes(&self) -> usize {
         self.numel().saturating_mul(self.dtype.size())

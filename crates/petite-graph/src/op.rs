@@ -447,7 +447,19 @@ impl Op {
                 }
             }
         }
-        infer_tensor(self, &ts)
+        let out = infer_tensor(self, &ts)?;
+        if let Some(ty) = &out {
+            let pieces: &[TensorType] = match ty {
+                ValueType::Tensor(t) => std::slice::from_ref(t),
+                ValueType::Tuple(ts) => ts,
+            };
+            for t in pieces {
+                if t.checked_nbytes().is_none() {
+                    return Err(format!("result {t} is too large (its byte size overflows)"));
+                }
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -629,7 +641,10 @@ fn infer_tensor(op: &Op, t: &[&TensorType]) -> std::result::Result<Option<ValueT
             }
             let mut s = vec![x.shape[0], o, 0, 0];
             for d in 0..2 {
-                let full = x.shape[2 + d] + 2 * padding[d];
+                let full = padding[d]
+                    .checked_mul(2)
+                    .and_then(|p| p.checked_add(x.shape[2 + d]))
+                    .ok_or_else(|| format!("padding {padding:?} overflows"))?;
                 let k = w.shape[2 + d];
                 if k == 0 || full < k {
                     return Err(format!(
@@ -853,7 +868,9 @@ fn infer_tensor(op: &Op, t: &[&TensorType]) -> std::result::Result<Option<ValueT
                         shp(&x.shape)
                     ));
                 }
-                s[*axis] += x.shape[*axis];
+                s[*axis] = s[*axis]
+                    .checked_add(x.shape[*axis])
+                    .ok_or_else(|| format!("concatenated dim {axis} overflows"))?;
             }
             tt(first.dtype, s)
         }
@@ -879,7 +896,7 @@ fn infer_tensor(op: &Op, t: &[&TensorType]) -> std::result::Result<Option<ValueT
         Op::Reshape { shape } => {
             let x = t[0];
             let out = tt(x.dtype, shape.clone());
-            if out.numel() != x.numel() {
+            if out.checked_numel().is_none() || out.numel() != x.numel() {
                 return Err(format!(
                     "cannot reshape {} ({} elements) to {} ({} elements)",
                     shp(&x.shape),
@@ -972,8 +989,8 @@ fn infer_tensor(op: &Op, t: &[&TensorType]) -> std::result::Result<Option<ValueT
         Op::Split { axis, sizes } => {
             let x = t[0];
             need_axis(*axis, x.rank())?;
-            let total: usize = sizes.iter().sum();
-            if sizes.is_empty() || total != x.shape[*axis] {
+            let total = sizes.iter().try_fold(0usize, |a, &n| a.checked_add(n));
+            if sizes.is_empty() || total != Some(x.shape[*axis]) {
                 return Err(format!(
                     "sizes {sizes:?} must be non-empty and sum to dim {} of axis {axis} of {}",
                     x.shape[*axis],

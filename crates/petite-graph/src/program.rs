@@ -682,6 +682,11 @@ pub(crate) fn check_source(op: &Op, ty: &ValueType) -> std::result::Result<(), S
     let Some(t) = ty.tensor() else {
         return Err(format!("a source must produce a tensor, found tuple {ty}"));
     };
+    if t.checked_nbytes().is_none() {
+        return Err(format!(
+            "declared type {t} is too large (its byte size overflows)"
+        ));
+    }
     if let Op::Constant { data } = op {
         let expected = t.numel().checked_mul(t.dtype.size());
         if expected != Some(data.len()) {

@@ -740,3 +740,97 @@ fn every_two_way_cut_lines_up() {
     }
     assert!(cuts_tried > 30, "{cuts_tried}");
 }
+
+/// Absurd numbers in a deserialised program give errors, never panics or wrapped sizes.
+#[test]
+fn overflowing_shapes_are_rejected_without_panicking() {
+    let big = usize::MAX / 2 + 1;
+    let cases: Vec<(Vec<Node>, &str)> = vec![
+        (vec![input("x", t(Dtype::F32, &[big, 4]))], "too large"),
+        (
+            vec![
+                input("x", t(Dtype::U8, &[big])),
+                Node {
+                    op: Op::Concat { axis: 0 },
+                    inputs: vec![NodeId(0), NodeId(0), NodeId(0)],
+                    ty: t(Dtype::U8, &[1]),
+                    label: None,
+                },
+            ],
+            "overflows",
+        ),
+        (
+            vec![
+                input("x", t(Dtype::F32, &[1, 1, 4, 4])),
+                Node {
+                    op: Op::Weight { name: "w".into() },
+                    inputs: vec![],
+                    ty: t(Dtype::F32, &[1, 1, 2, 2]),
+                    label: None,
+                },
+                Node {
+                    op: Op::Conv2d {
+                        stride: [1, 1],
+                        padding: [usize::MAX, 0],
+                    },
+                    inputs: vec![NodeId(0), NodeId(1)],
+                    ty: t(Dtype::F32, &[1]),
+                    label: None,
+                },
+            ],
+            "overflows",
+        ),
+        (
+            vec![
+                input("x", t(Dtype::F32, &[4])),
+                Node {
+                    op: Op::Split {
+                        axis: 0,
+                        sizes: vec![usize::MAX, 5],
+                    },
+                    inputs: vec![NodeId(0)],
+                    ty: t(Dtype::F32, &[1]),
+                    label: None,
+                },
+            ],
+            "sum to dim 4",
+        ),
+        (
+            vec![
+                input("x", t(Dtype::F32, &[4])),
+                Node {
+                    op: Op::Reshape {
+                        shape: vec![big, big, 4],
+                    },
+                    inputs: vec![NodeId(0)],
+                    ty: t(Dtype::F32, &[1]),
+                    label: None,
+                },
+            ],
+            "cannot reshape",
+        ),
+        (
+            vec![
+                input("x", t(Dtype::F32, &[1])),
+                Node {
+                    op: Op::Expand {
+                        shape: vec![big, 4],
+                    },
+                    inputs: vec![NodeId(0)],
+                    ty: t(Dtype::F32, &[1]),
+                    label: None,
+                },
+            ],
+            "too large",
+        ),
+    ];
+    for (nodes, want) in cases {
+        let p = Program {
+            nodes,
+            inputs: vec![NodeId(0)],
+            outputs: vec![],
+        };
+        let msg = p.validate().unwrap_err().to_string();
+        assert!(msg.contains(want), "{want}: {msg}");
+    }
+}
