@@ -143,3 +143,46 @@ proptest! {
         }
     }
 }
+
+/// A small valid program whose JSON the mutation test corrupts.
+fn seed_json() -> String {
+    let mut b = Builder::new();
+    let x = b.input("x", Dtype::F32, &[2, 4]).unwrap();
+    let w = b.weight("w", Dtype::F32, &[3, 4]).unwrap();
+    let y = b.linear(x, w, None).unwrap();
+    let parts = b.split(y, 1, &[1, 2]).unwrap();
+    let c = b.concat(&[parts[1], parts[0]], -1).unwrap();
+    let m = b.constant_f32(&[3], &[1.0, 2.0, 3.0]).unwrap();
+    let z = b.mul(c, m).unwrap();
+    let s = b.slice(z, 0, 0, 1, 1).unwrap();
+    let r = b.reshape(s, &[3]).unwrap();
+    b.output("r", r).unwrap();
+    b.finish().unwrap().to_json().unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Corrupting digits of a valid program's JSON never panics: it parses and validates, or
+    /// one of the two returns an error.
+    #[test]
+    fn corrupted_json_never_panics(edits in proptest::collection::vec((any::<usize>(), 0u8..10), 1..6)) {
+        let json = seed_json();
+        let mut bytes = json.into_bytes();
+        let digits: Vec<usize> = bytes
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_ascii_digit())
+            .map(|(i, _)| i)
+            .collect();
+        for (at, d) in edits {
+            bytes[digits[at % digits.len()]] = b'0' + d;
+        }
+        let text = String::from_utf8(bytes).unwrap();
+        if let Ok(p) = Program::from_json(&text) {
+            let _ = p.validate();
+            let _ = p.topo_order();
+            let _ = p.to_string();
+        }
+    }
+}
