@@ -301,8 +301,8 @@ impl Builder {
         self.constant(Dtype::Bool, shape, data)
     }
 
-    /// A constant of any dtype from f64 values, each converted as [`Op::Cast`] would
-    /// (bf16/f16 round to nearest even, ints require integral values, bool is `v != 0`).
+    /// A constant of any dtype from f64 values: floats are rounded to f32 and then (bf16/f16)
+    /// to nearest even, ints require integral values, bool is `v != 0`.
     pub fn constant_from_f64(
         &mut self,
         dtype: Dtype,
@@ -867,8 +867,9 @@ impl Builder {
 fn encode(dtype: Dtype, v: f64, out: &mut Vec<u8>) {
     match dtype {
         Dtype::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
-        Dtype::Bf16 => out.extend_from_slice(&half::bf16::from_f64(v).to_le_bytes()),
-        Dtype::F16 => out.extend_from_slice(&half::f16::from_f64(v).to_le_bytes()),
+        // Via f32, as BinaryScalar converts its scalar, so a constant and a scalar op agree.
+        Dtype::Bf16 => out.extend_from_slice(&half::bf16::from_f32(v as f32).to_le_bytes()),
+        Dtype::F16 => out.extend_from_slice(&half::f16::from_f32(v as f32).to_le_bytes()),
         Dtype::I64 => out.extend_from_slice(&(v as i64).to_le_bytes()),
         Dtype::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
         Dtype::U8 => out.push(v as u8),

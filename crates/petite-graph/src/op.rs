@@ -165,8 +165,10 @@ pub enum Op {
         kind: BinaryOp,
     },
     /// Elementwise op with a scalar: `x (op) scalar`, or `scalar (op) x` when `scalar_lhs`
-    /// (e.g. `1 − t`). Input `[x]`, numeric; the scalar is converted to x's dtype first
-    /// (integer dtypes require an integral scalar). Output: x's shape and dtype.
+    /// (e.g. `1 − t`). Input `[x]`, numeric; the scalar is converted to x's dtype first —
+    /// for floats rounded to f32, then (bf16/f16) to nearest even, so `mul_scalar(bf16 x,
+    /// √2048)` multiplies by 45.25 as lerobot's bf16 `embed_scale` does; integer dtypes require
+    /// an integral scalar. Output: x's shape and dtype.
     BinaryScalar {
         /// Which operation.
         kind: BinaryOp,
