@@ -8,11 +8,40 @@
 #![deny(missing_docs)]
 
 pub mod bf16;
+mod executor;
 pub mod kernels;
+mod memory;
+mod tensor;
+
+pub use executor::{Executor, NoWeights, cast, run};
+pub use memory::MemoryWeights;
+pub use tensor::{Data, Tensor};
 
 /// Errors of this crate; each names what was expected and what was found.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A node failed; names the node (id, op, label) and what went wrong.
+    #[error("{node}: {message}")]
+    Node {
+        /// The node.
+        node: petite_graph::NodeDesc,
+        /// What was expected and what was found.
+        message: String,
+    },
+    /// A graph input is missing, unknown, or of the wrong dtype or shape.
+    #[error("input {name:?}: {message}")]
+    Input {
+        /// The input name.
+        name: String,
+        /// What was expected and what was found.
+        message: String,
+    },
+    /// The program is invalid.
+    #[error(transparent)]
+    Graph(#[from] petite_graph::Error),
+    /// A tensor's data does not fit its declaration.
+    #[error("{0}")]
+    Tensor(String),
     /// A kernel got buffers or shapes that do not fit together.
     #[error("{kernel}: {message}")]
     Kernel {

@@ -168,6 +168,30 @@ pub fn map_ternary<C: Copy + Sync, A: Copy + Sync, B: Copy + Sync, O: Copy + Sen
     Ok((out, shape))
 }
 
+/// `x` (of `shape`) broadcast to `out_shape` (numpy `broadcast_to`, materialised).
+pub fn broadcast_to<T: Copy + Sync + Send + Default>(
+    x: &[T],
+    shape: &[usize],
+    out_shape: &[usize],
+) -> Result<Vec<T>> {
+    check_len("input", x.len(), shape)?;
+    if broadcast_shape(shape, out_shape)? != out_shape {
+        return Err(kerr(
+            "broadcast",
+            format!("{shape:?} does not broadcast to {out_shape:?}"),
+        ));
+    }
+    let s = broadcast_strides(shape, out_shape)?;
+    let l = s.last().copied().unwrap_or(0);
+    let mut out = vec![T::default(); numel(out_shape)];
+    for_rows(&mut out, out_shape, &[s], |offs, dst| {
+        for (j, o) in dst.iter_mut().enumerate() {
+            *o = x[offs[0] + j * l];
+        }
+    });
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,6 +236,14 @@ mod tests {
         for (i, v) in o.iter().enumerate() {
             assert_eq!(*v, a[i] * b[i % 64]);
         }
+    }
+
+    #[test]
+    fn broadcast_to_hand() {
+        let o = broadcast_to(&[1, 2], &[2, 1], &[2, 3]).unwrap();
+        assert_eq!(o, vec![1, 1, 1, 2, 2, 2]);
+        assert!(broadcast_to(&[1, 2], &[2], &[3]).is_err());
+        assert!(broadcast_to(&[1, 2, 3], &[3], &[1]).is_err());
     }
 
     #[test]

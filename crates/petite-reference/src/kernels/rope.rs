@@ -1,6 +1,8 @@
 //! Rotary position embedding, transformers' default rope with `rotate_half` (non-interleaved
 //! halves): `x·cos + rotate_half(x)·sin`, `rotate_half([a, b]) = [−b, a]`.
 
+use super::elementwise::{broadcast_shape, broadcast_strides};
+use super::numel;
 use crate::{Result, kerr};
 
 /// `inv_freq[i] = 1 / theta^((2i as f32) / dim)` for `i < dim/2`, each step in f32 as
@@ -31,58 +33,64 @@ pub fn rope_cos_sin(positions: &[f32], inv_freq: &[f32]) -> (Vec<f32>, Vec<f32>)
     (cos, sin)
 }
 
-/// Applies the rotation in place to `x` laid out `[b, h, s, d]` with tables `[bt, s, d]`,
-/// `bt ∈ {1, b}` (one table shared by all heads, as transformers unsqueezes it).
+/// Applies the rotation in place to `x` (`[..., d]`, `d` even) with `cos`/`sin` tables whose
+/// shapes broadcast to x's (e.g. `[b, 1, s, d]` for x `[b, h, s, d]`):
 /// `out = (x·cos) + (rotate_half(x)·sin)`, each product rounded in f32 before the sum.
-#[allow(clippy::too_many_arguments)]
 pub fn rotary_halves(
     x: &mut [f32],
-    b: usize,
-    h: usize,
-    s: usize,
-    d: usize,
-    cos: &[f32],
-    sin: &[f32],
+    x_shape: &[usize],
+    cos: (&[f32], &[usize]),
+    sin: (&[f32], &[usize]),
 ) -> Result<()> {
+    let Some(&d) = x_shape.last() else {
+        return Err(kerr("rotary", "x is a scalar"));
+    };
     if !d.is_multiple_of(2) {
-        return Err(kerr("rotary", format!("head dim {d} is odd")));
+        return Err(kerr("rotary", format!("last dim {d} is odd")));
     }
-    if x.len() != b * h * s * d {
+    if x.len() != numel(x_shape) {
+        return Err(kerr(
+            "rotary",
+            format!("x has {} elements but shape {x_shape:?}", x.len()),
+        ));
+    }
+    for (name, (t, s)) in [("cos", cos), ("sin", sin)] {
+        if t.len() != numel(s) {
+            return Err(kerr(
+                "rotary",
+                format!("{name} has {} elements but shape {s:?}", t.len()),
+            ));
+        }
+    }
+    let sc = broadcast_strides(cos.1, x_shape)?;
+    let ss = broadcast_strides(sin.1, x_shape)?;
+    if broadcast_shape(cos.1, x_shape)? != x_shape || broadcast_shape(sin.1, x_shape)? != x_shape {
         return Err(kerr(
             "rotary",
             format!(
-                "input has {} elements, expected [{b}, {h}, {s}, {d}]",
-                x.len()
+                "cos {:?} / sin {:?} do not broadcast to x {x_shape:?}",
+                cos.1, sin.1
             ),
         ));
     }
-    let table = s * d;
-    let bt = if cos.len() == table && b != 1 { 1 } else { b };
-    if cos.len() != bt * table || sin.len() != cos.len() {
-        return Err(kerr(
-            "rotary",
-            format!(
-                "cos/sin have {}/{} elements, expected [{b} or 1, {s}, {d}]",
-                cos.len(),
-                sin.len()
-            ),
-        ));
-    }
+    let nd = x_shape.len();
+    let (lc, ls) = (sc[nd - 1], ss[nd - 1]);
+    let outer = &x_shape[..nd - 1];
     let half = d / 2;
-    for bi in 0..b {
-        let tb = if bt == 1 { 0 } else { bi * table };
-        for hi in 0..h {
-            for si in 0..s {
-                let base = ((bi * h + hi) * s + si) * d;
-                let row = &mut x[base..base + d];
-                let c = &cos[tb + si * d..tb + si * d + d];
-                let sn = &sin[tb + si * d..tb + si * d + d];
-                for i in 0..half {
-                    let (x1, x2) = (row[i], row[i + half]);
-                    row[i] = x1 * c[i] + (-x2) * sn[i];
-                    row[i + half] = x2 * c[i + half] + x1 * sn[i + half];
-                }
-            }
+    for (r, row) in x.chunks_mut(d.max(1)).enumerate() {
+        let (mut oc, mut os, mut rem) = (0usize, 0usize, r);
+        for k in (0..outer.len()).rev() {
+            let i = rem % outer[k];
+            rem /= outer[k];
+            oc += i * sc[k];
+            os += i * ss[k];
+        }
+        let c = |j: usize| cos.0[oc + j * lc];
+        let s = |j: usize| sin.0[os + j * ls];
+        for i in 0..half {
+            let (x1, x2) = (row[i], row[i + half]);
+            row[i] = x1 * c(i) + (-x2) * s(i);
+            row[i + half] = x2 * c(i + half) + x1 * s(i + half);
         }
     }
     Ok(())
@@ -112,12 +120,15 @@ mod tests {
         // cos = [0, 1, 0, 1], sin = [1, 0, 1, 0]; x = [1, 2, 3, 4] (halves [1,2] and [3,4])
         // out[0] = x0·0 − x2·1 = −3; out[1] = x1·1 − x3·0 = 2; out[2] = x2·0 + x0·1 = 1; out[3] = 4
         let mut x = vec![1.0f32, 2., 3., 4.];
-        rotary_halves(&mut x, 1, 1, 1, 4, &[0., 1., 0., 1.], &[1., 0., 1., 0.]).unwrap();
+        let (c, s) = ([0., 1., 0., 1.], [1., 0., 1., 0.]);
+        rotary_halves(&mut x, &[1, 1, 1, 4], (&c, &[1, 1, 4]), (&s, &[4])).unwrap();
         assert_eq!(x, vec![-3.0, 2.0, 1.0, 4.0]);
-        // two heads share the table; batch 2 with a shared table
+        // batch 2 with one table for both
         let mut y = vec![1.0f32, 2., 3., 4., 1., 2., 3., 4.];
-        rotary_halves(&mut y, 2, 1, 1, 4, &[0., 1., 0., 1.], &[1., 0., 1., 0.]).unwrap();
+        rotary_halves(&mut y, &[2, 1, 1, 4], (&c, &[1, 1, 1, 4]), (&s, &[1, 4])).unwrap();
         assert_eq!(&y[4..], &[-3.0, 2.0, 1.0, 4.0]);
-        assert!(rotary_halves(&mut y, 1, 1, 1, 3, &[0.; 3], &[0.; 3]).is_err());
+        assert!(rotary_halves(&mut y, &[2, 1, 4], (&c, &[2, 4]), (&s, &[4])).is_err());
+        let mut z = vec![0.0f32; 3];
+        assert!(rotary_halves(&mut z, &[3], (&[0.0; 3], &[3]), (&[0.0; 3], &[3])).is_err());
     }
 }

@@ -1,0 +1,1138 @@
+//! The executor: runs a [`Program`] node by node in topological order.
+//!
+//! Values are freed after their last consumer (graph outputs are kept); inputs at their last
+//! use are moved rather than copied. Weights are never held converted: each use reads the
+//! source's view and converts just that tensor (an aligned f32 tensor declared f32 is used in
+//! place), and after a weight's last reader the source may give its pages back.
+//! Nodes no output depends on are not run.
+
+use crate::bf16::{bf16_bits_to_f32, round_f32_through_bf16};
+use crate::kernels::{self, Conv2dParams, Reduce, SdpaShape};
+use crate::tensor::{Data, Tensor};
+use crate::{Error, Result};
+use half::f16;
+use petite_graph::{
+    BinaryOp, CompareOp, Dtype, LogicalOp, NodeId, Op, Program, ReduceOp, ShapeDisplay, TensorType,
+    UnaryOp, ValueType,
+};
+use petite_weights::{Dtype as WDtype, WeightSource};
+use rayon::prelude::*;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+#[cfg(target_endian = "big")]
+compile_error!("petite-reference reads little-endian weight bytes in place");
+
+/// A weight source with no tensors, for programs that declare no weights.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoWeights;
+
+impl WeightSource for NoWeights {
+    fn names(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn info(&self, name: &str) -> petite_weights::Result<petite_weights::TensorInfo> {
+        Err(petite_weights::Error::MissingTensor {
+            file: "<no weights>".into(),
+            name: name.into(),
+        })
+    }
+    fn tensor(&self, name: &str) -> petite_weights::Result<petite_weights::TensorView<'_>> {
+        Err(petite_weights::Error::MissingTensor {
+            file: "<no weights>".into(),
+            name: name.into(),
+        })
+    }
+    fn release(&self, _names: &[&str]) -> petite_weights::Result<()> {
+        Ok(())
+    }
+}
+
+enum Slot {
+    Empty,
+    Tensor(Tensor),
+    Tuple(Vec<Tensor>),
+    /// A weight node's value: read from the source at each use.
+    Weight,
+}
+
+/// Runs one program against one weight source. Cheap to build; reusable across runs.
+pub struct Executor<'a> {
+    program: &'a Program,
+    weights: &'a dyn WeightSource,
+    order: Vec<NodeId>,
+    live: Vec<bool>,
+    /// Distinct consuming live nodes per value.
+    uses: Vec<u32>,
+    is_output: Vec<bool>,
+    release_weights: bool,
+}
+
+impl<'a> Executor<'a> {
+    /// Validates `program` and prepares its order. Weights are looked up at run time.
+    pub fn new(program: &'a Program, weights: &'a dyn WeightSource) -> Result<Self> {
+        program.validate()?;
+        let order = program.topo_order()?;
+        let roots: Vec<NodeId> = program.outputs.iter().map(|o| o.value).collect();
+        let live = program.ancestors(&roots);
+        let mut uses = vec![0u32; program.len()];
+        for (i, cs) in program.consumers().iter().enumerate() {
+            uses[i] = cs.iter().filter(|c| live[c.index()]).count() as u32;
+        }
+        let mut is_output = vec![false; program.len()];
+        for o in &program.outputs {
+            is_output[o.value.index()] = true;
+        }
+        Ok(Executor {
+            program,
+            weights,
+            order,
+            live,
+            uses,
+            is_output,
+            release_weights: true,
+        })
+    }
+
+    /// Whether to ask the source to release a weight's pages after its last reader
+    /// (default on; the bytes stay readable, they fault back in from the file).
+    pub fn release_weights(mut self, on: bool) -> Self {
+        self.release_weights = on;
+        self
+    }
+
+    /// Runs the program. `inputs` must hold exactly the program's inputs, each with its
+    /// declared dtype and shape; returns every graph output by name.
+    pub fn run(&self, mut inputs: BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
+        let p = self.program;
+        let mut slots: Vec<Slot> = (0..p.len()).map(|_| Slot::Empty).collect();
+        for &id in &p.inputs {
+            let name = p.input_name(id).unwrap_or_default().to_string();
+            let want = p.node(id).tensor().cloned().ok_or_else(|| Error::Input {
+                name: name.clone(),
+                message: "declared as a tuple".into(),
+            })?;
+            let t = inputs.remove(&name).ok_or_else(|| Error::Input {
+                name: name.clone(),
+                message: format!("missing (expected {want})"),
+            })?;
+            if t.dtype() != want.dtype || t.shape() != want.shape.as_slice() {
+                return Err(Error::Input {
+                    name,
+                    message: format!(
+                        "expected {want}, found {}{}",
+                        t.dtype(),
+                        ShapeDisplay(t.shape())
+                    ),
+                });
+            }
+            slots[id.index()] = Slot::Tensor(t);
+        }
+        if let Some(extra) = inputs.keys().next() {
+            return Err(Error::Input {
+                name: extra.clone(),
+                message: "not an input of this program".into(),
+            });
+        }
+        let mut remaining = self.uses.clone();
+        for &id in &self.order {
+            if !self.live[id.index()] {
+                continue;
+            }
+            let node = p.node(id);
+            if !matches!(node.op, Op::Input { .. }) {
+                let mut cx = Ctx {
+                    ex: self,
+                    slots: &mut slots,
+                    remaining: &remaining,
+                    id,
+                };
+                let out = cx.eval().map_err(|e| self.node_err(id, e))?;
+                self.check_type(id, &out)?;
+                slots[id.index()] = out;
+            }
+            let mut seen: Vec<NodeId> = Vec::with_capacity(node.inputs.len());
+            for &v in &node.inputs {
+                if seen.contains(&v) {
+                    continue;
+                }
+                seen.push(v);
+                remaining[v.index()] -= 1;
+                if remaining[v.index()] == 0 && !self.is_output[v.index()] {
+                    if matches!(slots[v.index()], Slot::Weight)
+                        && self.release_weights
+                        && let Op::Weight { name } = &p.node(v).op
+                    {
+                        self.weights
+                            .release(&[name.as_str()])
+                            .map_err(|e| self.node_err(v, Error::Tensor(e.to_string())))?;
+                    }
+                    slots[v.index()] = Slot::Empty;
+                }
+            }
+            if remaining[id.index()] == 0 && !self.is_output[id.index()] {
+                slots[id.index()] = Slot::Empty;
+            }
+        }
+        let mut out = BTreeMap::new();
+        for o in &p.outputs {
+            let t = match &slots[o.value.index()] {
+                Slot::Tensor(t) => t.clone(),
+                Slot::Weight => {
+                    let cx = Ctx {
+                        ex: self,
+                        slots: &mut Vec::new(),
+                        remaining: &remaining,
+                        id: o.value,
+                    };
+                    cx.weight_tensor(o.value)
+                        .map_err(|e| self.node_err(o.value, e))?
+                }
+                _ => {
+                    return Err(
+                        self.node_err(o.value, Error::Tensor("output was not computed".into()))
+                    );
+                }
+            };
+            out.insert(o.name.clone(), t);
+        }
+        Ok(out)
+    }
+
+    fn node_err(&self, id: NodeId, e: Error) -> Error {
+        match e {
+            Error::Node { .. } => e,
+            other => Error::Node {
+                node: self.program.describe(id),
+                message: other.to_string(),
+            },
+        }
+    }
+
+    fn check_type(&self, id: NodeId, out: &Slot) -> Result<()> {
+        let want = &self.program.node(id).ty;
+        let ok = match (out, want) {
+            (Slot::Tensor(t), ValueType::Tensor(w)) => {
+                t.dtype() == w.dtype && t.shape() == w.shape.as_slice()
+            }
+            (Slot::Tuple(ts), ValueType::Tuple(ws)) => {
+                ts.len() == ws.len()
+                    && ts
+                        .iter()
+                        .zip(ws)
+                        .all(|(t, w)| t.dtype() == w.dtype && t.shape() == w.shape.as_slice())
+            }
+            (Slot::Weight, _) => true,
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Node {
+                node: self.program.describe(id),
+                message: format!("executor produced a value that is not the declared {want}"),
+            })
+        }
+    }
+}
+
+/// Everything one node's evaluation sees.
+struct Ctx<'e, 'a> {
+    ex: &'e Executor<'a>,
+    slots: &'e mut Vec<Slot>,
+    remaining: &'e [u32],
+    id: NodeId,
+}
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::Tensor(msg.into())
+}
+
+fn tensor_type(p: &Program, v: NodeId) -> Result<&TensorType> {
+    p.node(v)
+        .tensor()
+        .ok_or_else(|| err(format!("{v} is a tuple where a tensor is needed")))
+}
+
+/// Converts a weight view to f32 values as the program declares it: stored f32 declared bf16
+/// is rounded to bf16 (nearest even) first; bf16/f16 storage is widened exactly.
+fn view_to_f32<'v>(bytes: &'v [u8], stored: WDtype, declared: Dtype) -> Result<Cow<'v, [f32]>> {
+    const CHUNK: usize = 1 << 16;
+    let mut out: Vec<f32>;
+    match stored {
+        WDtype::F32 => {
+            if declared == Dtype::F32
+                && let Ok(s) = bytemuck::try_cast_slice::<u8, f32>(bytes)
+            {
+                return Ok(Cow::Borrowed(s));
+            }
+            out = vec![0.0; bytes.len() / 4];
+            out.par_chunks_mut(CHUNK)
+                .zip(bytes.par_chunks(CHUNK * 4))
+                .for_each(|(o, b)| {
+                    for (x, c) in o.iter_mut().zip(b.chunks_exact(4)) {
+                        *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    }
+                });
+        }
+        WDtype::Bf16 => {
+            out = vec![0.0; bytes.len() / 2];
+            out.par_chunks_mut(CHUNK)
+                .zip(bytes.par_chunks(CHUNK * 2))
+                .for_each(|(o, b)| {
+                    for (x, c) in o.iter_mut().zip(b.chunks_exact(2)) {
+                        *x = bf16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]));
+                    }
+                });
+        }
+        WDtype::F16 => {
+            out = bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect();
+        }
+        other => {
+            return Err(err(format!(
+                "stored as {} but declared {declared}; only float weights convert",
+                other.safetensors_name()
+            )));
+        }
+    }
+    match (declared, stored) {
+        (Dtype::Bf16, WDtype::Bf16) | (Dtype::F16, WDtype::F16) | (Dtype::F32, _) => {}
+        (Dtype::Bf16, _) => out
+            .par_chunks_mut(CHUNK)
+            .for_each(|c| c.iter_mut().for_each(|x| *x = round_f32_through_bf16(*x))),
+        (Dtype::F16, _) => out.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
+        (d, _) => return Err(err(format!("declared {d}, which is not a float dtype"))),
+    }
+    Ok(Cow::Owned(out))
+}
+
+fn wdtype_of(d: Dtype) -> WDtype {
+    match d {
+        Dtype::F32 => WDtype::F32,
+        Dtype::Bf16 => WDtype::Bf16,
+        Dtype::F16 => WDtype::F16,
+        Dtype::I64 => WDtype::I64,
+        Dtype::I32 => WDtype::I32,
+        Dtype::U8 => WDtype::U8,
+        Dtype::Bool => WDtype::Bool,
+    }
+}
+
+macro_rules! with_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            Data::F32($v) => Data::F32($body),
+            Data::Bf16($v) => Data::Bf16($body),
+            Data::F16($v) => Data::F16($body),
+            Data::I64($v) => Data::I64($body),
+            Data::I32($v) => Data::I32($body),
+            Data::U8($v) => Data::U8($body),
+            Data::Bool($v) => Data::Bool($body),
+        }
+    };
+}
+
+impl<'a> Ctx<'_, 'a> {
+    fn p(&self) -> &'a Program {
+        self.ex.program
+    }
+
+    fn input(&self, i: usize) -> NodeId {
+        self.p().node(self.id).inputs[i]
+    }
+
+    fn ty(&self, i: usize) -> Result<&TensorType> {
+        tensor_type(self.ex.program, self.input(i))
+    }
+
+    fn out_ty(&self) -> Result<&TensorType> {
+        tensor_type(self.ex.program, self.id)
+    }
+
+    /// True if this node is the last reader of input `i` and reads it once: it may be moved.
+    fn can_take(&self, i: usize) -> bool {
+        let v = self.input(i);
+        let node = self.p().node(self.id);
+        self.remaining[v.index()] == 1
+            && !self.ex.is_output[v.index()]
+            && node.inputs.iter().filter(|&&x| x == v).count() == 1
+    }
+
+    fn weight_view(&self, v: NodeId) -> Result<(petite_weights::TensorView<'_>, &TensorType)> {
+        let Op::Weight { name } = &self.p().node(v).op else {
+            return Err(err(format!("{v} is not a weight")));
+        };
+        let declared = tensor_type(self.ex.program, v)?;
+        let view = self
+            .ex
+            .weights
+            .tensor(name)
+            .map_err(|e| err(format!("weight {name:?}: {e}")))?;
+        if view.shape != declared.shape.as_slice() {
+            return Err(err(format!(
+                "weight {name:?}: declared {declared}, stored with shape {}",
+                ShapeDisplay(view.shape)
+            )));
+        }
+        Ok((view, declared))
+    }
+
+    fn weight_f32(&self, v: NodeId) -> Result<Cow<'_, [f32]>> {
+        let (view, declared) = self.weight_view(v)?;
+        view_to_f32(view.bytes, view.dtype, declared.dtype)
+            .map_err(|e| err(format!("weight {:?}: {e}", view.name)))
+    }
+
+    fn weight_tensor(&self, v: NodeId) -> Result<Tensor> {
+        let (view, declared) = self.weight_view(v)?;
+        if declared.dtype.is_float() {
+            let vals = view_to_f32(view.bytes, view.dtype, declared.dtype)?;
+            return Tensor::from_f32_as(declared.dtype, &declared.shape, vals.into_owned());
+        }
+        if view.dtype != wdtype_of(declared.dtype) {
+            return Err(err(format!(
+                "weight {:?}: declared {declared}, stored as {}",
+                view.name,
+                view.dtype.safetensors_name()
+            )));
+        }
+        Tensor::from_bytes(declared.dtype, &declared.shape, view.bytes)
+    }
+
+    /// Input `i` as f32 values (borrowed when possible).
+    fn floats(&self, i: usize) -> Result<Cow<'_, [f32]>> {
+        let v = self.input(i);
+        match &self.slots[v.index()] {
+            Slot::Tensor(t) => t.float_values().ok_or_else(|| {
+                err(format!(
+                    "input {i}: expected a float tensor, found {}",
+                    t.dtype()
+                ))
+            }),
+            Slot::Weight => self.weight_f32(v),
+            _ => Err(err(format!("input {i} ({v}) is not available"))),
+        }
+    }
+
+    /// Input `i` as owned f32 values (moved out when this is its last use).
+    fn take_floats(&mut self, i: usize) -> Result<Vec<f32>> {
+        if self.can_take(i) {
+            let v = self.input(i);
+            if let Slot::Tensor(_) = &self.slots[v.index()]
+                && let Slot::Tensor(t) = std::mem::replace(&mut self.slots[v.index()], Slot::Empty)
+            {
+                return t.into_float_values().map_err(|t| {
+                    err(format!(
+                        "input {i}: expected a float tensor, found {}",
+                        t.dtype()
+                    ))
+                });
+            }
+        }
+        Ok(self.floats(i)?.into_owned())
+    }
+
+    /// Input `i` as a tensor (borrowed unless it is a weight, which is materialised).
+    fn tensor(&self, i: usize) -> Result<Cow<'_, Tensor>> {
+        let v = self.input(i);
+        match &self.slots[v.index()] {
+            Slot::Tensor(t) => Ok(Cow::Borrowed(t)),
+            Slot::Weight => Ok(Cow::Owned(self.weight_tensor(v)?)),
+            _ => Err(err(format!("input {i} ({v}) is not a tensor"))),
+        }
+    }
+
+    fn take_tensor(&mut self, i: usize) -> Result<Tensor> {
+        if self.can_take(i) {
+            let v = self.input(i);
+            if let Slot::Tensor(_) = &self.slots[v.index()]
+                && let Slot::Tensor(t) = std::mem::replace(&mut self.slots[v.index()], Slot::Empty)
+            {
+                return Ok(t);
+            }
+        }
+        Ok(self.tensor(i)?.into_owned())
+    }
+
+    fn finish_float(&self, v: Vec<f32>) -> Result<Slot> {
+        let t = self.out_ty()?;
+        Ok(Slot::Tensor(Tensor::from_f32_as(t.dtype, &t.shape, v)?))
+    }
+
+    fn eval(&mut self) -> Result<Slot> {
+        let node = self.p().node(self.id);
+        let n_in = node.inputs.len();
+        match &node.op {
+            Op::Input { .. } => Err(err("inputs are bound before the run")),
+            Op::Weight { .. } => Ok(Slot::Weight),
+            Op::Constant { data } => {
+                let t = self.out_ty()?;
+                Ok(Slot::Tensor(Tensor::from_bytes(t.dtype, &t.shape, data)?))
+            }
+            Op::Linear => {
+                let xt = self.ty(0)?;
+                let wt = self.ty(1)?;
+                let n = wt.shape[0];
+                let rows: usize = xt.shape[..xt.rank() - 1].iter().product();
+                let x = self.floats(0)?;
+                let w = self.floats(1)?;
+                let b = if n_in == 3 {
+                    Some(self.floats(2)?)
+                } else {
+                    None
+                };
+                let y = kernels::linear(&x, rows, &w, n, b.as_deref())?;
+                self.finish_float(y)
+            }
+            Op::MatMul => {
+                let (at, bt) = (self.ty(0)?.clone(), self.ty(1)?.clone());
+                let (ra, rb) = (at.rank(), bt.rank());
+                let (m, k, n) = (at.shape[ra - 2], at.shape[ra - 1], bt.shape[rb - 1]);
+                let out_t = self.out_ty()?.clone();
+                let ob = &out_t.shape[..out_t.rank() - 2];
+                let sa = kernels::broadcast_strides(&at.shape[..ra - 2], ob)?;
+                let sb = kernels::broadcast_strides(&bt.shape[..rb - 2], ob)?;
+                let nb: usize = ob.iter().product();
+                let (mut ao, mut bo) = (Vec::with_capacity(nb), Vec::with_capacity(nb));
+                for i in 0..nb {
+                    let (mut rem, mut oa, mut obb) = (i, 0, 0);
+                    for d in (0..ob.len()).rev() {
+                        let ix = rem % ob[d];
+                        rem /= ob[d];
+                        oa += ix * sa[d];
+                        obb += ix * sb[d];
+                    }
+                    ao.push(oa * m * k);
+                    bo.push(obb * k * n);
+                }
+                let a = self.floats(0)?;
+                let b = self.floats(1)?;
+                let y = kernels::matmul_batched(&a, &ao, &b, &bo, m, k, n)?;
+                self.finish_float(y)
+            }
+            Op::Conv2d { stride, padding } => {
+                let (xt, wt) = (self.ty(0)?, self.ty(1)?);
+                let params = Conv2dParams {
+                    n: xt.shape[0],
+                    c: xt.shape[1],
+                    h: xt.shape[2],
+                    w: xt.shape[3],
+                    o: wt.shape[0],
+                    kh: wt.shape[2],
+                    kw: wt.shape[3],
+                    stride: *stride,
+                    padding: *padding,
+                };
+                let x = self.floats(0)?;
+                let w = self.floats(1)?;
+                let b = if n_in == 3 {
+                    Some(self.floats(2)?)
+                } else {
+                    None
+                };
+                let y = kernels::conv2d(&x, &w, b.as_deref(), params)?;
+                self.finish_float(y)
+            }
+            Op::LayerNorm { eps } => {
+                let d = *self.ty(0)?.shape.last().unwrap_or(&1);
+                let w = self.floats(1)?.into_owned();
+                let b = self.floats(2)?.into_owned();
+                let mut x = self.take_floats(0)?;
+                kernels::layer_norm(&mut x, d, Some(&w), Some(&b), *eps as f32)?;
+                self.finish_float(x)
+            }
+            Op::RmsNorm { eps } => {
+                let d = *self.ty(0)?.shape.last().unwrap_or(&1);
+                let w = if n_in == 2 {
+                    Some(self.floats(1)?.into_owned())
+                } else {
+                    None
+                };
+                let mut x = self.take_floats(0)?;
+                kernels::rms_norm(&mut x, d, w.as_deref(), 1.0, *eps as f32)?;
+                self.finish_float(x)
+            }
+            Op::Binary { kind } => self.binary(*kind),
+            Op::BinaryScalar {
+                kind,
+                scalar,
+                scalar_lhs,
+            } => self.binary_scalar(*kind, *scalar, *scalar_lhs),
+            Op::Compare { kind } => self.compare(*kind),
+            Op::Logical { kind } => {
+                let (a, b) = (self.tensor(0)?, self.tensor(1)?);
+                let (Data::Bool(x), Data::Bool(y)) = (a.data(), b.data()) else {
+                    return Err(err("logical ops need bool inputs"));
+                };
+                let f = match kind {
+                    LogicalOp::And => |p: bool, q: bool| p && q,
+                    LogicalOp::Or => |p: bool, q: bool| p || q,
+                };
+                let (o, s) = kernels::map_binary(x, a.shape(), y, b.shape(), f)?;
+                Ok(Slot::Tensor(Tensor::bool(&s, o)?))
+            }
+            Op::Not => {
+                let t = self.take_tensor(0)?;
+                let (shape, data) = t.into_parts();
+                let Data::Bool(mut v) = data else {
+                    return Err(err("not needs a bool input"));
+                };
+                v.iter_mut().for_each(|b| *b = !*b);
+                Ok(Slot::Tensor(Tensor::bool(&shape, v)?))
+            }
+            Op::Unary { kind } => self.unary(*kind),
+            Op::Softmax { axis } => {
+                let xt = self.ty(0)?.clone();
+                let r = xt.rank();
+                let mut x = self.take_floats(0)?;
+                if *axis + 1 == r {
+                    kernels::softmax_lastdim(&mut x, xt.shape[r - 1])?;
+                } else {
+                    let mut perm: Vec<usize> = (0..r).filter(|&d| d != *axis).collect();
+                    perm.push(*axis);
+                    let (mut y, ys) = kernels::permute(&x, &xt.shape, &perm)?;
+                    kernels::softmax_lastdim(&mut y, xt.shape[*axis])?;
+                    let mut inv = vec![0; r];
+                    for (i, &p) in perm.iter().enumerate() {
+                        inv[p] = i;
+                    }
+                    x = kernels::permute(&y, &ys, &inv)?.0;
+                }
+                self.finish_float(x)
+            }
+            Op::Rope => {
+                let xs = self.ty(0)?.shape.clone();
+                let (cs, ss) = (self.ty(1)?.shape.clone(), self.ty(2)?.shape.clone());
+                let c = self.floats(1)?.into_owned();
+                let s = self.floats(2)?.into_owned();
+                let mut x = self.take_floats(0)?;
+                kernels::rotary_halves(&mut x, &xs, (&c, &cs), (&s, &ss))?;
+                self.finish_float(x)
+            }
+            Op::Attention { scale } => {
+                let (qt, kt, vt) = (self.ty(0)?, self.ty(1)?, self.ty(2)?);
+                let shape = SdpaShape {
+                    b: qt.shape[0],
+                    h: qt.shape[1],
+                    kvh: kt.shape[1],
+                    sq: qt.shape[2],
+                    sk: kt.shape[2],
+                    d: qt.shape[3],
+                    dv: vt.shape[3],
+                };
+                let mask_dims = if n_in == 4 {
+                    let ms = &self.ty(3)?.shape;
+                    let mut dims = [1usize; 4];
+                    dims[4 - ms.len()..].copy_from_slice(ms);
+                    Some(dims)
+                } else {
+                    None
+                };
+                let q = self.floats(0)?;
+                let k = self.floats(1)?;
+                let v = self.floats(2)?;
+                let m = if n_in == 4 {
+                    Some(self.floats(3)?)
+                } else {
+                    None
+                };
+                let mask = m.as_deref().zip(mask_dims);
+                let y = kernels::sdpa(&q, &k, &v, mask, shape, *scale as f32, false)?;
+                self.finish_float(y)
+            }
+            Op::Embedding => self.embedding(),
+            Op::Concat { axis } => {
+                let ts: Vec<Cow<'_, Tensor>> =
+                    (0..n_in).map(|i| self.tensor(i)).collect::<Result<_>>()?;
+                macro_rules! cat {
+                    ($var:ident) => {{
+                        let parts = ts
+                            .iter()
+                            .map(|t| match t.data() {
+                                Data::$var(v) => Ok((v.as_slice(), t.shape())),
+                                _ => Err(err("concat inputs differ in dtype")),
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        let (o, s) = kernels::concat(&parts, *axis)?;
+                        Tensor::new(&s, Data::$var(o))?
+                    }};
+                }
+                let t = match ts[0].dtype() {
+                    Dtype::F32 => cat!(F32),
+                    Dtype::Bf16 => cat!(Bf16),
+                    Dtype::F16 => cat!(F16),
+                    Dtype::I64 => cat!(I64),
+                    Dtype::I32 => cat!(I32),
+                    Dtype::U8 => cat!(U8),
+                    Dtype::Bool => cat!(Bool),
+                };
+                Ok(Slot::Tensor(t))
+            }
+            Op::Slice {
+                axis,
+                start,
+                end,
+                step,
+            } => {
+                let t = self.tensor(0)?;
+                let shape = t.shape().to_vec();
+                let out_shape: Vec<usize>;
+                let data = with_data!(t.data(), v => {
+                    let (o, s) = kernels::slice_axis(v, &shape, *axis, *start, *end, *step)?;
+                    out_shape = s;
+                    o
+                });
+                Ok(Slot::Tensor(Tensor::new(&out_shape, data)?))
+            }
+            Op::Reshape { shape } => Ok(Slot::Tensor(self.take_tensor(0)?.reshape(shape)?)),
+            Op::Permute { perm } => {
+                let t = self.tensor(0)?;
+                let shape = t.shape().to_vec();
+                let out_shape: Vec<usize>;
+                let data = with_data!(t.data(), v => {
+                    let (o, s) = kernels::permute(v, &shape, perm)?;
+                    out_shape = s;
+                    o
+                });
+                Ok(Slot::Tensor(Tensor::new(&out_shape, data)?))
+            }
+            Op::Expand { shape } => {
+                let t = self.tensor(0)?;
+                let data = with_data!(t.data(), v => kernels::broadcast_to(v, t.shape(), shape)?);
+                Ok(Slot::Tensor(Tensor::new(shape, data)?))
+            }
+            Op::Cast { to } => {
+                let t = self.take_tensor(0)?;
+                Ok(Slot::Tensor(cast(t, *to)?))
+            }
+            Op::CumSum { axis } => {
+                let t = self.tensor(0)?;
+                let shape = t.shape().to_vec();
+                let out = match t.data() {
+                    Data::I64(v) => Data::I64(kernels::cumsum_i64(v, &shape, *axis)?),
+                    Data::I32(v) => {
+                        let w: Vec<i64> = v.iter().map(|&x| x as i64).collect();
+                        Data::I32(
+                            kernels::cumsum_i64(&w, &shape, *axis)?
+                                .into_iter()
+                                .map(|x| x as i32)
+                                .collect(),
+                        )
+                    }
+                    Data::U8(v) => {
+                        let w: Vec<i64> = v.iter().map(|&x| x as i64).collect();
+                        Data::U8(
+                            kernels::cumsum_i64(&w, &shape, *axis)?
+                                .into_iter()
+                                .map(|x| x as u8)
+                                .collect(),
+                        )
+                    }
+                    Data::Bool(_) => return Err(err("cumsum of bool (cast first)")),
+                    _ => {
+                        let x = t.float_values().unwrap_or_default();
+                        let y = kernels::cumsum_f32(&x, &shape, *axis)?;
+                        return self.finish_float(y);
+                    }
+                };
+                Ok(Slot::Tensor(Tensor::new(&shape, out)?))
+            }
+            Op::Where => {
+                let c = self.tensor(0)?;
+                let a = self.tensor(1)?;
+                let b = self.tensor(2)?;
+                let Data::Bool(cv) = c.data() else {
+                    return Err(err("where: condition must be bool"));
+                };
+                let out_shape: Vec<usize>;
+                macro_rules! sel {
+                    ($var:ident) => {{
+                        let Data::$var(bv) = b.data() else {
+                            return Err(err("where: branches differ in dtype"));
+                        };
+                        let Data::$var(av) = a.data() else {
+                            unreachable!()
+                        };
+                        let (o, s) = kernels::map_ternary(
+                            (cv, c.shape()),
+                            (av, a.shape()),
+                            (bv, b.shape()),
+                            |c, x, y| if c { x } else { y },
+                        )?;
+                        out_shape = s;
+                        Data::$var(o)
+                    }};
+                }
+                let data = match a.dtype() {
+                    Dtype::F32 => sel!(F32),
+                    Dtype::Bf16 => sel!(Bf16),
+                    Dtype::F16 => sel!(F16),
+                    Dtype::I64 => sel!(I64),
+                    Dtype::I32 => sel!(I32),
+                    Dtype::U8 => sel!(U8),
+                    Dtype::Bool => sel!(Bool),
+                };
+                Ok(Slot::Tensor(Tensor::new(&out_shape, data)?))
+            }
+            Op::Reduce { kind, axes, .. } => self.reduce(*kind, axes),
+            Op::Split { axis, sizes } => {
+                let t = self.tensor(0)?;
+                let shape = t.shape().to_vec();
+                let mut pieces = Vec::with_capacity(sizes.len());
+                let mut start = 0;
+                for &len in sizes {
+                    let s_out: Vec<usize>;
+                    let data = with_data!(t.data(), v => {
+                        let (o, s) = kernels::slice_axis(v, &shape, *axis, start, start + len, 1)?;
+                        s_out = s;
+                        o
+                    });
+                    pieces.push(Tensor::new(&s_out, data)?);
+                    start += len;
+                }
+                Ok(Slot::Tuple(pieces))
+            }
+            Op::GetItem { index } => {
+                let v = self.input(0);
+                match &self.slots[v.index()] {
+                    Slot::Tuple(ts) => ts
+                        .get(*index)
+                        .cloned()
+                        .map(Slot::Tensor)
+                        .ok_or_else(|| err(format!("tuple has no element {index}"))),
+                    _ => Err(err("getitem input is not a tuple")),
+                }
+            }
+        }
+    }
+
+    fn binary(&mut self, kind: BinaryOp) -> Result<Slot> {
+        let at = self.ty(0)?.clone();
+        let bt = self.ty(1)?.clone();
+        if at.dtype.is_float() {
+            let a = self.floats(0)?;
+            let b = self.floats(1)?;
+            let f = match kind {
+                BinaryOp::Add => |x: f32, y: f32| x + y,
+                BinaryOp::Sub => |x: f32, y: f32| x - y,
+                BinaryOp::Mul => |x: f32, y: f32| x * y,
+                BinaryOp::Div => |x: f32, y: f32| x / y,
+            };
+            let (o, _) = kernels::map_binary(&a, &at.shape, &b, &bt.shape, f)?;
+            return self.finish_float(o);
+        }
+        let (a, b) = (self.tensor(0)?, self.tensor(1)?);
+        macro_rules! int {
+            ($var:ident, $t:ty) => {{
+                let (Data::$var(x), Data::$var(y)) = (a.data(), b.data()) else {
+                    return Err(err("binary operands differ in dtype"));
+                };
+                let f = match kind {
+                    BinaryOp::Add => |p: $t, q: $t| p.wrapping_add(q),
+                    BinaryOp::Sub => |p: $t, q: $t| p.wrapping_sub(q),
+                    BinaryOp::Mul => |p: $t, q: $t| p.wrapping_mul(q),
+                    BinaryOp::Div => return Err(err("integer division is not defined")),
+                };
+                let (o, s) = kernels::map_binary(x, a.shape(), y, b.shape(), f)?;
+                Tensor::new(&s, Data::$var(o))?
+            }};
+        }
+        let t = match at.dtype {
+            Dtype::I64 => int!(I64, i64),
+            Dtype::I32 => int!(I32, i32),
+            Dtype::U8 => int!(U8, u8),
+            d => return Err(err(format!("binary arithmetic on {d}"))),
+        };
+        Ok(Slot::Tensor(t))
+    }
+
+    fn binary_scalar(&mut self, kind: BinaryOp, scalar: f64, lhs: bool) -> Result<Slot> {
+        let dt = self.ty(0)?.dtype;
+        if dt.is_float() {
+            // The scalar is first converted to x's dtype.
+            let s = match dt {
+                Dtype::Bf16 => round_f32_through_bf16(scalar as f32),
+                Dtype::F16 => f16::from_f64(scalar).to_f32(),
+                _ => scalar as f32,
+            };
+            let mut x = self.take_floats(0)?;
+            let f = |v: f32| {
+                let (p, q) = if lhs { (s, v) } else { (v, s) };
+                match kind {
+                    BinaryOp::Add => p + q,
+                    BinaryOp::Sub => p - q,
+                    BinaryOp::Mul => p * q,
+                    BinaryOp::Div => p / q,
+                }
+            };
+            x.par_chunks_mut(1 << 15)
+                .for_each(|c| c.iter_mut().for_each(|v| *v = f(*v)));
+            return self.finish_float(x);
+        }
+        let t = self.take_tensor(0)?;
+        let (shape, data) = t.into_parts();
+        macro_rules! int {
+            ($v:expr, $t:ty) => {{
+                let s = scalar as $t;
+                let mut v = $v;
+                for x in v.iter_mut() {
+                    let (p, q) = if lhs { (s, *x) } else { (*x, s) };
+                    *x = match kind {
+                        BinaryOp::Add => p.wrapping_add(q),
+                        BinaryOp::Sub => p.wrapping_sub(q),
+                        BinaryOp::Mul => p.wrapping_mul(q),
+                        BinaryOp::Div => return Err(err("integer division is not defined")),
+                    };
+                }
+                v
+            }};
+        }
+        let data = match data {
+            Data::I64(v) => Data::I64(int!(v, i64)),
+            Data::I32(v) => Data::I32(int!(v, i32)),
+            Data::U8(v) => Data::U8(int!(v, u8)),
+            d => return Err(err(format!("scalar arithmetic on {}", d.dtype()))),
+        };
+        Ok(Slot::Tensor(Tensor::new(&shape, data)?))
+    }
+
+    fn compare(&mut self, kind: CompareOp) -> Result<Slot> {
+        fn f<T: PartialOrd>(kind: CompareOp) -> impl Fn(T, T) -> bool + Sync {
+            move |a, b| match kind {
+                CompareOp::Lt => a < b,
+                CompareOp::Le => a <= b,
+                CompareOp::Eq => a == b,
+                CompareOp::Ne => a != b,
+                CompareOp::Gt => a > b,
+                CompareOp::Ge => a >= b,
+            }
+        }
+        let (a, b) = (self.tensor(0)?, self.tensor(1)?);
+        let (o, s) = match (a.data(), b.data()) {
+            (Data::I64(x), Data::I64(y)) => {
+                kernels::map_binary(x, a.shape(), y, b.shape(), f(kind))?
+            }
+            (Data::I32(x), Data::I32(y)) => {
+                kernels::map_binary(x, a.shape(), y, b.shape(), f(kind))?
+            }
+            (Data::U8(x), Data::U8(y)) => kernels::map_binary(x, a.shape(), y, b.shape(), f(kind))?,
+            (Data::Bool(x), Data::Bool(y)) => {
+                kernels::map_binary(x, a.shape(), y, b.shape(), f(kind))?
+            }
+            _ if a.dtype() == b.dtype() && a.dtype().is_float() => {
+                let (x, y) = (
+                    a.float_values().unwrap_or_default(),
+                    b.float_values().unwrap_or_default(),
+                );
+                kernels::map_binary(&x, a.shape(), &y, b.shape(), f(kind))?
+            }
+            _ => return Err(err("compare operands differ in dtype")),
+        };
+        Ok(Slot::Tensor(Tensor::bool(&s, o)?))
+    }
+
+    fn unary(&mut self, kind: UnaryOp) -> Result<Slot> {
+        let dt = self.ty(0)?.dtype;
+        if !dt.is_float() {
+            if kind != UnaryOp::Neg {
+                return Err(err(format!("unary op on {dt}")));
+            }
+            let t = self.take_tensor(0)?;
+            let (shape, data) = t.into_parts();
+            let data = match data {
+                Data::I64(v) => Data::I64(v.into_iter().map(i64::wrapping_neg).collect()),
+                Data::I32(v) => Data::I32(v.into_iter().map(i32::wrapping_neg).collect()),
+                d => return Err(err(format!("neg of {}", d.dtype()))),
+            };
+            return Ok(Slot::Tensor(Tensor::new(&shape, data)?));
+        }
+        let mut x = self.take_floats(0)?;
+        match kind {
+            UnaryOp::GeluTanh => kernels::gelu_tanh(&mut x),
+            UnaryOp::Silu => kernels::silu(&mut x),
+            _ => {
+                let f: fn(f32) -> f32 = match kind {
+                    UnaryOp::Neg => |v| -v,
+                    UnaryOp::Exp => f32::exp,
+                    UnaryOp::Sqrt => f32::sqrt,
+                    UnaryOp::Rsqrt => |v| 1.0 / v.sqrt(),
+                    UnaryOp::Sin => f32::sin,
+                    UnaryOp::Cos => f32::cos,
+                    UnaryOp::Tanh => f32::tanh,
+                    UnaryOp::GeluTanh => kernels::gelu_tanh_scalar,
+                    UnaryOp::Silu => kernels::silu_scalar,
+                };
+                x.par_chunks_mut(1 << 15)
+                    .for_each(|c| c.iter_mut().for_each(|v| *v = f(*v)));
+            }
+        }
+        self.finish_float(x)
+    }
+
+    fn embedding(&mut self) -> Result<Slot> {
+        let it = self.tensor(1)?;
+        let idx: Vec<i64> = match it.data() {
+            Data::I64(v) => v.clone(),
+            Data::I32(v) => v.iter().map(|&x| x as i64).collect(),
+            d => {
+                return Err(err(format!(
+                    "indices must be i64 or i32, found {}",
+                    d.dtype()
+                )));
+            }
+        };
+        drop(it);
+        let tt = self.ty(0)?.clone();
+        let (rows, d) = (tt.shape[0], tt.shape[1]);
+        let table = self.input(0);
+        if matches!(self.slots[table.index()], Slot::Weight) && tt.dtype.is_float() {
+            // Read only the rows asked for, straight from the weight's bytes.
+            let (view, declared) = self.weight_view(table)?;
+            let es = view.dtype.size();
+            let mut out = Vec::with_capacity(idx.len() * d);
+            for (pos, &i) in idx.iter().enumerate() {
+                if i < 0 || i as u64 >= rows as u64 {
+                    return Err(err(format!(
+                        "index {i} at position {pos} is outside [0, {rows})"
+                    )));
+                }
+                let r = i as usize;
+                let bytes = &view.bytes[r * d * es..(r + 1) * d * es];
+                out.extend_from_slice(&view_to_f32(bytes, view.dtype, declared.dtype)?);
+            }
+            return self.finish_float(out);
+        }
+        let t = self.tensor(0)?;
+        let data = with_data!(t.data(), v => kernels::gather_rows(v, rows, d, &idx)?);
+        let s = self.out_ty()?.shape.clone();
+        Ok(Slot::Tensor(Tensor::new(&s, data)?))
+    }
+
+    fn reduce(&mut self, kind: ReduceOp, axes: &[usize]) -> Result<Slot> {
+        let xt = self.ty(0)?.clone();
+        let r = xt.rank();
+        let mut perm: Vec<usize> = (0..r).filter(|d| !axes.contains(d)).collect();
+        perm.extend_from_slice(axes);
+        let n: usize = axes.iter().map(|&a| xt.shape[a]).product();
+        let outer: usize = xt.numel() / n.max(1);
+        let flat = [
+            if n == 0 {
+                perm.iter()
+                    .take(r - axes.len())
+                    .map(|&d| xt.shape[d])
+                    .product()
+            } else {
+                outer
+            },
+            n,
+        ];
+        let t = self.tensor(0)?;
+        let out_shape = self.out_ty()?.shape.clone();
+        if xt.dtype.is_float() {
+            let x = t.float_values().unwrap_or_default();
+            let (y, _) = kernels::permute(&x, &xt.shape, &perm)?;
+            let op = match kind {
+                ReduceOp::Sum => Reduce::Sum,
+                ReduceOp::Mean => Reduce::Mean,
+                ReduceOp::Max => Reduce::Max,
+            };
+            let o = kernels::reduce_f32(&y, &flat, 1, op)?;
+            drop(t);
+            return self.finish_float(o);
+        }
+        macro_rules! int {
+            ($v:expr, $var:ident) => {{
+                let (y, _) = kernels::permute($v, &xt.shape, &perm)?;
+                let mut o = Vec::with_capacity(flat[0]);
+                for row in 0..flat[0] {
+                    let s = &y[row * n..(row + 1) * n];
+                    o.push(match kind {
+                        ReduceOp::Sum => s.iter().fold(0, |a: _, &b| b.wrapping_add(a)),
+                        ReduceOp::Max => *s
+                            .iter()
+                            .max()
+                            .ok_or_else(|| err("max over an empty axis"))?,
+                        ReduceOp::Mean => return Err(err("mean of integers")),
+                    });
+                }
+                Data::$var(o)
+            }};
+        }
+        let data = match t.data() {
+            Data::I64(v) => int!(v, I64),
+            Data::I32(v) => int!(v, I32),
+            Data::U8(v) => int!(v, U8),
+            d => return Err(err(format!("reduce of {}", d.dtype()))),
+        };
+        Ok(Slot::Tensor(Tensor::new(&out_shape, data)?))
+    }
+}
+
+/// `Cast` semantics: float → bf16/f16 rounds to nearest even; float → int truncates toward
+/// zero; anything → bool is `x != 0`; bool → number is 0 or 1.
+pub fn cast(t: Tensor, to: Dtype) -> Result<Tensor> {
+    if t.dtype() == to {
+        return Ok(t);
+    }
+    let (shape, data) = t.into_parts();
+    enum Mid {
+        F(Vec<f32>),
+        I(Vec<i64>),
+        B(Vec<bool>),
+    }
+    let mid = match data {
+        Data::F32(v) => Mid::F(v),
+        Data::Bf16(v) => Mid::F(v.iter().map(|x| bf16_bits_to_f32(x.to_bits())).collect()),
+        Data::F16(v) => Mid::F(v.iter().map(|x| x.to_f32()).collect()),
+        Data::I64(v) => Mid::I(v),
+        Data::I32(v) => Mid::I(v.into_iter().map(i64::from).collect()),
+        Data::U8(v) => Mid::I(v.into_iter().map(i64::from).collect()),
+        Data::Bool(v) => Mid::B(v),
+    };
+    let as_f32 = |m: &Mid| -> Vec<f32> {
+        match m {
+            Mid::F(v) => v.clone(),
+            Mid::I(v) => v.iter().map(|&x| x as f32).collect(),
+            Mid::B(v) => v.iter().map(|&b| if b { 1.0 } else { 0.0 }).collect(),
+        }
+    };
+    let as_i64 = |m: &Mid| -> Vec<i64> {
+        match m {
+            Mid::F(v) => v.iter().map(|&x| x as i64).collect(),
+            Mid::I(v) => v.clone(),
+            Mid::B(v) => v.iter().map(|&b| b as i64).collect(),
+        }
+    };
+    let data = match to {
+        Dtype::F32 | Dtype::Bf16 | Dtype::F16 => {
+            return Tensor::from_f32_as(to, &shape, as_f32(&mid));
+        }
+        Dtype::I64 => Data::I64(as_i64(&mid)),
+        Dtype::I32 => Data::I32(match &mid {
+            Mid::F(v) => v.iter().map(|&x| x as i32).collect(),
+            m => as_i64(m).into_iter().map(|x| x as i32).collect(),
+        }),
+        Dtype::U8 => Data::U8(match &mid {
+            Mid::F(v) => v.iter().map(|&x| x as u8).collect(),
+            m => as_i64(m).into_iter().map(|x| x as u8).collect(),
+        }),
+        Dtype::Bool => Data::Bool(match mid {
+            Mid::F(v) => v.iter().map(|&x| x != 0.0).collect(),
+            Mid::I(v) => v.iter().map(|&x| x != 0).collect(),
+            Mid::B(v) => v,
+        }),
+    };
+    Tensor::new(&shape, data)
+}
+
+/// Convenience: builds an [`Executor`] and runs it once.
+pub fn run(
+    program: &Program,
+    weights: &dyn WeightSource,
+    inputs: BTreeMap<String, Tensor>,
+) -> Result<BTreeMap<String, Tensor>> {
+    Executor::new(program, weights)?.run(inputs)
+}
