@@ -6,14 +6,14 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An I/O error on a named file.
-    #[error("{path}: {op}: {source}")]
+    #[error("{path}: {op}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// What was being done.
         op: &'static str,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (shown in the message, so not also chained as a source).
+        error: std::io::Error,
     },
     /// Fewer bytes than the format requires.
     #[error("{what} is truncated: {len} bytes, need at least {need}")]
@@ -57,12 +57,12 @@ pub enum Error {
         msg: String,
     },
     /// An error while reading one file (wraps the cause with the file name).
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     InFile {
         /// The `.pte` file.
         path: PathBuf,
-        /// The cause.
-        source: Box<Error>,
+        /// The cause (shown in the message, so not also chained as a source).
+        cause: Box<Error>,
     },
 }
 
@@ -86,14 +86,18 @@ impl Error {
         Error::Io {
             path: path.into(),
             op,
-            source,
+            error: source,
         }
     }
 
     pub(crate) fn in_file(self, path: impl Into<PathBuf>) -> Error {
+        let path = path.into();
+        if matches!(&self, Error::Io { path: p, .. } if *p == path) {
+            return self;
+        }
         Error::InFile {
-            path: path.into(),
-            source: Box::new(self),
+            path,
+            cause: Box::new(self),
         }
     }
 }

@@ -1,3 +1,3 @@
 //! One module per subcommand, so subcommands can grow independently.
-pub mod convert;
+pub mod inspect;
 pub mod pi05;
