@@ -54,6 +54,6 @@ fn ci() -> Result<()> {
         "warnings",
     ])?;
     util::cargo(&["test", "--workspace"])?;
-    conformance::run(&conformance::Args { full: false })?;
+    conformance::run(&conformance::Args::default())?;
     Ok(())
 }

@@ -4,18 +4,23 @@
 
 use anyhow::Result;
 
+mod lerobot;
 mod pte;
 
 /// Options of the conformance task.
-#[derive(clap::Args)]
+#[derive(clap::Args, Default)]
 pub struct Args {
     /// Also run the heavy tier (executorch==1.5.1 with torch, ~5 GB install).
     #[arg(long)]
     pub full: bool,
+    /// Rewrite testdata/pi05 from lerobot instead of checking it (then review the diff).
+    #[arg(long)]
+    pub bless_lerobot: bool,
 }
 
 /// Runs every conformance tier.
 pub fn run(args: &Args) -> Result<()> {
+    lerobot::run(args.bless_lerobot)?;
     pte::run(args.full)?;
     Ok(())
 }
