@@ -13,6 +13,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Convert a checkpoint to a bf16/f16 safetensors mapping file in bounded memory.
+    Convert(cli::convert::ConvertArgs),
     /// pi0.5 tools: synthetic checkpoints, reference runs.
     #[command(subcommand)]
     Pi05(cli::pi05::Pi05Cmd),
@@ -23,6 +25,7 @@ enum Cmd {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Convert(a) => cli::convert::run(a),
         Cmd::Pi05(c) => cli::pi05::run(c),
         Cmd::Inspect(a) => cli::inspect::run(a),
     }

@@ -1,3 +1,4 @@
 //! One module per subcommand, so subcommands can grow independently.
+pub mod convert;
 pub mod inspect;
 pub mod pi05;
