@@ -236,7 +236,8 @@ pub fn run(a: &Args) -> Result<()> {
         // tensor convert reads: dropped tensors are not read, so `dd` the kept byte ranges; with
         // nothing dropped this is `cat SRC`), write the output's size once.
         let m = MappedSafetensors::open(&src)?;
-        let mut ranges = Vec::from([0..m.header().data_start]);
+        let mut ranges = Vec::new();
+        ranges.push(0..m.header().data_start);
         let mut kept: Vec<_> = m
             .names()
             .into_iter()
