@@ -18,7 +18,7 @@ For each small configuration below this script
   5. writes ``config.json`` (petite's config schema), ``inputs.safetensors`` and
      ``expected.safetensors`` (actions, actions_bf16 and float32-mode intermediates).
 
-Usage: make_pi05_goldens.py --out DIR [--case NAME ...]
+Usage: make_pi05_goldens.py --out DIR [--case NAME ...] [--layout-tsv pi05-tensors.tsv]
 Deterministic: CPU, one thread, float32, seeded; weights/inputs are bit-identical across runs.
 """
 
@@ -292,6 +292,18 @@ def seeded_state_dict(policy: PI05Policy, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def check_layout(state: dict[str, torch.Tensor], tsv: Path, case: Case) -> None:
+    """The state dict has exactly the real checkpoint's name patterns (layer index abstracted)."""
+    import re
+
+    def pattern(name: str) -> str:
+        return re.sub(r"\.layers\.\d+\.", ".layers.{i}.", name)
+
+    real = {pattern(line.split("\t")[0]) for line in tsv.read_text().splitlines() if line.strip()}
+    got = {pattern(n) for n in state}
+    assert got == real, f"{case.name}: missing {sorted(real - got)}, extra {sorted(got - real)}"
+
+
 def make_inputs(case: Case) -> dict[str, torch.Tensor]:
     rng = np.random.Generator(np.random.PCG64(case.seed + 1))
     s = case.vision.image_size
@@ -413,13 +425,15 @@ def petite_config(case: Case, policy: PI05Policy) -> dict:
     }
 
 
-def make_case(case: Case, out_dir: Path) -> dict:
+def make_case(case: Case, out_dir: Path, layout_tsv: Path | None) -> dict:
     t0 = time.perf_counter()
     policy = build_policy(case, "float32")
     check_built_sizes(policy, case)
     state = seeded_state_dict(policy, case.seed)
     missing, unexpected = policy.load_state_dict(state, strict=True)
     assert not missing and not unexpected, (missing, unexpected)
+    if layout_tsv is not None:
+        check_layout(state, layout_tsv, case)
     inputs = make_inputs(case)
 
     actions, recorded = run_sample_actions(policy, inputs, case.steps, record=True)
@@ -469,6 +483,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path, help="directory to write the case directories into")
     parser.add_argument("--case", action="append", help="only these cases (default: all)")
+    parser.add_argument(
+        "--layout-tsv",
+        type=Path,
+        help="pi05-tensors.tsv of the real model: assert the state dict has exactly its name patterns",
+    )
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -483,7 +502,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     for case in cases:
-        summary = make_case(case, args.out)
+        summary = make_case(case, args.out, args.layout_tsv)
         print(json.dumps(summary), flush=True)
     print(f"wrote {len(cases)} cases to {args.out} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0

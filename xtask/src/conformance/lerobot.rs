@@ -25,6 +25,8 @@ const BF16_TOLERANCE: f32 = 1e-3;
 const SCRIPT: &str = "conformance/lerobot/make_pi05_goldens.py";
 const REQUIREMENTS: &str = "conformance/lerobot/requirements.txt";
 const GOLDENS: &str = "testdata/pi05";
+/// The real pi0.5 state-dict listing (813 tensors), relative to the workspace's parent.
+const LAYOUT_TSV: &str = "shared/reference/pi05-tensors.tsv";
 /// Files every case directory holds.
 const CASE_FILES: [&str; 4] = [
     "config.json",
@@ -44,13 +46,23 @@ pub fn run(bless: bool) -> Result<()> {
         std::fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
     }
     let started = std::time::Instant::now();
-    util::run(
-        Command::new(&python)
-            .arg(root.join(SCRIPT))
-            .arg("--out")
-            .arg(&out)
-            .current_dir(&root),
-    )?;
+    let mut cmd = Command::new(&python);
+    cmd.arg(root.join(SCRIPT))
+        .arg("--out")
+        .arg(&out)
+        .current_dir(&root);
+    // The real checkpoint's tensor list lives in shared/ beside the clone (developers and CI
+    // have it); with it the script also asserts the goldens use exactly the real name patterns.
+    let layout = root.join("..").join(LAYOUT_TSV);
+    if layout.exists() {
+        cmd.arg("--layout-tsv").arg(&layout);
+    } else {
+        eprintln!(
+            "xtask: {} not found: the goldens' tensor-name layout is not checked against it",
+            layout.display()
+        );
+    }
+    util::run(&mut cmd)?;
     eprintln!(
         "xtask: lerobot goldens generated in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -362,6 +374,53 @@ mod tests {
         let a = file("actions", &[1.0, 2.0]);
         assert!(Safetensors::parse(&a[..5]).is_err());
         assert!(Safetensors::parse(&a[..a.len() - 2]).is_err());
+    }
+
+    /// Writes one case directory with the four files; `model` is the weights file's content.
+    fn write_case(dir: &Path, model: &[u8], actions: f32) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("config.json"), b"{}").unwrap();
+        std::fs::write(dir.join("model.safetensors"), model).unwrap();
+        std::fs::write(dir.join("inputs.safetensors"), file("noise", &[0.5])).unwrap();
+        std::fs::write(
+            dir.join("expected.safetensors"),
+            file("actions", &[actions]),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn stale_golden_dirs_are_reported_and_bless_replaces_them() {
+        let tmp = util::root()
+            .join("target")
+            .join(format!("lerobot-test-{}", std::process::id()));
+        let (fresh, golden) = (tmp.join("fresh"), tmp.join("golden"));
+        write_case(&fresh.join("a"), b"weights", 1.0);
+        write_case(&golden.join("a"), b"weights", 1.0 + 1e-7);
+        assert!(compare_dirs(&fresh, &golden).is_ok());
+
+        write_case(&golden.join("a"), b"weightZ", 1.0);
+        let err = compare_dirs(&fresh, &golden).unwrap_err().to_string();
+        assert!(err.contains("a/model.safetensors"), "{err}");
+
+        write_case(&golden.join("a"), b"weights", 1.0);
+        write_case(&golden.join("old"), b"weights", 1.0);
+        let err = compare_dirs(&fresh, &golden).unwrap_err().to_string();
+        assert!(
+            err.contains("old: committed but no longer generated"),
+            "{err}"
+        );
+
+        std::fs::write(golden.join("README.md"), b"kept").unwrap();
+        write_case(&golden.join("a"), b"weightZ", 2.0);
+        bless_into(&fresh, &golden).unwrap();
+        assert!(!golden.join("old").exists());
+        assert_eq!(std::fs::read(golden.join("README.md")).unwrap(), b"kept");
+        assert_eq!(
+            std::fs::read(golden.join("a/model.safetensors")).unwrap(),
+            b"weights"
+        );
+        std::fs::remove_dir_all(&tmp).unwrap();
     }
 
     #[test]
