@@ -4,17 +4,21 @@
 use anyhow::Result;
 
 mod convert;
+mod pte;
 
 /// The benchmarks.
 #[derive(clap::Subcommand)]
 pub enum BenchCmd {
     /// `petite convert` of the full-size synthetic pi0.5 checkpoint (f32 → bf16) under memcap.
     Convert(convert::Args),
+    /// petite-pte: ≥ 4 GiB of delegate data streamed into a .pte under a 64 MiB cap, vs cp.
+    Pte(pte::Args),
 }
 
 /// Runs one benchmark.
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Convert(a) => convert::run(&a),
+        BenchCmd::Pte(a) => pte::run(&a),
     }
 }

@@ -1,0 +1,180 @@
+//! `cargo xtask bench pte`: writes a `.pte` whose delegates' data (≥ 4 GiB over several
+//! named-data segments, from generated engine files) streams in from disk, under
+//! `memcap --limit 64MiB --drop-caches`, and compares its wall time with `cp` of the same source
+//! bytes under the same cap in the same run. Then reads the > 4 GiB file back (64-bit offsets) and
+//! compares every segment byte. All big files are deleted at the end.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::util;
+
+/// Options of the pte benchmark.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Number of engine files.
+    #[arg(long, default_value_t = 5)]
+    pub engines: u64,
+    /// Bytes per engine file (default 900 MiB: 4.39 GiB in total).
+    #[arg(long, default_value_t = 900 << 20)]
+    pub engine_bytes: u64,
+    /// Memory cap for the writer and for `cp`.
+    #[arg(long, default_value = "64MiB")]
+    pub limit: String,
+    /// Keep the big files (for inspection).
+    #[arg(long)]
+    pub keep: bool,
+}
+
+struct Measured {
+    wall_s: f64,
+    peak_rss: u64,
+    peak_cgroup: u64,
+    stdout: String,
+}
+
+fn memcap(limit: &str, json: &Path, cmd: &[&std::ffi::OsStr]) -> Result<Measured> {
+    let out = Command::new("/work/shared/tools/memcap")
+        .args(["--limit", limit, "--drop-caches", "--quiet", "--json"])
+        .arg(json)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .context("running memcap")?;
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    if !out.status.success() {
+        bail!(
+            "{:?} failed under memcap ({}):\n{}\n{}",
+            cmd,
+            out.status,
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json)?)?;
+    Ok(Measured {
+        wall_s: v["wall_s"].as_f64().context("wall_s")?,
+        peak_rss: v["peak_rss_bytes"].as_u64().context("peak_rss_bytes")?,
+        peak_cgroup: v["peak_cgroup_bytes"]
+            .as_u64()
+            .context("peak_cgroup_bytes")?,
+        stdout,
+    })
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1 << 20) as f64
+}
+
+/// Runs the benchmark.
+pub fn run(a: &Args) -> Result<()> {
+    util::cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "petite-pte",
+        "--example",
+        "pte_bench",
+    ])?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| util::root().join("target"));
+    let bin = target.join("release").join("examples").join("pte_bench");
+    let work = util::root().join("target").join("bench-pte");
+    if work.exists() {
+        std::fs::remove_dir_all(&work)?;
+    }
+    let src = work.join("engines");
+    let cp_dir = work.join("cp");
+    std::fs::create_dir_all(&cp_dir)?;
+    let result = (|| -> Result<()> {
+        let total = a.engines * a.engine_bytes;
+        eprintln!(
+            "bench pte: generating {} engine files, {:.2} GiB in total",
+            a.engines,
+            total as f64 / (1u64 << 30) as f64
+        );
+        util::run(
+            Command::new(&bin)
+                .arg("gen")
+                .arg(&src)
+                .arg(a.engines.to_string())
+                .arg(a.engine_bytes.to_string()),
+        )?;
+        let srcs: Vec<PathBuf> = (0..a.engines)
+            .map(|i| src.join(format!("engine-{i}.plan")))
+            .collect();
+        let out = work.join("big.pte");
+        let json = work.join("memcap.json");
+
+        // Baseline first, then petite, then the baseline again: report the better cp time.
+        let cp_cmd = |j: &Path| -> Result<Measured> {
+            let mut c: Vec<&std::ffi::OsStr> = vec!["cp".as_ref()];
+            c.extend(srcs.iter().map(|p| p.as_os_str()));
+            c.push(cp_dir.as_os_str());
+            memcap(&a.limit, j, &c)
+        };
+        let cp1 = cp_cmd(&json)?;
+        for p in std::fs::read_dir(&cp_dir)? {
+            std::fs::remove_file(p?.path())?;
+        }
+        let mut w: Vec<&std::ffi::OsStr> = vec![bin.as_os_str(), "write".as_ref(), out.as_os_str()];
+        w.extend(srcs.iter().map(|p| p.as_os_str()));
+        let pw = memcap(&a.limit, &json, &w)?;
+        let cp2 = cp_cmd(&json)?;
+        for p in std::fs::read_dir(&cp_dir)? {
+            std::fs::remove_file(p?.path())?;
+        }
+        let cp_best = cp1.wall_s.min(cp2.wall_s);
+        let file_len = std::fs::metadata(&out)?.len();
+        let n = a.engines.to_string();
+        let bytes = a.engine_bytes.to_string();
+        let rv = memcap(
+            &a.limit,
+            &json,
+            &[
+                bin.as_os_str(),
+                "verify".as_ref(),
+                out.as_os_str(),
+                n.as_ref(),
+                bytes.as_ref(),
+            ],
+        )?;
+        println!(
+            "bench pte: {} bytes of engine data in {} named-data segments, file {file_len} bytes",
+            total, a.engines
+        );
+        println!(
+            "  petite write: {:.2} s, {:.0} MB/s, peak RSS {:.1} MiB, cgroup peak {:.1} MiB (limit {}); {}",
+            pw.wall_s,
+            total as f64 / pw.wall_s / 1e6,
+            mib(pw.peak_rss),
+            mib(pw.peak_cgroup),
+            a.limit,
+            pw.stdout.trim()
+        );
+        println!(
+            "  cp (same bytes, same cap): {:.2} s and {:.2} s, peak RSS {:.1} MiB",
+            cp1.wall_s,
+            cp2.wall_s,
+            mib(cp1.peak_rss.max(cp2.peak_rss))
+        );
+        println!(
+            "  throughput ratio petite/cp (best cp): {:.3}",
+            cp_best / pw.wall_s
+        );
+        println!(
+            "  read-back: {:.2} s, peak RSS {:.1} MiB; {}",
+            rv.wall_s,
+            mib(rv.peak_rss),
+            rv.stdout.trim()
+        );
+        Ok(())
+    })();
+    if !a.keep {
+        std::fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
+    }
+    result
+}
