@@ -86,3 +86,61 @@ proptest! {
         prop_assert_eq!(std::fs::read(&path).unwrap(), bytes);
     }
 }
+
+/// An engine used by delegates in several methods is one segment, stored once; its bytes are
+/// streamed from the file region given, and every delegate reads the same segment.
+#[test]
+fn engine_shared_by_delegates_is_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("engine.plan");
+    // The engine is a region in the middle of a larger file.
+    let mut bytes = vec![0xAAu8; 1000];
+    bytes.extend((0..200_000u32).map(|i| (i % 251) as u8));
+    bytes.extend(vec![0xBBu8; 1000]);
+    std::fs::write(&src, &bytes).unwrap();
+    let mut pb = ProgramBuilder::new();
+    let eng = pb
+        .add_named_data(
+            "engine-0",
+            SegmentData::file_region(&src, 1000, 200_000),
+            4096,
+        )
+        .unwrap();
+    for name in ["prefix", "step", "step2"] {
+        let mut m = MethodBuilder::new(name);
+        let x = m.planned_tensor(ScalarType::FLOAT, &[2]).unwrap();
+        let y = m.planned_tensor(ScalarType::FLOAT, &[2]).unwrap();
+        for _ in 0..2 {
+            let d = m.delegate(petite_pte::DelegateSpec {
+                id: "TensorRTBackend".into(),
+                processed: petite_pte::Processed::Segment(eng),
+                compile_specs: vec![],
+            });
+            m.delegate_call(d, &[x, y]);
+        }
+        m.inputs(&[x]);
+        m.outputs(&[y]);
+        pb.add_method(m).unwrap();
+    }
+    let out = dir.path().join("p.pte");
+    let s = pb.write(&out, WriteOptions::default()).unwrap();
+    assert!(
+        s.file_len < 200_000 + 16_384,
+        "file is {} bytes",
+        s.file_len
+    );
+    let f = petite_pte::PteFile::open(&out).unwrap();
+    assert_eq!(f.program().segments.len(), 1);
+    for plan in &f.program().execution_plan {
+        for d in &plan.delegates {
+            assert_eq!(d.processed.index, 0);
+            assert_eq!(d.processed.location, DataLocation::SEGMENT);
+        }
+    }
+    let (at, len) = f.segment_range(0).unwrap();
+    assert_eq!(at % 4096, 0);
+    let mut got = Vec::new();
+    f.copy_segment(0, &mut got).unwrap();
+    assert_eq!(len, 200_000);
+    assert_eq!(got, bytes[1000..201_000]);
+}
