@@ -7,6 +7,7 @@ pub mod config;
 pub mod inputs;
 pub mod names;
 pub mod programs;
+pub mod run;
 pub mod synth;
 
 pub use config::{ExpertConfig, LanguageConfig, Pi05Config, VisionConfig};
@@ -70,6 +71,12 @@ pub enum Error {
     /// Reading or writing weights/tensors failed (the error names the file and tensor).
     #[error(transparent)]
     Weights(#[from] petite_weights::Error),
+    /// The reference executor failed (its error names the node or input).
+    #[error("reference executor: {0}")]
+    Reference(#[from] petite_reference::Error),
+    /// Something that should not happen did (a bug), or an output-path conflict.
+    #[error("{0}")]
+    Internal(String),
     /// A program asked for a tensor the config's checkpoint does not have (a builder bug).
     #[error("no checkpoint tensor named `{0}` for this config")]
     UnknownWeight(String),

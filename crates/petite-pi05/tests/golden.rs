@@ -1,0 +1,105 @@
+//! Library-level parity with lerobot 0.6.1 on the golden cases in `testdata/pi05/`: the actions
+//! and the intermediates on the way (prefix K/V, each step's velocity), so a mismatch points at
+//! the stage that is wrong. (`crates/petite/tests/pi05_parity.rs` checks the CLI end to end.)
+use std::path::{Path, PathBuf};
+
+use petite_pi05::inputs::{Inputs, open_checkpoint};
+use petite_pi05::run::run_model;
+use petite_pi05::{Pi05Config, Precision};
+use petite_weights::{MappedSafetensors, WeightSource};
+
+fn cases() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/pi05");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("expected.safetensors").exists())
+        .collect();
+    v.sort();
+    assert!(!v.is_empty(), "no golden cases under {}", root.display());
+    v
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn f32_matches_lerobot_with_intermediates() {
+    for case in cases() {
+        let name = case.file_name().unwrap().to_string_lossy().to_string();
+        let cfg = Pi05Config::from_json_file(case.join("config.json")).unwrap();
+        let ck = open_checkpoint(case.join("model.safetensors")).unwrap();
+        let inputs = Inputs::from_file(case.join("inputs.safetensors"), &cfg).unwrap();
+        let exp = MappedSafetensors::open(case.join("expected.safetensors")).unwrap();
+        let get = |n: &str| exp.tensor(n).unwrap().to_f32_vec().unwrap();
+        let r = run_model(&cfg, &ck, &inputs, Precision::F32).unwrap();
+        let mut worst_kv = 0f32;
+        for i in 0..cfg.language.depth {
+            for kv in ["k", "v"] {
+                let n = format!("prefix_{kv}_{i}");
+                let ours = r.prefix[&n].float_values().unwrap();
+                let e = max_abs(&ours, &get(&n));
+                eprintln!("{name}: {n} max err {e:.3e}");
+                worst_kv = worst_kv.max(e);
+            }
+        }
+        // Each step's velocity, recovered from the trajectory: v = (x_next - x) / dt.
+        let dt = cfg.dt();
+        let mut x = inputs.noise.clone();
+        for (k, xn) in r.trajectory.iter().enumerate() {
+            let ev = get(&format!("v_t_{k}"));
+            // x_next = x + dt·v_expected, computed as torch does (f32).
+            let want: Vec<f32> = x.iter().zip(&ev).map(|(a, v)| a + dt * v).collect();
+            eprintln!(
+                "{name}: step {k} x_next err vs lerobot v_t {:.3e}",
+                max_abs(xn, &want)
+            );
+            x = xn.clone();
+        }
+        let e = max_abs(&r.actions, &get("actions"));
+        eprintln!("{name}: actions max err {e:.3e}, worst prefix K/V {worst_kv:.3e}");
+        assert!(worst_kv <= 1e-4, "{name}: prefix K/V err {worst_kv}");
+        assert!(e <= 1e-4, "{name}: actions err {e}");
+    }
+}
+
+/// bf16 mode against lerobot's bfloat16 mode on the same weights. Bit-level agreement is not
+/// expected end to end: a GEMM whose f32 sum lands on a bf16 rounding boundary can round the
+/// other way under a different summation order, and the 10 steps amplify such flips (measured:
+/// the one-camera case's prefix K/V are bit-identical to lerobot's bf16 cache and its first
+/// four steps agree to f32 rounding; in the others the first differences are single-ulp flips in
+/// one GEMM of layer 0). What must hold: the error stays at the size of the bf16/f32 gap
+/// (≤ 1.5e-2; measured ≤ 9.1e-3), and our bf16 run differs from our f32 run by about as much
+/// as lerobot's bf16 run differs from its f32 run (a bf16 mode that rounded nowhere would give
+/// ~0; one that rounded where lerobot keeps f32 — SigLIP, norms, heads — far more).
+#[test]
+fn bf16_tracks_lerobot_bf16_mode() {
+    for case in cases() {
+        let name = case.file_name().unwrap().to_string_lossy().to_string();
+        let cfg = Pi05Config::from_json_file(case.join("config.json")).unwrap();
+        let ck = open_checkpoint(case.join("model.safetensors")).unwrap();
+        let inputs = Inputs::from_file(case.join("inputs.safetensors"), &cfg).unwrap();
+        let exp = MappedSafetensors::open(case.join("expected.safetensors")).unwrap();
+        let get = |n: &str| exp.tensor(n).unwrap().to_f32_vec().unwrap();
+        let r = run_model(&cfg, &ck, &inputs, Precision::Bf16).unwrap();
+        let ours_f32 = run_model(&cfg, &ck, &inputs, Precision::F32).unwrap();
+        let self_gap = max_abs(&r.actions, &ours_f32.actions);
+        let e = max_abs(&r.actions, &get("actions_bf16"));
+        let to_f32 = max_abs(&r.actions, &get("actions"));
+        let gap = max_abs(&get("actions"), &get("actions_bf16"));
+        eprintln!(
+            "{name}: bf16 actions max err vs lerobot bf16 {e:.3e}; vs lerobot f32 {to_f32:.3e}; \
+             lerobot bf16 vs f32 {gap:.3e}; ours bf16 vs f32 {self_gap:.3e}"
+        );
+        assert!(e <= 1.5e-2, "{name}: bf16 err {e}");
+        assert!(
+            self_gap >= gap / 4.0 && self_gap <= gap * 4.0,
+            "{name}: our bf16/f32 gap {self_gap} vs lerobot's {gap}"
+        );
+    }
+}
