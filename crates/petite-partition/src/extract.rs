@@ -42,10 +42,7 @@ impl Plan {
         let mut input_values = Vec::with_capacity(engine.inputs.len());
         for inp in &engine.inputs {
             let p = program.get(inp.value).ok_or_else(|| {
-                Error::Mismatch(format!(
-                    "engine {index} input {} does not exist",
-                    inp.value
-                ))
+                Error::Mismatch(format!("engine {index} input {} does not exist", inp.value))
             })?;
             let mut name = match &p.op {
                 Op::Input { name } => name.clone(),

@@ -15,9 +15,9 @@
 //! * **Recompute.** A value computed only from program inputs and constants (attention masks,
 //!   positions, rotary tables) and larger than `crossing_limit` is recomputed inside every engine
 //!   that reads it instead of crossing; everything else crosses as an engine output/input.
-//! * **Cheap cuts.** Among the plans with the fewest engines, the one whose cuts carry the fewest
-//!   crossing bytes is chosen (for a transformer: between layers, where only the residual stream
-//!   crosses, not inside attention).
+//! * **Cheap cuts.** The plan minimises `engines × engine_overhead + bytes crossing the cuts`,
+//!   so cuts land where little crosses (for a transformer: between layers, where only the
+//!   residual stream crosses, not inside attention or the MLP).
 //! * **Deterministic.** Same program and options, same [`Plan`], byte for byte as JSON.
 //!
 //! The crate knows no backend, no file format and no model.
@@ -29,8 +29,8 @@ mod planner;
 
 pub use extract::EngineProgram;
 pub use options::{
-    CostModel, DEFAULT_CROSSING_LIMIT, DefaultCost, EngineCost, PartitionOptions,
-    TORCH_TRT_BUILD_MULTIPLIER,
+    CostModel, DEFAULT_CROSSING_LIMIT, DEFAULT_ENGINE_OVERHEAD, DefaultCost, EngineCost,
+    PartitionOptions, TORCH_TRT_BUILD_MULTIPLIER,
 };
 pub use planner::{Boundary, Engine, EngineInput, EngineOutput, Plan, WeightUse, plan};
 

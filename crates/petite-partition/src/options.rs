@@ -8,6 +8,11 @@ use crate::{Error, Result};
 /// engines; larger ones are recomputed (passing a small value is cheaper than recomputing it).
 pub const DEFAULT_CROSSING_LIMIT: u64 = 64 * 1024;
 
+/// Default [`PartitionOptions::engine_overhead`]: one more engine is preferred to a cut that
+/// carries 16 MiB more than the cheapest alternative. A transformer's residual stream is a few
+/// MiB and its MLP activations tens of MiB, so cuts land between layers rather than inside them.
+pub const DEFAULT_ENGINE_OVERHEAD: u64 = 16 << 20;
+
 /// Torch-TensorRT's `ENGINE_COMPILATION_MEMORY_USAGE_MULTIPLIER`: a TensorRT build needs up to
 /// about 4× the engine's weights in host memory. The default build-memory estimate uses it.
 pub const TORCH_TRT_BUILD_MULTIPLIER: u64 = 4;
@@ -66,6 +71,10 @@ pub struct PartitionOptions<C = DefaultCost> {
     /// Input-only values larger than this are recomputed in each engine that reads them; smaller
     /// ones cross. Any value is accepted (`u64::MAX` disables recompute, `0` recomputes all).
     pub crossing_limit: u64,
+    /// What one more engine costs, in crossing bytes: the planner minimises
+    /// `engines × engine_overhead + Σ bytes crossing the cuts`. `u64::MAX` means "fewest engines
+    /// first"; `0` means "least crossing, however many engines".
+    pub engine_overhead: u64,
     /// Sizes of weights and values, and the build-memory estimate.
     pub cost: C,
 }
@@ -76,6 +85,7 @@ impl PartitionOptions<DefaultCost> {
         PartitionOptions {
             engine_cap,
             crossing_limit: DEFAULT_CROSSING_LIMIT,
+            engine_overhead: DEFAULT_ENGINE_OVERHEAD,
             cost: DefaultCost,
         }
     }
@@ -88,11 +98,18 @@ impl<C> PartitionOptions<C> {
         self
     }
 
+    /// The same options with another engine overhead.
+    pub fn engine_overhead(mut self, bytes: u64) -> Self {
+        self.engine_overhead = bytes;
+        self
+    }
+
     /// The same options with another cost model.
     pub fn with_cost<D: CostModel>(self, cost: D) -> PartitionOptions<D> {
         PartitionOptions {
             engine_cap: self.engine_cap,
             crossing_limit: self.crossing_limit,
+            engine_overhead: self.engine_overhead,
             cost,
         }
     }

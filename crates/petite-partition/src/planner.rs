@@ -109,6 +109,8 @@ pub struct Plan {
     pub engine_cap: u64,
     /// The crossing limit the plan was made for.
     pub crossing_limit: u64,
+    /// The engine overhead the plan was made for.
+    pub engine_overhead: u64,
     /// Node count of the program (a cheap check that a plan fits its program).
     pub program_nodes: usize,
     /// All weight bytes of the program (each weight once).
@@ -134,7 +136,11 @@ impl Plan {
 
     /// The largest engine's weight bytes.
     pub fn max_engine_weight_bytes(&self) -> u64 {
-        self.engines.iter().map(|e| e.weight_bytes).max().unwrap_or(0)
+        self.engines
+            .iter()
+            .map(|e| e.weight_bytes)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -160,8 +166,9 @@ const NONE: u32 = u32::MAX;
 /// 2. Input-only nodes are set aside; the other computed nodes, in that order, are cut into
 ///    contiguous segments. Each segment reads ≤ `engine_cap` weight bytes (each weight once),
 ///    or holds only one weight-reading group (the over-cap case). Among such cuttings, dynamic
-///    programming (a two-pointer window and a monotone deque) picks the fewest engines and,
-///    among those, the least total bytes crossing the cuts.
+///    programming (a two-pointer window and a monotone deque) picks the one with the least
+///    `engines × engine_overhead + Σ crossing bytes` (activation values only: large input-only
+///    values are recomputed, small ones are at most `crossing_limit` each).
 /// 3. Each input-only node goes to the first engine that reads it (a multi-output one with its
 ///    getitems). An engine reading an input-only value larger than `crossing_limit` from
 ///    elsewhere recomputes that value's whole producer cone itself; smaller ones cross.
@@ -312,7 +319,16 @@ pub fn plan<C: CostModel>(program: &Program, options: &PartitionOptions<C>) -> R
     }
 
     // ---- Segment the units: fewest engines, then least crossing.
-    let segments = segment(units, &unit_w_start, &unit_w, &unit_bytes, &weight_bytes, &cut, cap);
+    let segments = segment(
+        units,
+        &unit_w_start,
+        &unit_w,
+        &unit_bytes,
+        &weight_bytes,
+        &cut,
+        cap,
+        options.engine_overhead,
+    );
 
     let mut engine_of = vec![NONE; n];
     for (e, &(a, b)) in segments.iter().enumerate() {
@@ -472,16 +488,10 @@ pub fn plan<C: CostModel>(program: &Program, options: &PartitionOptions<C>) -> R
         let mut outputs: Vec<EngineOutput> = list
             .iter()
             .map(|&(v, _)| v)
-            .chain(
-                program
-                    .outputs
-                    .iter()
-                    .map(|o| o.value)
-                    .filter(|v| {
-                        matches!(kind[v.index()], Kind::Main | Kind::InputOnly)
-                            && engine_of[v.index()] as usize == e
-                    }),
-            )
+            .chain(program.outputs.iter().map(|o| o.value).filter(|v| {
+                matches!(kind[v.index()], Kind::Main | Kind::InputOnly)
+                    && engine_of[v.index()] as usize == e
+            }))
             .map(|v| EngineOutput {
                 value: v,
                 bytes: cost.value_bytes(program, v),
@@ -553,6 +563,7 @@ pub fn plan<C: CostModel>(program: &Program, options: &PartitionOptions<C>) -> R
     Ok(Plan {
         engine_cap: cap,
         crossing_limit: options.crossing_limit,
+        engine_overhead: options.engine_overhead,
         program_nodes: n,
         weight_bytes: weight_bytes.iter().fold(0u64, |a, &b| a.saturating_add(b)),
         engines,
@@ -566,8 +577,9 @@ pub fn plan<C: CostModel>(program: &Program, options: &PartitionOptions<C>) -> R
 /// A segment is allowed if its distinct weights total ≤ `cap`, or if at most one of its units
 /// reads weights (a group over the cap on its own). Allowed segments ending at `i` start in a
 /// window `[lo(i), i)` whose ends only move right, so a monotone deque over
-/// `key(j) = best(j) + (1 engine, crossing at cut j)` finds each `best(i)` in amortised O(1).
-/// Keys compare as (engines, crossing bytes); ties go to the later cut.
+/// `key(j) = best(j) + overhead + crossing at cut j` finds each `best(i)` in amortised O(1).
+/// Ties go to the later cut.
+#[allow(clippy::too_many_arguments)]
 fn segment(
     units: usize,
     unit_w_start: &[usize],
@@ -576,13 +588,14 @@ fn segment(
     weight_bytes: &[u64],
     cut: &[u128],
     cap: u64,
+    overhead: u64,
 ) -> Vec<(usize, usize)> {
     if units == 0 {
         return Vec::new();
     }
-    type Key = (u64, u128);
-    let mut best: Vec<Key> = vec![(0, 0); units + 1];
-    let mut key: Vec<Key> = vec![(0, 0); units + 1];
+    // Σ over ≤ 2^32 units of (u64 + u64) fits in u128.
+    let mut best: Vec<u128> = vec![0; units + 1];
+    let mut key: Vec<u128> = vec![0; units + 1];
     let mut choice = vec![0usize; units + 1];
     let mut count = vec![0u32; weight_bytes.len()];
     let mut window_bytes: u128 = 0;
@@ -592,10 +605,7 @@ fn segment(
     let cap = cap as u128;
     for i in 1..=units {
         let j = i - 1;
-        key[j] = (
-            best[j].0 + 1,
-            best[j].1 + if j == 0 { 0 } else { cut[j] },
-        );
+        key[j] = best[j] + overhead as u128 + if j == 0 { 0 } else { cut[j] };
         while deque.back().is_some_and(|&b| key[b] >= key[j]) {
             deque.pop_back();
         }
