@@ -1,1 +1,90 @@
-fn main() {}
+//! GEMM throughput of the reference executor's hot paths at pi0.5 prefix shapes.
+//!
+//! `cargo bench -p petite-reference --bench linear`; GFLOP/s = 2·M·K·N / time. The
+//! single-threaded GEMM on the same shape is the baseline measured in the same run.
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use petite_reference::kernels::{MatRef, SdpaShape, gemm_f32, linear, sdpa};
+use std::hint::black_box;
+use std::time::Duration;
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            ((s >> 8) as f32 / (1u32 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    // Gemma-2B MLP gate/up over the 968-token prefix: [968, 2048] · [16384, 2048]ᵀ
+    let (m, k, n) = (968usize, 2048usize, 16384usize);
+    let x = data(m * k, 1);
+    let w = data(n * k, 2);
+    let flops = 2 * m * k * n;
+    let mut g = c.benchmark_group("gemm");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(10))
+        .throughput(Throughput::Elements(flops as u64));
+    g.bench_function("linear_968x2048x16384_rayon", |b| {
+        b.iter(|| black_box(linear(&x, m, &w, n, None).unwrap()))
+    });
+    let mut out = vec![0.0f32; m * n];
+    g.bench_function("gemm_968x2048x16384_single_thread", |b| {
+        b.iter(|| {
+            gemm_f32(
+                &mut out,
+                MatRef::row_major(&x, m, k),
+                MatRef::row_major(&w, n, k).t(),
+                false,
+                false,
+            )
+            .unwrap();
+            black_box(&out);
+        })
+    });
+    g.finish();
+
+    // Gemma-2B prefix attention: 8 query heads, 1 KV head, 968 tokens, head dim 256
+    let s = SdpaShape {
+        b: 1,
+        h: 8,
+        kvh: 1,
+        sq: 968,
+        sk: 968,
+        d: 256,
+        dv: 256,
+    };
+    let q = data(s.h * s.sq * s.d, 3);
+    let kk = data(s.sk * s.d, 4);
+    let v = data(s.sk * s.dv, 5);
+    let mask = vec![0.0f32; s.sq * s.sk];
+    let mut g = c.benchmark_group("attention");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5))
+        .throughput(Throughput::Elements((4 * s.h * s.sq * s.sk * s.d) as u64));
+    g.bench_function("sdpa_8x968x968x256_mqa", |b| {
+        b.iter(|| {
+            black_box(
+                sdpa(
+                    &q,
+                    &kk,
+                    &v,
+                    Some((&mask, [1, 1, s.sq, s.sk])),
+                    s,
+                    0.0625,
+                    false,
+                )
+                .unwrap(),
+            )
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

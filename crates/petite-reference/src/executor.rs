@@ -855,7 +855,7 @@ impl<'a> Ctx<'_, 'a> {
             // The scalar is first converted to x's dtype.
             let s = match dt {
                 Dtype::Bf16 => round_f32_through_bf16(scalar as f32),
-                Dtype::F16 => f16::from_f64(scalar).to_f32(),
+                Dtype::F16 => f16::from_f32(scalar as f32).to_f32(),
                 _ => scalar as f32,
             };
             let mut x = self.take_floats(0)?;
