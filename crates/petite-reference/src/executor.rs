@@ -48,6 +48,25 @@ impl WeightSource for NoWeights {
     }
 }
 
+/// What one run held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Nodes evaluated (inputs and dead nodes excluded).
+    pub nodes_run: usize,
+    /// Peak bytes of values held between nodes (inputs, intermediates, outputs; at their
+    /// dtype's size), counted right after each node, before its inputs are freed. Excludes
+    /// kernel scratch and per-use weight conversions (at most a few of the largest weights).
+    pub peak_value_bytes: usize,
+}
+
+fn slot_bytes(s: &Slot) -> usize {
+    match s {
+        Slot::Tensor(t) => t.numel() * t.dtype().size(),
+        Slot::Tuple(ts) => ts.iter().map(|t| t.numel() * t.dtype().size()).sum(),
+        Slot::Empty | Slot::Weight => 0,
+    }
+}
+
 enum Slot {
     Empty,
     Tensor(Tensor),
@@ -103,8 +122,19 @@ impl<'a> Executor<'a> {
 
     /// Runs the program. `inputs` must hold exactly the program's inputs, each with its
     /// declared dtype and shape; returns every graph output by name.
-    pub fn run(&self, mut inputs: BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
+    pub fn run(&self, inputs: BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
+        self.run_with_stats(inputs).map(|(out, _)| out)
+    }
+
+    /// [`Executor::run`], also reporting how much the run held (see [`RunStats`]).
+    pub fn run_with_stats(
+        &self,
+        mut inputs: BTreeMap<String, Tensor>,
+    ) -> Result<(BTreeMap<String, Tensor>, RunStats)> {
         let p = self.program;
+        let mut stats = RunStats::default();
+        let mut held = vec![0usize; p.len()];
+        let mut live_bytes = 0usize;
         let mut slots: Vec<Slot> = (0..p.len()).map(|_| Slot::Empty).collect();
         for &id in &p.inputs {
             let name = p.input_name(id).unwrap_or_default().to_string();
@@ -126,6 +156,11 @@ impl<'a> Executor<'a> {
                     ),
                 });
             }
+            if !self.live[id.index()] {
+                continue; // nothing reads it
+            }
+            held[id.index()] = t.numel() * t.dtype().size();
+            live_bytes += held[id.index()];
             slots[id.index()] = Slot::Tensor(t);
         }
         if let Some(extra) = inputs.keys().next() {
@@ -149,8 +184,12 @@ impl<'a> Executor<'a> {
                 };
                 let out = cx.eval().map_err(|e| self.node_err(id, e))?;
                 self.check_type(id, &out)?;
+                held[id.index()] = slot_bytes(&out);
+                live_bytes += held[id.index()];
+                stats.nodes_run += 1;
                 slots[id.index()] = out;
             }
+            stats.peak_value_bytes = stats.peak_value_bytes.max(live_bytes);
             let mut seen: Vec<NodeId> = Vec::with_capacity(node.inputs.len());
             for &v in &node.inputs {
                 if seen.contains(&v) {
@@ -168,10 +207,12 @@ impl<'a> Executor<'a> {
                             .map_err(|e| self.node_err(v, Error::Tensor(e.to_string())))?;
                     }
                     slots[v.index()] = Slot::Empty;
+                    live_bytes -= std::mem::take(&mut held[v.index()]);
                 }
             }
             if remaining[id.index()] == 0 && !self.is_output[id.index()] {
                 slots[id.index()] = Slot::Empty;
+                live_bytes -= std::mem::take(&mut held[id.index()]);
             }
         }
         let mut out = BTreeMap::new();
@@ -196,7 +237,7 @@ impl<'a> Executor<'a> {
             };
             out.insert(o.name.clone(), t);
         }
-        Ok(out)
+        Ok((out, stats))
     }
 
     fn node_err(&self, id: NodeId, e: Error) -> Error {

@@ -483,3 +483,33 @@ fn block_is_deterministic_and_bf16_is_close_to_f32() {
         "{max_err} vs {max_abs}"
     );
 }
+
+#[test]
+fn intermediates_are_freed_after_last_use() {
+    // a chain of 20 unary ops on 1 MiB values: holding them all would be 21 MiB
+    let n = 1 << 18;
+    let mut b = Builder::new();
+    let x = b.input("x", Dtype::F32, &[n]).unwrap();
+    let mut v = x;
+    for i in 0..20 {
+        v = if i % 2 == 0 {
+            b.neg(v).unwrap()
+        } else {
+            b.tanh(v).unwrap()
+        };
+    }
+    b.output("y", v).unwrap();
+    let p = b.finish().unwrap();
+    let ex = Executor::new(&p, &NoWeights).unwrap();
+    let (out, stats) = ex
+        .run_with_stats(inputs(vec![(
+            "x",
+            Tensor::f32(&[n], vec![0.5; n]).unwrap(),
+        )]))
+        .unwrap();
+    assert_eq!(stats.nodes_run, 20);
+    // at any moment at most an input and its output are held
+    assert_eq!(stats.peak_value_bytes, 2 * 4 * n);
+    let want = (0..20).fold(0.5f32, |a, i| if i % 2 == 0 { -a } else { a.tanh() });
+    assert_eq!(f32s(&out["y"])[0], want);
+}
