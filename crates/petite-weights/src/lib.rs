@@ -26,7 +26,7 @@ pub use mapped::MappedSafetensors;
 pub use remap::{KeyMap, Remapped};
 pub use sharded::Checkpoint;
 pub use source::{Dtype, TensorInfo, TensorView, WeightSource};
-pub use writer::{PAD_PREFIX, SafetensorsWriter, TensorSink, TensorSpec};
+pub use writer::{LARGE, PAD_PREFIX, SafetensorsWriter, TensorSink, TensorSpec};
 
 /// Errors of this crate; each names the file and, where relevant, the tensor.
 #[derive(Debug, thiserror::Error)]

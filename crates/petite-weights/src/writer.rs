@@ -4,8 +4,8 @@
 //!
 //! Layout: the JSON header is padded with spaces so the data region starts on a page boundary.
 //! Tensors whose size is a multiple of the page size come first, so each starts on a page
-//! boundary; then small tensors (under a page), largest element size first (keeps every tensor
-//! aligned to its element size); then large tensors of odd size, each moved to a page boundary by
+//! boundary; then small tensors (under [`LARGE`] bytes), largest element size first (keeps every
+//! tensor aligned to its element size); then large tensors of odd size, each moved to a page boundary by
 //! a zero-filled U8 padding tensor named `__petite_pad_<n>__` (safetensors readers require the
 //! data region to be contiguous, so a gap has to be a tensor). Readers in this crate hide them.
 
@@ -16,6 +16,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::{Dtype, Error, Result, page_size};
+
+/// Tensors of at least this many bytes (and every page-multiple-sized one) start on a page
+/// boundary; smaller ones are packed (a pad of up to a page for a 5 KiB tensor would waste more
+/// than it saves: its pages are shared with neighbours anyway).
+pub const LARGE: u64 = 64 * 1024;
 
 /// Name prefix of the padding tensors the writer inserts; never valid for a caller's tensor.
 pub const PAD_PREFIX: &str = "__petite_pad_";
@@ -110,7 +115,7 @@ impl SafetensorsWriter {
         let class = |len: u64| {
             if len > 0 && len.is_multiple_of(page) {
                 0
-            } else if len < page {
+            } else if len < LARGE.max(page) {
                 1
             } else {
                 2

@@ -28,7 +28,7 @@ fn release_drops_rss_by_the_released_tensors_and_they_still_read() {
         table.push(TensorSpec::new(
             format!("odd{i}"),
             Dtype::Bf16,
-            &[3 * page + 2 * i + 1],
+            &[20 * page + 2 * i + 1],
         ));
         table.push(TensorSpec::new(format!("small{i}"), Dtype::F32, &[3 + i]));
     }

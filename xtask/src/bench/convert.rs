@@ -247,7 +247,8 @@ pub fn run(a: &Args) -> Result<()> {
         kept.sort_by_key(|r| r.start);
         for r in kept {
             let last = ranges.last_mut().expect("non-empty");
-            if r.start <= last.end {
+            // Padding and small tensors between kept ones are read too (at most a page each).
+            if r.start <= last.end + (1 << 20) {
                 last.end = last.end.max(r.end);
             } else {
                 ranges.push(r);

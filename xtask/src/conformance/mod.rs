@@ -6,6 +6,7 @@ use anyhow::Result;
 
 mod lerobot;
 mod pte;
+mod weights;
 
 /// Options of the conformance task.
 #[derive(clap::Args, Default)]
@@ -22,5 +23,6 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<()> {
     lerobot::run(args.bless_lerobot)?;
     pte::run(args.full)?;
+    weights::run()?;
     Ok(())
 }

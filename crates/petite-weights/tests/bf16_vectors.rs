@@ -1,0 +1,77 @@
+//! Bit-exact bf16 rounding against committed vectors produced by ml_dtypes' float32 → bfloat16
+//! cast (round-to-nearest-even, the same rounding as PyTorch's `.to(torch.bfloat16)`), by
+//! `xtask/src/conformance/weights_check.py vectors`. `cargo xtask conformance` regenerates them
+//! and fails if they no longer match this file. ml_dtypes stands in for torch (a ~1 GB install).
+
+use std::io::Write;
+
+use petite_weights::{
+    ConvertOptions, Dtype, MappedSafetensors, SafetensorsWriter, Selection, TargetDtype,
+    TensorSpec, WeightSource, bf16_bits_from_f32, convert,
+};
+
+/// `(f32 bits, expected bf16 bits)` from the committed file.
+fn vectors() -> Vec<(u32, u16)> {
+    let raw = include_bytes!("data/bf16_vectors.bin");
+    let n = u32::from_le_bytes(raw[..4].try_into().unwrap()) as usize;
+    assert_eq!(raw.len(), 4 + 6 * n, "vector file framing");
+    let xs = &raw[4..4 + 4 * n];
+    let ys = &raw[4 + 4 * n..];
+    (0..n)
+        .map(|i| {
+            (
+                u32::from_le_bytes(xs[4 * i..4 * i + 4].try_into().unwrap()),
+                u16::from_le_bytes(ys[2 * i..2 * i + 2].try_into().unwrap()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn rounding_matches_ml_dtypes_bit_for_bit() {
+    let v = vectors();
+    assert!(v.len() > 40_000);
+    let bad: Vec<_> = v
+        .iter()
+        .filter(|&&(x, y)| bf16_bits_from_f32(f32::from_bits(x)) != y)
+        .take(5)
+        .map(|&(x, y)| {
+            format!(
+                "{x:#010x} -> {:#06x}, want {y:#06x}",
+                bf16_bits_from_f32(f32::from_bits(x))
+            )
+        })
+        .collect();
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+#[test]
+fn streamed_conversion_matches_the_vectors() {
+    let v = vectors();
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("v.safetensors");
+    let w = SafetensorsWriter::create(&src, &[TensorSpec::new("v", Dtype::F32, &[v.len()])], &[])
+        .unwrap();
+    let mut s = w.tensor("v").unwrap();
+    for (x, _) in &v {
+        s.write_all(&x.to_le_bytes()).unwrap();
+    }
+    s.finish().unwrap();
+    w.finish().unwrap();
+    let out = dir.path().join("o.safetensors");
+    let opts = ConvertOptions {
+        dtype: TargetDtype::Bf16,
+        selection: Selection::All,
+        chunk_bytes: 12_345, // odd chunk size: chunk edges fall mid-page
+        threads: 2,
+        progress: false,
+        metadata: vec![],
+    };
+    convert(&MappedSafetensors::open(&src).unwrap(), &out, &opts).unwrap();
+    let m = MappedSafetensors::open(&out).unwrap();
+    let got = m.tensor("v").unwrap();
+    let got = got.as_bf16().unwrap();
+    for (g, (x, y)) in got.iter().zip(&v) {
+        assert_eq!(g.to_bits(), *y, "{x:#010x}");
+    }
+}

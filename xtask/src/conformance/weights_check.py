@@ -1,0 +1,156 @@
+"""Conformance of petite-weights against Python's safetensors, numpy and ml_dtypes.
+
+Run by `cargo xtask conformance` (xtask/src/conformance/weights.rs) inside a venv with
+safetensors, numpy and ml_dtypes. ml_dtypes' float32 -> bfloat16 cast rounds to nearest even, as
+PyTorch's `.to(torch.bfloat16)` does (both implement the same RNE on the f32 bits; NaN becomes the
+quiet NaN 0x7FC0 with the sign kept by ml_dtypes); it stands in for torch to avoid a ~1 GB install.
+
+    weights_check.py vectors OUT.bin         bf16 test vectors: u32 count, f32 bits, bf16 bits (LE)
+    weights_check.py make-source SRC         a float32 checkpoint written by safetensors itself
+    weights_check.py check SRC BF16 F16      petite's outputs load, and every value is exact
+"""
+
+import json
+import struct
+import sys
+import warnings
+
+import ml_dtypes
+import numpy as np
+import safetensors
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+# Casting NaN inputs warns ("invalid value encountered in cast"); NaN handling is checked below.
+warnings.filterwarnings("ignore", category=RuntimeWarning)
+
+PAGE = 4096
+LARGE = 64 * 1024  # petite_weights::LARGE
+
+
+def special_f32_bits():
+    """Bit patterns where rounding is delicate."""
+    s = [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000,
+         0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FBFFFFF,  # NaNs (payloads)
+         0x00000001, 0x80000001, 0x007FFFFF, 0x00008000, 0x00018000,  # subnormals, tiny ties
+         0x00800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F8000, 0x7F7F7FFF,  # normal edges, overflow
+         0x3F800000, 0x3F808000, 0x3F818000, 0x3F808001, 0x3F807FFF,  # ties to even, near ties
+         0xBF808000, 0xBF818000, 0x3F80FFFF, 0x4049_0FDB]
+    return np.array(s, dtype=np.uint32)
+
+
+def vector_bits(n_random=40000, seed=5):
+    rng = np.random.default_rng(seed)
+    rand = rng.integers(0, 2**32, size=n_random, dtype=np.uint64).astype(np.uint32)
+    # Exact ties with random high halves, both parities.
+    ties = (rng.integers(0, 2**16, size=2000, dtype=np.uint64).astype(np.uint32) << 16) | 0x8000
+    return np.concatenate([special_f32_bits(), rand, ties])
+
+
+def bf16_bits(f32_bits):
+    return f32_bits.view(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+def cmd_vectors(out):
+    x = vector_bits()
+    y = bf16_bits(x)
+    with open(out, "wb") as f:
+        f.write(struct.pack("<I", len(x)))
+        f.write(x.astype("<u4").tobytes())
+        f.write(y.astype("<u2").tobytes())
+    print(f"weights_check: wrote {len(x)} bf16 vectors to {out}")
+
+
+def source_tensors():
+    rng = np.random.default_rng(7)
+    big = rng.standard_normal(20 * PAGE + 123).astype(np.float32)
+    big[:len(special_f32_bits())] = special_f32_bits().view(np.float32)
+    return {
+        "enc.layers.0.weight": vector_bits(n_random=300000, seed=11).view(np.float32).reshape(-1, 2),
+        "enc.layers.0.bias": big,
+        "enc.scale": np.array(np.float32(0.5)),
+        "steps": np.arange(7, dtype=np.int64),
+        "mask": np.array([True, False, True]),
+        "head.lm_head.weight": rng.standard_normal((64, 32)).astype(np.float32),
+    }
+
+
+def cmd_make_source(path):
+    save_file(source_tensors(), path, metadata={"format": "np"})
+    print(f"weights_check: wrote source {path}")
+
+
+def check_layout(path, name_to_bytes):
+    """Data region page-aligned; every large or page-multiple tensor starts on a page."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    assert (8 + n) % PAGE == 0, f"{path}: data region starts at {8 + n}"
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        if end - b >= LARGE or (end > b and (end - b) % PAGE == 0):
+            assert (8 + n + b) % PAGE == 0, f"{path}: {name} starts at {8 + n + b}"
+    return header
+
+
+def load_all(path):
+    """Loads every tensor through safetensors' own reader (full validation of the file)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    out = {}
+    for name, t in safetensors.deserialize(raw):
+        dt = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32,
+              "I64": np.int64, "BOOL": np.bool_, "U8": np.uint8}[t["dtype"]]
+        out[name] = np.frombuffer(bytes(t["data"]), dtype=dt).reshape(t["shape"])
+    # And the lazy reader petite's consumers would use.
+    with safe_open(path, framework="numpy") as f:
+        keys = set(f.keys())
+        meta = f.metadata()
+    assert keys == set(out), f"{path}: safe_open keys differ from deserialize"
+    return out, meta
+
+
+def cmd_check(src, out_bf16, out_f16):
+    tensors = source_tensors()
+    kept = {k: v for k, v in tensors.items() if "lm_head" not in k}
+    for path, target, cast in [(out_bf16, "bf16", ml_dtypes.bfloat16),
+                               (out_f16, "f16", np.float16)]:
+        check_layout(path, None)
+        got, meta = load_all(path)
+        pads = [k for k in got if k.startswith("__petite_pad_")]
+        names = set(got) - set(pads)
+        assert names == set(kept), f"{path}: tensors {sorted(names)} != {sorted(kept)}"
+        checked = 0
+        for name, src_v in kept.items():
+            g = got[name]
+            assert g.shape == src_v.shape, f"{path}: {name} shape {g.shape} != {src_v.shape}"
+            if src_v.dtype == np.float32:
+                want = src_v.astype(cast)
+                assert g.dtype == want.dtype, f"{path}: {name} dtype {g.dtype}"
+                gb, wb = g.view(np.uint16), want.view(np.uint16)
+                nan = np.isnan(want.astype(np.float32))
+                # Bit-exact everywhere; NaN must stay NaN (numpy's f16 NaN payloads differ from
+                # half's, so for f16 only NaN-ness is compared).
+                exact = (gb == wb) | (nan & np.isnan(g.astype(np.float32)) & (target == "f16"))
+                bad = np.flatnonzero(~exact.reshape(-1))
+                assert bad.size == 0, (
+                    f"{path}: {name}: {bad.size} elements differ from {target} RNE, first at "
+                    f"{bad[0]}: f32 bits {src_v.reshape(-1)[bad[0]].view(np.uint32):#010x} -> "
+                    f"{gb.reshape(-1)[bad[0]]:#06x}, want {wb.reshape(-1)[bad[0]]:#06x}")
+                checked += src_v.size
+            else:
+                assert np.array_equal(g, src_v), f"{path}: {name} changed"
+        print(f"weights_check: {path}: {len(names)} tensors load with safetensors "
+              f"{safetensors.__version__}; {checked} floats bit-exact vs ml_dtypes/numpy {target} "
+              f"RNE; metadata {meta}")
+
+
+def main():
+    cmd, *args = sys.argv[1:]
+    {"vectors": cmd_vectors, "make-source": cmd_make_source, "check": cmd_check}[cmd](*args)
+
+
+if __name__ == "__main__":
+    main()
