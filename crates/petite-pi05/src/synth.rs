@@ -3,9 +3,9 @@
 //! model's initial constants, everything else seeded normal draws), streamed to disk so the
 //! full-size 15.4 GiB model needs only a few MiB of memory.
 //!
-//! **Values are a pure function of `(seed, canonical tensor name, element index)`**: element pair
-//! `j` of a tensor comes from a counter-based generator (a 64-bit mix of the tensor's key and `j`)
-//! through Box–Muller. So the bytes do not depend on the thread count or the chunking, and the
+//! **Values are a pure function of `(seed, canonical tensor name, element index)`**: each element
+//! index is hashed with the tensor's key (a counter-based generator), and element pairs go
+//! through Box–Muller computed with basic float operations only. So the bytes do not depend on the thread count or the chunking, and the
 //! same canonical tensor holds the same values in both layouts (a Hub file's
 //! `paligemma.lm_head.weight` equals a lerobot file's `embed_tokens.weight` for the same seed),
 //! which lets tests compare the two layouts of one model.
@@ -71,8 +71,7 @@ pub struct SynthReport {
     pub seconds: f64,
 }
 
-/// 64-bit finaliser (Stafford's "mix13", as in SplitMix64): a bijection with full avalanche, so
-/// consecutive counters give independent-looking outputs.
+/// 64-bit finaliser (Stafford's "mix13", as in SplitMix64): a bijection with full avalanche.
 fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -91,45 +90,111 @@ pub fn tensor_key(seed: u64, canonical: &str) -> u64 {
     mix64(mix64(seed ^ 0x9e37_79b9_7f4a_7c15).wrapping_add(name_hash(canonical)))
 }
 
-/// Two standard normal draws for pair `j` of the tensor keyed `key` (Box–Muller on two 24-bit
-/// uniforms; |z| ≤ 5.8 by construction, which a synthetic model does not miss).
-#[inline]
-fn normal_pair(key: u64, j: u64) -> (f32, f32) {
+/// 32-bit integer hash ("lowbias32", bias ≈ 0.17): 32-bit lanes only, so the whole generator
+/// vectorises on SSE2 and NEON (a 64-bit multiply would not).
+#[inline(always)]
+fn h32(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^ (x >> 16)
+}
+
+/// ln(u) for u in (0, 1] from the float's exponent and a series in (m-1)/(m+1) with
+/// m in [√½, √2) (absolute error < 1e-6). Basic IEEE operations only, no libm: the result is
+/// bit-identical whether the loop is vectorised or not, and on every platform.
+#[inline(always)]
+fn ln01(u: f32) -> f32 {
+    let bits = u.to_bits();
+    let e = (bits.wrapping_sub(0x3f35_04f3) as i32) >> 23;
+    let m = f32::from_bits(bits.wrapping_sub((e as u32) << 23));
+    let s = (m - 1.0) / (m + 1.0);
+    let s2 = s * s;
+    let p = 1.0 + s2 * (1.0 / 3.0 + s2 * (0.2 + s2 * (1.0 / 7.0 + s2 * (1.0 / 9.0))));
+    e as f32 * std::f32::consts::LN_2 + 2.0 * s * p
+}
+
+/// sin and cos of x in [0, π/2) by Taylor series (error < 2e-7); basic operations only.
+#[inline(always)]
+fn sincos_quarter(x: f32) -> (f32, f32) {
+    let x2 = x * x;
+    let s = x
+        * (1.0
+            + x2 * (-1.0 / 6.0
+                + x2 * (1.0 / 120.0
+                    + x2 * (-1.0 / 5040.0
+                        + x2 * (1.0 / 362_880.0
+                            + x2 * (-1.0 / 39_916_800.0 + x2 * (1.0 / 6_227_020_800.0)))))));
+    let c = 1.0
+        + x2 * (-0.5
+            + x2 * (1.0 / 24.0
+                + x2 * (-1.0 / 720.0
+                    + x2 * (1.0 / 40_320.0
+                        + x2 * (-1.0 / 3_628_800.0 + x2 * (1.0 / 479_001_600.0))))));
+    (s, c)
+}
+
+/// Two standard normal draws for pair `j` (elements `2j`, `2j+1`) of the tensor keyed
+/// `(k0, k1)`: each element index is hashed to 32 bits, then Box–Muller with the angle drawn as a
+/// quarter-turn angle plus two sign bits (equivalent to a uniform angle). The radius uses a
+/// 24-bit uniform in (0, 1], so |z| ≤ 5.77 — tails a synthetic model does not miss.
+#[inline(always)]
+fn normal_pair(k0: u32, k1: u32, j: u32) -> (f32, f32) {
     const TWO_NEG24: f32 = 1.0 / (1u32 << 24) as f32;
-    let bits = mix64(key ^ j.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    // u1 in (0, 1] so ln is finite; u2 in [0, 1).
-    let u1 = ((bits >> 40) as u32 + 1) as f32 * TWO_NEG24;
-    let u2 = ((bits >> 8) as u32 & 0x00ff_ffff) as f32 * TWO_NEG24;
-    let r = (-2.0 * u1.ln()).sqrt();
-    let (s, c) = (std::f32::consts::TAU * u2).sin_cos();
-    (r * c, r * s)
+    let a = h32(h32(j.wrapping_mul(2) ^ k0) ^ k1);
+    let b = h32(h32(j.wrapping_mul(2).wrapping_add(1) ^ k0) ^ k1);
+    let u1 = ((a >> 8) + 1) as f32 * TWO_NEG24;
+    let phi = (b >> 8) as f32 * (TWO_NEG24 * std::f32::consts::FRAC_PI_2);
+    let r = (-2.0 * ln01(u1)).sqrt();
+    let (s, c) = sincos_quarter(phi);
+    (
+        f32::from_bits((r * c).to_bits() ^ ((a & 1) << 31)),
+        f32::from_bits((r * s).to_bits() ^ ((b & 1) << 31)),
+    )
 }
 
 /// Fills `out` with elements `start..start + out.len()` of a tensor initialised as `init`
-/// (normal draws keyed by `key`). Exposed so tests can check single values against a file.
-pub fn fill(init: Init, key: u64, start: usize, out: &mut [f32]) {
-    match init {
-        Init::Constant(c) => out.fill(c),
-        Init::Normal { std } => {
-            let mut i = 0;
-            let mut idx = start;
-            // An odd start takes the second draw of its pair.
-            if idx % 2 == 1 && !out.is_empty() {
-                out[0] = normal_pair(key, (idx / 2) as u64).1 * std;
-                i = 1;
-                idx += 1;
-            }
-            while i + 1 < out.len() {
-                let (a, b) = normal_pair(key, (idx / 2) as u64);
-                out[i] = a * std;
-                out[i + 1] = b * std;
-                i += 2;
-                idx += 2;
-            }
-            if i < out.len() {
-                out[i] = normal_pair(key, (idx / 2) as u64).0 * std;
-            }
+/// (normal draws keyed by `key`). Element `i`'s value depends only on `(key, i)`, so any
+/// chunking gives the same bytes. Public so tests can check single values against a file.
+pub fn fill(init: Init, key: u64, start: u64, out: &mut [f32]) {
+    let Init::Normal { std } = init else {
+        if let Init::Constant(c) = init {
+            out.fill(c);
         }
+        return;
+    };
+    let k0 = key as u32;
+    let mut idx = start;
+    let mut o = 0usize;
+    while o < out.len() {
+        // Element indices beyond 2^32 (no real tensor has them) fold their high half into the key.
+        let hi = (idx >> 32) as u32;
+        let k1 = (key >> 32) as u32 ^ hi.wrapping_mul(0x9e37_79b9);
+        let seg_end = ((u128::from(hi) + 1) << 32) - u128::from(idx);
+        let n = (out.len() - o).min(usize::try_from(seg_end).unwrap_or(usize::MAX));
+        let seg = &mut out[o..o + n];
+        let mut i = 0;
+        let lo = idx as u32;
+        // An odd start takes the second draw of its pair.
+        if lo % 2 == 1 {
+            seg[0] = normal_pair(k0, k1, lo / 2).1 * std;
+            i = 1;
+        }
+        let j0 = (lo.wrapping_add(i as u32)) / 2;
+        let body = &mut seg[i..];
+        let pairs = body.len() / 2;
+        for (dst, j) in body.chunks_exact_mut(2).zip(j0..) {
+            let (x, y) = normal_pair(k0, k1, j);
+            dst[0] = x * std;
+            dst[1] = y * std;
+        }
+        if body.len() % 2 == 1 {
+            let last = body.len() - 1;
+            body[last] = normal_pair(k0, k1, j0.wrapping_add(pairs as u32)).0 * std;
+        }
+        idx += n as u64;
+        o += n;
     }
 }
 
@@ -282,7 +347,7 @@ pub fn write_synthetic(
                     }
                     let (init, key, _) = plan[it.tensor];
                     let n = it.end - it.start;
-                    fill(init, key, it.start, &mut vals[..n]);
+                    fill(init, key, it.start as u64, &mut vals[..n]);
                     for (dst, v) in bytes.chunks_exact_mut(4).zip(&vals[..n]) {
                         dst.copy_from_slice(&v.to_le_bytes());
                     }
