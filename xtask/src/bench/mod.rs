@@ -5,6 +5,7 @@ use anyhow::Result;
 
 mod convert;
 mod pte;
+mod synth;
 
 /// The benchmarks.
 #[derive(clap::Subcommand)]
@@ -13,6 +14,8 @@ pub enum BenchCmd {
     Convert(convert::Args),
     /// petite-pte: ≥ 4 GiB of delegate data streamed into a .pte under a 64 MiB cap, vs cp.
     Pte(pte::Args),
+    /// `petite pi05 synth` of the full-size pi0.5 under a 512 MiB cap, vs a dd floor.
+    Synth(synth::Args),
 }
 
 /// Runs one benchmark.
@@ -20,5 +23,6 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Convert(a) => convert::run(&a),
         BenchCmd::Pte(a) => pte::run(&a),
+        BenchCmd::Synth(a) => synth::run(&a),
     }
 }
