@@ -48,9 +48,12 @@ impl WeightSource for NoWeights {
     }
 }
 
-/// What one run held.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What one run held and where its time went.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunStats {
+    /// Wall seconds per op name (`"linear"`, `"attention"`, …), summed over nodes; weight
+    /// conversion is charged to the op that reads the weight.
+    pub op_seconds: BTreeMap<&'static str, f64>,
     /// Nodes evaluated (inputs and dead nodes excluded).
     pub nodes_run: usize,
     /// Peak bytes of values held between nodes (inputs, intermediates, outputs; at their
@@ -182,7 +185,10 @@ impl<'a> Executor<'a> {
                     remaining: &remaining,
                     id,
                 };
+                let t0 = std::time::Instant::now();
                 let out = cx.eval().map_err(|e| self.node_err(id, e))?;
+                *stats.op_seconds.entry(node.op.name()).or_insert(0.0) +=
+                    t0.elapsed().as_secs_f64();
                 self.check_type(id, &out)?;
                 held[id.index()] = slot_bytes(&out);
                 live_bytes += held[id.index()];

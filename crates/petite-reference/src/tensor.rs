@@ -4,7 +4,11 @@ use crate::bf16::{bf16_bits_to_f32, f32_to_bf16};
 use crate::{Error, Result};
 use half::{bf16, f16};
 use petite_graph::{Dtype, ShapeDisplay};
+use rayon::prelude::*;
 use std::borrow::Cow;
+
+/// Elements per rayon task for conversions (memory-bound; small tensors stay on one thread).
+const PAR_MIN: usize = 1 << 15;
 
 /// Element storage, one variant per [`Dtype`].
 #[derive(Debug, Clone, PartialEq)]
@@ -202,7 +206,12 @@ impl Tensor {
     pub fn float_values(&self) -> Option<Cow<'_, [f32]>> {
         Some(match &self.data {
             Data::F32(v) => Cow::Borrowed(v.as_slice()),
-            Data::Bf16(v) => Cow::Owned(v.iter().map(|x| bf16_bits_to_f32(x.to_bits())).collect()),
+            Data::Bf16(v) => Cow::Owned(
+                v.par_iter()
+                    .with_min_len(PAR_MIN)
+                    .map(|x| bf16_bits_to_f32(x.to_bits()))
+                    .collect(),
+            ),
             Data::F16(v) => Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
             _ => return None,
         })
@@ -223,7 +232,12 @@ impl Tensor {
     pub fn from_f32_as(dtype: Dtype, shape: &[usize], v: Vec<f32>) -> Result<Self> {
         let data = match dtype {
             Dtype::F32 => Data::F32(v),
-            Dtype::Bf16 => Data::Bf16(v.iter().map(|&x| f32_to_bf16(x)).collect()),
+            Dtype::Bf16 => Data::Bf16(
+                v.par_iter()
+                    .with_min_len(PAR_MIN)
+                    .map(|&x| f32_to_bf16(x))
+                    .collect(),
+            ),
             Dtype::F16 => Data::F16(v.iter().map(|&x| f16::from_f32(x)).collect()),
             other => {
                 return Err(Error::Tensor(format!(
