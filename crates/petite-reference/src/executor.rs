@@ -844,6 +844,14 @@ impl<'a> Ctx<'_, 'a> {
             }
             Op::GetItem { index } => {
                 let v = self.input(0);
+                // The tuple's last reader moves its piece out instead of copying it.
+                if self.can_take(0)
+                    && let Slot::Tuple(ts) = &mut self.slots[v.index()]
+                    && *index < ts.len()
+                {
+                    let piece = std::mem::replace(&mut ts[*index], Tensor::f32(&[0], Vec::new())?);
+                    return Ok(Slot::Tensor(piece));
+                }
                 match &self.slots[v.index()] {
                     Slot::Tuple(ts) => ts
                         .get(*index)

@@ -513,3 +513,28 @@ fn intermediates_are_freed_after_last_use() {
     let want = (0..20).fold(0.5f32, |a, i| if i % 2 == 0 { -a } else { a.tanh() });
     assert_eq!(f32s(&out["y"])[0], want);
 }
+
+#[test]
+fn chunk_pieces_are_all_correct_when_each_is_read() {
+    // adaRMS-style: chunk a [1, 6] into scale/shift/gate and use all three
+    let mut b = Builder::new();
+    let x = b.input("x", Dtype::F32, &[1, 6]).unwrap();
+    let parts = b.chunk(x, 3, -1).unwrap();
+    let s = b.add(parts[0], parts[1]).unwrap();
+    let s = b.mul(s, parts[2]).unwrap();
+    b.output("s", s).unwrap();
+    b.output("gate", parts[2]).unwrap();
+    let p = b.finish().unwrap();
+    let out = run(
+        &p,
+        &NoWeights,
+        inputs(vec![(
+            "x",
+            Tensor::f32(&[1, 6], vec![1., 2., 3., 4., 5., 6.]).unwrap(),
+        )]),
+    )
+    .unwrap();
+    // (1+3)*5, (2+4)*6
+    assert_eq!(f32s(&out["s"]), vec![20., 36.]);
+    assert_eq!(f32s(&out["gate"]), vec![5., 6.]);
+}
