@@ -241,6 +241,17 @@ pub fn convert<S: WeightSource>(
     opts: &ConvertOptions,
 ) -> Result<ConvertReport> {
     let t0 = Instant::now();
+    // Never replace a file being read: the rename would swap it under the mapping.
+    if let Ok(o) = out.canonicalize() {
+        for f in src.files() {
+            if f.canonicalize().is_ok_and(|f| f == o) {
+                return Err(Error::WouldOverwriteSource {
+                    out: out.display().to_string(),
+                    source_file: f.display().to_string(),
+                });
+            }
+        }
+    }
     let names = src.names();
     let (kept, dropped) = opts.selection.apply(&names)?;
     let target = opts.dtype.dtype();

@@ -118,6 +118,14 @@ pub enum Error {
         /// Expected vs found.
         reason: String,
     },
+    /// The output path is one of the source's files.
+    #[error("output {out} is the source file {source_file}: refusing to overwrite the input")]
+    WouldOverwriteSource {
+        /// The output path given.
+        out: String,
+        /// The source file it resolves to.
+        source_file: String,
+    },
     /// A keep/drop list or key map names something the source does not have.
     #[error("{0}")]
     Selection(String),

@@ -217,6 +217,10 @@ impl WeightSource for MappedSafetensors {
         self.drop_pages(s / page * page, e)
     }
 
+    fn files(&self) -> Vec<PathBuf> {
+        vec![self.path.clone()]
+    }
+
     fn prefetch_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
         let r = self.file_range(name)?;
         let s = r.start + start.min(r.len());

@@ -123,4 +123,7 @@ impl<S: WeightSource> WeightSource for Remapped<S> {
         self.inner
             .prefetch_range(self.stored_name(name)?, start, end)
     }
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        self.inner.files()
+    }
 }

@@ -165,6 +165,11 @@ pub trait WeightSource: Sync {
         Ok(())
     }
 
+    /// The files this source reads (so writers can refuse to replace one). Default: none known.
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        Vec::new()
+    }
+
     /// Hints that bytes `start..end` of `name` will be read soon (`MADV_WILLNEED`: readahead
     /// starts now instead of page fault by page fault). The default does nothing.
     fn prefetch_range(&self, name: &str, start: usize, end: usize) -> Result<()> {

@@ -169,6 +169,9 @@ fn bad_outputs_fail_cleanly_and_leave_nothing() {
     .unwrap_err();
     assert!(e.to_string().contains("`nope`"), "{e}");
     assert!(!out.exists());
+    // The source itself as the output.
+    let e = convert(&src, &src_p, &opts(TargetDtype::Bf16, Selection::All)).unwrap_err();
+    assert!(e.to_string().contains("refusing to overwrite"), "{e}");
     // A directory that does not exist.
     let out = dir.path().join("no/such/dir/out.safetensors");
     assert!(convert(&src, &out, &opts(TargetDtype::Bf16, Selection::All)).is_err());

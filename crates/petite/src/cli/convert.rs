@@ -2,7 +2,7 @@
 //! safetensors mapping file, streamed in bounded memory.
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Args, ValueEnum};
 use petite_weights::{Checkpoint, ConvertOptions, Selection, TargetDtype, convert};
 
@@ -44,18 +44,6 @@ pub struct ConvertArgs {
 /// Runs `petite convert`.
 pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
     let src = Checkpoint::open(&a.checkpoint)?;
-    // Never replace a file we are reading from (the rename would swap it under the mapping).
-    if let Ok(out) = a.out.canonicalize() {
-        for s in src.shards() {
-            if s.path().canonicalize().ok().as_ref() == Some(&out) {
-                bail!(
-                    "--out {} is the source checkpoint {}: refusing to overwrite the input",
-                    a.out.display(),
-                    s.path().display()
-                );
-            }
-        }
-    }
     let selection = if !a.keep.is_empty() {
         Selection::Keep(a.keep)
     } else if !a.drop.is_empty() {
