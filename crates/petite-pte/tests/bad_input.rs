@@ -409,3 +409,66 @@ fn builder_refuses_duplicate_keys_and_methods() {
     pb.add_method(MethodBuilder::new("m")).unwrap();
     assert!(pb.add_method(MethodBuilder::new("m")).is_err());
 }
+
+/// A write that runs out of space midway (here: the file-size limit `RLIMIT_FSIZE`, which fails
+/// writes with EFBIG exactly like a full disk fails them with ENOSPC) returns an error and leaves
+/// nothing behind. Runs in a child process so the limit does not touch other tests.
+#[test]
+fn write_failing_midway_leaves_nothing() {
+    if std::env::var_os("PETITE_PTE_FSIZE_CHILD").is_some() {
+        return full_disk_child();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "write_failing_midway_leaves_nothing",
+            "--nocapture",
+        ])
+        .env("PETITE_PTE_FSIZE_CHILD", dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success(), "child failed: {status}");
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("out"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+fn full_disk_child() {
+    let dir = PathBuf::from(std::env::var_os("PETITE_PTE_FSIZE_CHILD").unwrap());
+    let src = dir.join("engine.bin");
+    std::fs::write(&src, vec![5u8; 3 << 20]).unwrap();
+    let out_dir = dir.join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    // SAFETY: process-wide settings in this single-purpose child process.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+        let lim = libc::rlimit {
+            rlim_cur: 1 << 20,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &lim), 0);
+    }
+    for force_buffered_copy in [false, true] {
+        let e = small_builder(SegmentData::file(&src).unwrap())
+            .write(
+                out_dir.join("p.pte"),
+                WriteOptions {
+                    force_buffered_copy,
+                    fsync: false,
+                },
+            )
+            .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("File too large") || msg.contains("EFBIG") || msg.contains("too large"),
+            "{msg}"
+        );
+        assert!(
+            dir_is_empty(&out_dir),
+            "buffered={force_buffered_copy}: files left"
+        );
+    }
+}

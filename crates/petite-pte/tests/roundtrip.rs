@@ -55,6 +55,14 @@ fn arb_program() -> impl Strategy<Value = ProgramBuilder> {
                 });
                 m.delegate_call(di, &[tensors[0]]);
             }
+            // A small blob stored inline (backend_delegate_data).
+            let inline = pb.add_inline_delegate_data(ints.iter().map(|&x| x as u8).collect());
+            let di = m.delegate(petite_pte::DelegateSpec {
+                id: "InlineBackend".into(),
+                processed: petite_pte::Processed::Inline(inline),
+                compile_specs: vec![],
+            });
+            m.delegate_call(di, &[tensors[0]]);
             m.inputs(&tensors[..1]);
             m.outputs(&tensors[..1]);
             pb.add_method(m).unwrap();
