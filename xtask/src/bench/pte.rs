@@ -109,25 +109,31 @@ pub fn run(a: &Args) -> Result<()> {
         let out = work.join("big.pte");
         let json = work.join("memcap.json");
 
-        // Baseline first, then petite, then the baseline again: report the better cp time.
-        let cp_cmd = |j: &Path| -> Result<Measured> {
+        // ABBA order (cp, petite, petite, cp) so drift in the disk's speed cancels out.
+        let cp_cmd = || -> Result<Measured> {
             let mut c: Vec<&std::ffi::OsStr> = vec!["cp".as_ref()];
             c.extend(srcs.iter().map(|p| p.as_os_str()));
             c.push(cp_dir.as_os_str());
-            memcap(&a.limit, j, &c)
+            let m = memcap(&a.limit, &json, &c)?;
+            for p in std::fs::read_dir(&cp_dir)? {
+                std::fs::remove_file(p?.path())?;
+            }
+            Ok(m)
         };
-        let cp1 = cp_cmd(&json)?;
-        for p in std::fs::read_dir(&cp_dir)? {
-            std::fs::remove_file(p?.path())?;
-        }
-        let mut w: Vec<&std::ffi::OsStr> = vec![bin.as_os_str(), "write".as_ref(), out.as_os_str()];
-        w.extend(srcs.iter().map(|p| p.as_os_str()));
-        let pw = memcap(&a.limit, &json, &w)?;
-        let cp2 = cp_cmd(&json)?;
-        for p in std::fs::read_dir(&cp_dir)? {
-            std::fs::remove_file(p?.path())?;
-        }
+        let petite_cmd = || -> Result<Measured> {
+            let mut w: Vec<&std::ffi::OsStr> =
+                vec![bin.as_os_str(), "write".as_ref(), out.as_os_str()];
+            w.extend(srcs.iter().map(|p| p.as_os_str()));
+            memcap(&a.limit, &json, &w)
+        };
+        let cp1 = cp_cmd()?;
+        let pw1 = petite_cmd()?;
+        let pw = petite_cmd()?;
+        let cp2 = cp_cmd()?;
+        let cp_mean = (cp1.wall_s + cp2.wall_s) / 2.0;
+        let pw_mean = (pw1.wall_s + pw.wall_s) / 2.0;
         let cp_best = cp1.wall_s.min(cp2.wall_s);
+        let pw_best = pw1.wall_s.min(pw.wall_s);
         let file_len = std::fs::metadata(&out)?.len();
         let n = a.engines.to_string();
         let bytes = a.engine_bytes.to_string();
@@ -147,23 +153,25 @@ pub fn run(a: &Args) -> Result<()> {
             total, a.engines
         );
         println!(
-            "  petite write: {:.2} s, {:.0} MB/s, peak RSS {:.1} MiB, cgroup peak {:.1} MiB (limit {}); {}",
+            "  petite write (2 runs): {:.2} s and {:.2} s ({:.0} MB/s best), memcap peak RSS {:.1} MiB, cgroup peak {:.1} MiB (limit {}); last run: {}",
+            pw1.wall_s,
             pw.wall_s,
-            total as f64 / pw.wall_s / 1e6,
-            mib(pw.peak_rss),
-            mib(pw.peak_cgroup),
+            total as f64 / pw_best / 1e6,
+            mib(pw.peak_rss.max(pw1.peak_rss)),
+            mib(pw.peak_cgroup.max(pw1.peak_cgroup)),
             a.limit,
             pw.stdout.trim()
         );
         println!(
-            "  cp (same bytes, same cap): {:.2} s and {:.2} s, peak RSS {:.1} MiB",
+            "  cp of the same files, same cap (2 runs): {:.2} s and {:.2} s, memcap peak RSS {:.1} MiB",
             cp1.wall_s,
             cp2.wall_s,
             mib(cp1.peak_rss.max(cp2.peak_rss))
         );
         println!(
-            "  throughput ratio petite/cp (best cp): {:.3}",
-            cp_best / pw.wall_s
+            "  throughput ratio petite/cp: {:.3} (means), {:.3} (best of each)",
+            cp_mean / pw_mean,
+            cp_best / pw_best
         );
         println!(
             "  read-back: {:.2} s, peak RSS {:.1} MiB; {}",
