@@ -418,6 +418,14 @@ impl<'a> Ctx<'_, 'a> {
             .weights
             .tensor(name)
             .map_err(|e| err(format!("weight {name:?}: {e}")))?;
+        if view.bytes.len() != view.numel().saturating_mul(view.dtype.size()) {
+            return Err(err(format!(
+                "weight {name:?}: source returned {} bytes for {} {}",
+                view.bytes.len(),
+                view.dtype.safetensors_name(),
+                ShapeDisplay(view.shape)
+            )));
+        }
         if view.shape != declared.shape.as_slice() {
             return Err(err(format!(
                 "weight {name:?}: declared {declared}, stored with shape {}",

@@ -538,3 +538,67 @@ fn chunk_pieces_are_all_correct_when_each_is_read() {
     assert_eq!(f32s(&out["s"]), vec![20., 36.]);
     assert_eq!(f32s(&out["gate"]), vec![5., 6.]);
 }
+
+#[test]
+fn zero_sized_dims_run_without_panicking() {
+    let mut b = Builder::new();
+    let x = b.input("x", Dtype::F32, &[0, 4]).unwrap();
+    let w = b.constant_f32(&[3, 4], &[0.5; 12]).unwrap();
+    let y = b.linear(x, w, None).unwrap();
+    let y = b.softmax(y, -1).unwrap();
+    let y = b.rms_norm(y, None, 1e-6).unwrap();
+    let y = b.gelu_tanh(y).unwrap();
+    let s = b.sum(y, &[0], false).unwrap();
+    b.output("y", y).unwrap();
+    b.output("s", s).unwrap();
+    let p = b.finish().unwrap();
+    let out = run(
+        &p,
+        &NoWeights,
+        inputs(vec![("x", Tensor::f32(&[0, 4], vec![]).unwrap())]),
+    )
+    .unwrap();
+    assert_eq!(out["y"].shape(), &[0, 3]);
+    assert_eq!(f32s(&out["s"]), vec![0.0; 3]);
+}
+
+#[test]
+fn weight_source_returning_short_bytes_is_an_error() {
+    struct Short;
+    impl petite_weights::WeightSource for Short {
+        fn names(&self) -> Vec<String> {
+            vec!["w".into()]
+        }
+        fn info(&self, _: &str) -> petite_weights::Result<petite_weights::TensorInfo> {
+            Ok(petite_weights::TensorInfo {
+                dtype: WDtype::F32,
+                shape: vec![2, 2],
+            })
+        }
+        fn tensor(&self, _: &str) -> petite_weights::Result<petite_weights::TensorView<'_>> {
+            Ok(petite_weights::TensorView {
+                name: "w",
+                dtype: WDtype::F32,
+                shape: &[2, 2],
+                bytes: &[0u8; 12],
+            })
+        }
+        fn release(&self, _: &[&str]) -> petite_weights::Result<()> {
+            Ok(())
+        }
+    }
+    let mut b = Builder::new();
+    let t = b.input("t", Dtype::I64, &[1]).unwrap();
+    let w = b.weight("w", Dtype::F32, &[2, 2]).unwrap();
+    let e = b.embedding(w, t).unwrap();
+    b.output("e", e).unwrap();
+    let p = b.finish().unwrap();
+    let msg = run(
+        &p,
+        &Short,
+        inputs(vec![("t", Tensor::i64(&[1], vec![1]).unwrap())]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(msg.contains("12 bytes"), "{msg}");
+}

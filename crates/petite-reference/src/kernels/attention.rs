@@ -11,6 +11,9 @@ use rayon::prelude::*;
 /// CPU order; Σ accumulated in f64, left to right). A row of equal values (e.g. fully masked
 /// with a finite fill) becomes uniform.
 pub fn softmax_lastdim(x: &mut [f32], d: usize) -> Result<()> {
+    if x.is_empty() {
+        return Ok(());
+    }
     if d == 0 || !x.len().is_multiple_of(d) {
         return Err(kerr(
             "softmax",

@@ -6,7 +6,7 @@ use crate::{Result, kerr};
 use rayon::prelude::*;
 
 fn check(kernel: &'static str, x: &[f32], d: usize, p: Option<&[f32]>, name: &str) -> Result<()> {
-    if d == 0 || !x.len().is_multiple_of(d) {
+    if !x.is_empty() && (d == 0 || !x.len().is_multiple_of(d)) {
         return Err(kerr(
             kernel,
             format!("input of {} elements is not rows of {d}", x.len()),
@@ -24,6 +24,9 @@ fn check(kernel: &'static str, x: &[f32], d: usize, p: Option<&[f32]>, name: &st
 }
 
 fn rows_mut(x: &mut [f32], d: usize, f: impl Fn(&mut [f32]) + Sync + Send) {
+    if x.is_empty() || d == 0 {
+        return;
+    }
     if x.len() >= PAR_MIN {
         x.par_chunks_mut(d).for_each(f);
     } else {
