@@ -20,6 +20,8 @@ enum Cmd {
     Pi05(cli::pi05::Pi05Cmd),
     /// Verify a .pte and list its methods, delegates, named data and segments.
     Inspect(cli::inspect::InspectArgs),
+    /// Partition a pi0.5 program into engines under a per-engine weight cap (shapes only).
+    Plan(cli::plan::PlanArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -28,5 +30,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Convert(a) => cli::convert::run(a),
         Cmd::Pi05(c) => cli::pi05::run(c),
         Cmd::Inspect(a) => cli::inspect::run(a),
+        Cmd::Plan(a) => cli::plan::run(a),
     }
 }

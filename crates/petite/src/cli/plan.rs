@@ -1,0 +1,223 @@
+//! `petite plan`: partition a pi0.5 program into engines under a per-engine weight cap and print
+//! the plan (a table, or the plan's JSON). Shapes only: no checkpoint is read.
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use petite_graph::Program;
+use petite_partition::{
+    DEFAULT_CROSSING_LIMIT, DEFAULT_ENGINE_OVERHEAD, PartitionOptions, Plan, plan,
+};
+use petite_pi05::{Pi05Config, Precision, build_prefix, build_step};
+
+/// Which pi0.5 program to plan.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ProgramArg {
+    /// Images and tokens → per-layer K/V.
+    Prefix,
+    /// One denoising step of the action expert.
+    Step,
+}
+
+/// Numeric mode of the program (decides weight and activation dtypes).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PrecisionArg {
+    /// lerobot's bfloat16 mode (what the exporter builds).
+    Bf16,
+    /// Everything f32.
+    F32,
+}
+
+/// Arguments of `petite plan`.
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// pi0.5 config JSON (sizes only; default: the real pi0.5).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The program to plan.
+    #[arg(long, value_enum)]
+    pub program: ProgramArg,
+    /// Maximum weight bytes per engine, e.g. 512MiB, 1GiB, 268435456.
+    #[arg(long, default_value = "512MiB", value_parser = parse_size)]
+    pub engine_cap: u64,
+    /// Input-only values (masks, rotary tables) above this are recomputed in each engine.
+    #[arg(long, default_value_t = DEFAULT_CROSSING_LIMIT, value_parser = parse_size)]
+    pub crossing_limit: u64,
+    /// Crossing bytes one more engine is worth (trades engine count for cheap cuts).
+    #[arg(long, default_value_t = DEFAULT_ENGINE_OVERHEAD, value_parser = parse_size)]
+    pub engine_overhead: u64,
+    /// Numeric mode.
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub precision: PrecisionArg,
+    /// Print the plan as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `512MiB`, `1GiB`, `64KiB`, `1.5GiB`, `100MB` or a plain byte count.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" | "k" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "TiB" | "T" => 1 << 40,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        other => {
+            return Err(format!(
+                "expected a size like 512MiB, 1GiB or 65536, found unit `{other}` in `{s}`"
+            ));
+        }
+    };
+    if num.is_empty() {
+        return Err(format!(
+            "expected a size like 512MiB, 1GiB or 65536, found `{s}`"
+        ));
+    }
+    if let Ok(n) = num.parse::<u64>() {
+        return n
+            .checked_mul(mult)
+            .ok_or_else(|| format!("size `{s}` does not fit in 64 bits"));
+    }
+    let f: f64 = num
+        .parse()
+        .map_err(|_| format!("expected a size like 512MiB, 1GiB or 65536, found `{s}`"))?;
+    let bytes = f * mult as f64;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("size `{s}` does not fit in 64 bits"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// Runs `petite plan`.
+pub fn run(a: PlanArgs) -> anyhow::Result<()> {
+    let cfg = match &a.config {
+        Some(path) => Pi05Config::from_json_file(path)?,
+        None => Pi05Config::default(),
+    };
+    let precision = match a.precision {
+        PrecisionArg::Bf16 => Precision::Bf16,
+        PrecisionArg::F32 => Precision::F32,
+    };
+    let (name, program) = match a.program {
+        ProgramArg::Prefix => ("prefix", build_prefix(&cfg, precision)),
+        ProgramArg::Step => ("step", build_step(&cfg, precision)),
+    };
+    let program = program.with_context(|| format!("building the {name} program"))?;
+    let mut opts = PartitionOptions::new(a.engine_cap).crossing_limit(a.crossing_limit);
+    opts.engine_overhead = a.engine_overhead;
+    let t0 = Instant::now();
+    let plan = plan(&program, &opts).with_context(|| format!("planning the {name} program"))?;
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    if a.json {
+        println!("{}", plan.to_json()?);
+    } else {
+        print_table(name, &program, &plan);
+    }
+    eprintln!("planned in {ms:.1} ms");
+    Ok(())
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1}", b as f64 / (1u64 << 20) as f64)
+}
+
+fn print_table(name: &str, p: &Program, plan: &Plan) {
+    println!(
+        "{name}: {} nodes, {} MiB of weights in {} engines (cap {} MiB, crossing limit {} KiB)",
+        p.len(),
+        mib(plan.weight_bytes),
+        plan.engines.len(),
+        mib(plan.engine_cap),
+        plan.crossing_limit / 1024
+    );
+    println!(
+        "{:>4} {:>6} {:>6} {:>10} {:>10} {:>9} {:>9}  span / recomputed",
+        "eng", "nodes", "recomp", "weight MiB", "build MiB", "in MiB", "out MiB"
+    );
+    for e in &plan.engines {
+        let span = match (&e.first_label, &e.last_label) {
+            (Some(f), Some(l)) if f == l => f.clone(),
+            (Some(f), Some(l)) => format!("{f} .. {l}"),
+            _ => String::new(),
+        };
+        println!(
+            "{:>4} {:>6} {:>6} {:>10} {:>10} {:>9} {:>9}  {span}{}",
+            e.index,
+            e.nodes.len(),
+            e.recomputed.len(),
+            mib(e.weight_bytes),
+            mib(e.build_bytes),
+            mib(e.input_bytes),
+            mib(e.output_bytes),
+            if e.over_cap {
+                "  [OVER CAP: one atomic group larger than the cap alone]"
+            } else {
+                ""
+            }
+        );
+        if !e.recomputed_values.is_empty() {
+            let vals: Vec<String> = e
+                .recomputed_values
+                .iter()
+                .map(|&v| format!("{} {}", p.describe(v), p.node(v).ty))
+                .collect();
+            println!("{:>58}recomputes {}", "", vals.join(", "));
+        }
+    }
+    println!("boundaries (bytes crossing each cut):");
+    for b in &plan.boundaries {
+        let vals: Vec<String> = b
+            .values
+            .iter()
+            .map(|&v| format!("{} {}", p.describe(v), p.node(v).ty))
+            .collect();
+        println!(
+            "  after {:>3}: {:>10} bytes ({} MiB): {}",
+            b.after,
+            b.bytes,
+            mib(b.bytes),
+            vals.join(", ")
+        );
+    }
+    let max = plan
+        .engines
+        .iter()
+        .map(|e| e.weight_bytes)
+        .max()
+        .unwrap_or(0);
+    let total: u64 = plan.boundaries.iter().map(|b| b.bytes).sum();
+    println!(
+        "largest engine {} MiB; {} over the cap; {} MiB crossing in total",
+        mib(max),
+        plan.engines.iter().filter(|e| e.over_cap).count(),
+        mib(total)
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("65536"), Ok(65536));
+        assert_eq!(parse_size("100MB"), Ok(100_000_000));
+        assert!(parse_size("512 parsecs").unwrap_err().contains("parsecs"));
+        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("99999999999999TiB").is_err());
+    }
+}
