@@ -404,17 +404,16 @@ pub fn verify_layout(p: &Program, layout: &Layout) -> Result<()> {
                 "segments[{i}] ends at {end}, past segment_data_size {ds}"
             )));
         }
-        let abs_end = layout
+        let inside_file = layout
             .segment_base_offset
             .checked_add(end)
-            .filter(|&e| e <= layout.file_len)
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "segments[{i}] (offset {} size {}) lies outside the {}-byte file (segment base {})",
-                    s.offset, s.size, layout.file_len, layout.segment_base_offset
-                ))
-            })?;
-        let _ = abs_end;
+            .is_some_and(|e| e <= layout.file_len);
+        if !inside_file {
+            return Err(Error::invalid(format!(
+                "segments[{i}] (offset {} size {}) lies outside the {}-byte file (segment base {})",
+                s.offset, s.size, layout.file_len, layout.segment_base_offset
+            )));
+        }
         ranges.push((s.offset, end, i));
     }
     ranges.sort();
