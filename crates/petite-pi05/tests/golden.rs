@@ -103,3 +103,71 @@ fn bf16_tracks_lerobot_bf16_mode() {
         );
     }
 }
+
+/// The same golden model rewritten in the Hub layout (no `embed_tokens`: its values stored as
+/// `paligemma.lm_head`, keys without `model.`) gives bit-identical actions: the key map routes
+/// the embedding to the right bytes. Rewriting with the *real* lm_head values instead (what a
+/// loader that ignored the layout would read) must change the actions.
+#[test]
+fn hub_layout_copy_gives_identical_actions() {
+    let case = &cases()[0];
+    let cfg = Pi05Config::from_json_file(case.join("config.json")).unwrap();
+    let inputs = Inputs::from_file(case.join("inputs.safetensors"), &cfg).unwrap();
+    let src = MappedSafetensors::open(case.join("model.safetensors")).unwrap();
+    let base = run_model(
+        &cfg,
+        &open_checkpoint(case.join("model.safetensors")).unwrap(),
+        &inputs,
+        Precision::F32,
+    )
+    .unwrap()
+    .actions;
+    let dir = std::env::temp_dir().join(format!("petite-pi05-hub-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (lm_head_from, same) in [
+        (petite_pi05::names::EMBED_TOKENS, true),
+        (petite_pi05::names::PALIGEMMA_LM_HEAD, false),
+    ] {
+        let mut header = serde_json::Map::new();
+        let mut data: Vec<u8> = Vec::new();
+        for n in src.names() {
+            if n == petite_pi05::names::EMBED_TOKENS {
+                continue;
+            }
+            let from = if n == petite_pi05::names::PALIGEMMA_LM_HEAD {
+                lm_head_from
+            } else {
+                n.as_str()
+            };
+            let t = src.tensor(from).unwrap();
+            header.insert(
+                n.strip_prefix("model.").unwrap().to_string(),
+                serde_json::json!({"dtype": t.dtype.safetensors_name(), "shape": t.shape,
+                                   "data_offsets": [data.len(), data.len() + t.bytes.len()]}),
+            );
+            data.extend_from_slice(t.bytes);
+        }
+        let h = serde_json::Value::Object(header).to_string();
+        let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(h.as_bytes());
+        bytes.extend_from_slice(&data);
+        let p = dir.join("hub.safetensors");
+        std::fs::write(&p, bytes).unwrap();
+        let ck = open_checkpoint(&p).unwrap();
+        assert_eq!(ck.names().len(), src.names().len());
+        let a = run_model(&cfg, &ck, &inputs, Precision::F32)
+            .unwrap()
+            .actions;
+        let err = max_abs(&a, &base);
+        eprintln!("hub layout (lm_head from {lm_head_from}): max diff vs lerobot layout {err:.3e}");
+        if same {
+            assert_eq!(a, base);
+        } else {
+            assert!(
+                err > 1e-2,
+                "reading the untied lm_head should change actions, diff {err}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
