@@ -4,6 +4,7 @@
 
 use crate::{Result, kerr};
 use gemm::Parallelism;
+use rayon::prelude::*;
 
 /// A strided read-only matrix view: element (r, c) is `data[r * rs + c * cs]`.
 #[derive(Debug, Clone, Copy)]
@@ -67,6 +68,43 @@ impl<'a> MatRef<'a> {
     }
 }
 
+/// How a parallel GEMM is cut into independent blocks (a function of the shape only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Split {
+    None,
+    /// Column blocks of this width.
+    Cols(usize),
+    /// Row blocks of this height.
+    Rows(usize),
+}
+
+/// About 8 blocks: enough to balance two (or a few) threads, few enough that re-packing the
+/// shared operand per block stays a few percent.
+fn split_for(m: usize, n: usize) -> Split {
+    const MIN_WORK: usize = 1 << 16; // below ~64k outputs a single call is fastest
+    if m * n < MIN_WORK {
+        Split::None
+    } else if n >= 512 {
+        Split::Cols((n / 8).next_multiple_of(64).clamp(256, 2048))
+    } else if m >= 128 {
+        Split::Rows((m / 8).next_multiple_of(16).max(64))
+    } else {
+        Split::None
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: used only to hand disjoint output blocks of one exclusively borrowed buffer to
+// rayon tasks that all finish before `gemm_f32` returns.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// `dst[m×n] (row-major, contiguous) = (accumulate ? dst : 0) + lhs[m×k] · rhs[k×n]`.
 ///
 /// `parallel` lets `gemm` use the rayon pool; inside an outer parallel loop pass `false`.
@@ -101,35 +139,51 @@ pub fn gemm_f32(
         }
         return Ok(());
     }
-    let par = if parallel {
-        Parallelism::Rayon(0)
+    // Threads take whole output blocks (independent single-threaded GEMMs, work-stealing, no
+    // barriers: robust on a shared machine). Block boundaries depend only on the shape, and
+    // within a block gemm's depth loop is fixed, so results never depend on the thread count.
+    let split = if parallel {
+        split_for(m, n)
     } else {
-        Parallelism::None
+        Split::None
     };
-    // SAFETY: every view was bounds-checked above for its full extent; dst is a distinct,
-    // exclusively borrowed m×n buffer with row stride n and column stride 1.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            lhs.data.as_ptr(),
-            lhs.cs as isize,
-            lhs.rs as isize,
-            rhs.data.as_ptr(),
-            rhs.cs as isize,
-            rhs.rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            par,
-        );
+    let dst_ptr = SendPtr(dst.as_mut_ptr());
+    let block = |i0: usize, mi: usize, j0: usize, nj: usize| {
+        // SAFETY: every view was bounds-checked above for its full extent, and (i0, mi, j0, nj)
+        // lies inside m×n; dst is exclusively borrowed, row stride n, column stride 1, and
+        // distinct blocks write disjoint elements.
+        unsafe {
+            gemm::gemm(
+                mi,
+                nj,
+                k,
+                dst_ptr.get().add(i0 * n + j0),
+                1,
+                n as isize,
+                accumulate,
+                lhs.data.as_ptr().add(i0 * lhs.rs),
+                lhs.cs as isize,
+                lhs.rs as isize,
+                rhs.data.as_ptr().add(j0 * rhs.cs),
+                rhs.cs as isize,
+                rhs.rs as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                Parallelism::None,
+            );
+        }
+    };
+    match split {
+        Split::None => block(0, m, 0, n),
+        Split::Cols(nb) => (0..n.div_ceil(nb))
+            .into_par_iter()
+            .for_each(|b| block(0, m, b * nb, nb.min(n - b * nb))),
+        Split::Rows(mb) => (0..m.div_ceil(mb))
+            .into_par_iter()
+            .for_each(|b| block(b * mb, mb.min(m - b * mb), 0, n)),
     }
     Ok(())
 }
@@ -296,6 +350,47 @@ mod tests {
 
     #[test]
     fn gemm_is_thread_count_independent() {
+        for (m, k, n) in [(200, 700, 300), (300, 130, 1100), (97, 64, 700), (600, 100, 300)] {
+            let a = seq(m * k, 5);
+            let b = seq(k * n, 6);
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut d = vec![0.0; m * n];
+                pool.install(|| {
+                    gemm_f32(
+                        &mut d,
+                        MatRef::row_major(&a, m, k),
+                        MatRef::row_major(&b, k, n),
+                        false,
+                        true,
+                    )
+                    .unwrap()
+                });
+                d
+            };
+            let (one, two, five) = (run(1), run(2), run(5));
+            assert!(
+                one.iter()
+                    .zip(&two)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{m}x{k}x{n}"
+            );
+            assert!(
+                one.iter()
+                    .zip(&five)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{m}x{k}x{n}"
+            );
+            let want = naive(&a, &b, m, k, n);
+            assert!(
+                one.iter()
+                    .zip(&want)
+                    .all(|(x, y)| (*x as f64 - y).abs() < 1e-4)
+            );
+        }
         let (m, k, n) = (200, 700, 300);
         let a = seq(m * k, 3);
         let b = seq(k * n, 4);
