@@ -1,0 +1,172 @@
+//! Memory planning: every planned tensor (inputs and kernel outputs) gets an offset in one buffer
+//! (`memory_id` 1). Tensors whose lifetimes (first write .. last read, in call order) are disjoint
+//! share bytes. Placement is greedy by size: largest first, each at the lowest 16-aligned offset
+//! that overlaps no already-placed tensor alive at the same time (EXIR's greedy planner does the
+//! same), which in practice lands close to the largest live set.
+
+use serde::Serialize;
+
+use crate::lower::{Arg, Lowered};
+
+/// Alignment of planned tensors (EXIR's `ALIGNMENT`).
+pub const ALIGN: u64 = 16;
+
+/// The plan of one method.
+#[derive(Debug, Clone)]
+pub struct MemoryPlan {
+    /// Offset of each slot in buffer 1 (`None` for constants).
+    pub offsets: Vec<Option<u64>>,
+    /// Lifetime of each planned slot: `(first, last)` call indices (inclusive).
+    pub lifetimes: Vec<Option<(usize, usize)>>,
+    /// Figures for reports.
+    pub stats: PlanStats,
+}
+
+/// How good the plan is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PlanStats {
+    /// Size of the planned buffer.
+    pub planned_bytes: u64,
+    /// Sum of the (aligned) sizes of every planned tensor: what no reuse would cost.
+    pub sum_bytes: u64,
+    /// The largest sum of (aligned) sizes of tensors alive at the same call: a lower bound
+    /// for any plan.
+    pub max_live_bytes: u64,
+    /// Number of planned tensors.
+    pub planned_tensors: usize,
+    /// Number of kernel calls.
+    pub calls: usize,
+}
+
+fn aligned(n: u64) -> u64 {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// Plans the method's memory.
+pub fn plan(l: &Lowered) -> MemoryPlan {
+    let n = l.slots.len();
+    let end = l.calls.len();
+    let mut life: Vec<Option<(usize, usize)>> = vec![None; n];
+    let touch = |life: &mut Vec<Option<(usize, usize)>>, s: usize, at: usize| {
+        life[s] = Some(match life[s] {
+            None => (at, at),
+            Some((a, b)) => (a.min(at), b.max(at)),
+        });
+    };
+    for (_, s) in &l.inputs {
+        touch(&mut life, *s, 0);
+    }
+    for (i, c) in l.calls.iter().enumerate() {
+        for a in &c.args {
+            match a {
+                Arg::T(s) => touch(&mut life, *s, i),
+                Arg::Tensors(v) => v.iter().for_each(|&s| touch(&mut life, s, i)),
+                _ => {}
+            }
+        }
+    }
+    for (_, s) in &l.outputs {
+        touch(&mut life, *s, end);
+    }
+    for (s, slot) in l.slots.iter().enumerate() {
+        if !slot.is_planned() {
+            life[s] = None;
+        } else if life[s].is_none() {
+            // An unused graph input still needs its bytes (the runtime copies into it).
+            life[s] = Some((0, 0));
+        }
+    }
+    let size = |s: usize| aligned(l.slots[s].nbytes());
+
+    // Largest live set: sweep over events.
+    let mut delta = vec![0i128; end + 2];
+    let mut sum = 0u64;
+    let mut planned = Vec::new();
+    for (s, lt) in life.iter().enumerate() {
+        if let Some((a, b)) = *lt {
+            delta[a] += size(s) as i128;
+            delta[b + 1] -= size(s) as i128;
+            sum += size(s);
+            planned.push(s);
+        }
+    }
+    let mut cur = 0i128;
+    let mut max_live = 0i128;
+    for d in &delta {
+        cur += d;
+        max_live = max_live.max(cur);
+    }
+
+    // Greedy by size: largest first; ties by first use.
+    planned.sort_by_key(|&s| (std::cmp::Reverse(size(s)), life[s].map(|l| l.0), s));
+    let mut offsets: Vec<Option<u64>> = vec![None; n];
+    let mut placed: Vec<(u64, u64, usize, usize)> = Vec::new(); // (offset, end, first, last)
+    let mut total = 0u64;
+    let mut conflicts: Vec<(u64, u64)> = Vec::new();
+    for &s in &planned {
+        let (a, b) = life[s].expect("planned");
+        let sz = size(s);
+        conflicts.clear();
+        conflicts.extend(
+            placed
+                .iter()
+                .filter(|p| p.2 <= b && a <= p.3)
+                .map(|p| (p.0, p.1)),
+        );
+        conflicts.sort_unstable();
+        let mut off = 0u64;
+        for &(o, e) in &conflicts {
+            if o >= off + sz && sz > 0 {
+                break;
+            }
+            if sz == 0 {
+                break;
+            }
+            off = off.max(e);
+        }
+        offsets[s] = Some(off);
+        placed.push((off, off + sz, a, b));
+        total = total.max(off + sz);
+    }
+    MemoryPlan {
+        offsets,
+        lifetimes: life,
+        stats: PlanStats {
+            planned_bytes: total,
+            sum_bytes: sum,
+            max_live_bytes: max_live as u64,
+            planned_tensors: planned.len(),
+            calls: end,
+        },
+    }
+}
+
+/// Checks a plan: every pair of planned tensors alive at the same call occupies disjoint bytes,
+/// and everything fits the buffer. Quadratic; for tests.
+pub fn check(l: &Lowered, p: &MemoryPlan) -> Result<(), String> {
+    let items: Vec<(usize, u64, u64, usize, usize)> = p
+        .offsets
+        .iter()
+        .enumerate()
+        .filter_map(|(s, o)| {
+            let (a, b) = p.lifetimes[s]?;
+            Some((s, (*o)?, l.slots[s].nbytes(), a, b))
+        })
+        .collect();
+    for (i, x) in items.iter().enumerate() {
+        if x.1 % ALIGN != 0 || x.1 + x.2 > p.stats.planned_bytes {
+            return Err(format!("slot {} at {} (+{}) is misplaced", x.0, x.1, x.2));
+        }
+        for y in &items[i + 1..] {
+            let time = x.3 <= y.4 && y.3 <= x.4;
+            let space = x.1 < y.1 + y.2 && y.1 < x.1 + x.2;
+            if time && space && x.2 > 0 && y.2 > 0 {
+                return Err(format!(
+                    "slots {} and {} overlap while both alive",
+                    x.0, y.0
+                ));
+            }
+        }
+    }
+    Ok(())
+}
