@@ -1,0 +1,179 @@
+//! The sequential build driver: engines in plan order, each built from the mapped weights into
+//! its own file, then every weight whose last reader it was is released.
+
+use std::path::Path;
+use std::time::Instant;
+
+use petite_graph::Program;
+use petite_partition::Plan;
+use petite_weights::WeightSource;
+use petite_weights::residency::{Rss, rss};
+use serde::Serialize;
+
+use crate::{BuiltEngine, EngineBuilder, EngineJob, Error, Result};
+
+/// Settings of [`build_plan`].
+pub struct BuildOptions<'a> {
+    /// Release each weight's pages after the last engine that reads it is built (default on).
+    pub release_after_last_use: bool,
+    /// Called after each engine is built and its weights released (progress, residency logs).
+    pub on_engine: Option<&'a dyn Fn(&EngineReport)>,
+}
+
+impl Default for BuildOptions<'_> {
+    fn default() -> Self {
+        BuildOptions {
+            release_after_last_use: true,
+            on_engine: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for BuildOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BuildOptions")
+            .field("release_after_last_use", &self.release_after_last_use)
+            .field("on_engine", &self.on_engine.is_some())
+            .finish()
+    }
+}
+
+/// What building one engine took.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineReport {
+    /// Position in the plan.
+    pub index: usize,
+    /// Engine name.
+    pub name: String,
+    /// Wall time of the build (release excluded).
+    pub seconds: f64,
+    /// Bytes of the engine file.
+    pub file_bytes: u64,
+    /// Weight bytes the engine reads (as the plan counts them).
+    pub weight_bytes: u64,
+    /// Weights released after this engine (their last reader).
+    pub released: Vec<String>,
+    /// Peak RSS of the process during this build (`VmHWM` reset before it), if measurable.
+    pub peak_rss: Option<u64>,
+    /// Whether `peak_rss` is this engine's own peak (reset worked) or the process's so far.
+    pub peak_is_per_engine: bool,
+    /// Memory right after the release.
+    pub rss_after: Option<RssFigures>,
+}
+
+/// `/proc/self/status` figures, in bytes.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct RssFigures {
+    /// `VmRSS`.
+    pub total: u64,
+    /// `RssAnon`.
+    pub anon: u64,
+    /// `RssFile`.
+    pub file: u64,
+}
+
+impl From<Rss> for RssFigures {
+    fn from(r: Rss) -> Self {
+        RssFigures {
+            total: r.total,
+            anon: r.anon,
+            file: r.file,
+        }
+    }
+}
+
+/// The result of [`build_plan`].
+#[derive(Debug, Clone)]
+pub struct BuildReport {
+    /// Built engines, in plan order.
+    pub engines: Vec<BuiltEngine>,
+    /// One report per engine.
+    pub reports: Vec<EngineReport>,
+    /// Wall time of the whole build.
+    pub seconds: f64,
+    /// Total bytes of engine files written.
+    pub bytes_written: u64,
+}
+
+/// Engine name of plan index `i` (file stem).
+pub fn engine_name(i: usize) -> String {
+    format!("engine_{i:03}")
+}
+
+/// Builds every engine of `plan` (made for `program`) with `builder`, in plan order, into files
+/// under `dir` (created if missing). After each engine, the weights whose last reader it was are
+/// released from `weights`. On error, engines already built stay (their files are complete and
+/// valid); the failing engine leaves no file; the error names it.
+pub fn build_plan(
+    plan: &Plan,
+    program: &Program,
+    weights: &dyn WeightSource,
+    builder: &dyn EngineBuilder,
+    dir: &Path,
+    options: &BuildOptions<'_>,
+) -> Result<BuildReport> {
+    let t0 = Instant::now();
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create engine directory", e))?;
+    // Weights to release after engine i.
+    let mut last_use: Vec<Vec<&str>> = vec![Vec::new(); plan.engines.len()];
+    for w in &plan.weights {
+        if let Some(e) = w.last_engine
+            && e < last_use.len()
+        {
+            last_use[e].push(w.name.as_str());
+        }
+    }
+    let mut engines = Vec::with_capacity(plan.engines.len());
+    let mut reports = Vec::with_capacity(plan.engines.len());
+    let mut bytes_written = 0;
+    for (i, e) in plan.engines.iter().enumerate() {
+        let name = engine_name(i);
+        let sub = plan
+            .engine_program(program, i)
+            .map_err(|err| Error::from(err).in_engine(i, &name))?;
+        let reset = crate::sys::reset_peak_rss();
+        let t = Instant::now();
+        let built = builder.build(
+            &EngineJob {
+                index: i,
+                name: &name,
+                program: &sub.program,
+                input_values: &sub.input_values,
+                output_values: &sub.output_values,
+            },
+            weights,
+            dir,
+        )?;
+        let seconds = t.elapsed().as_secs_f64();
+        let peak_rss = rss().map(|r| r.peak);
+        drop(sub);
+        if options.release_after_last_use && !last_use[i].is_empty() {
+            weights
+                .release(&last_use[i])
+                .map_err(|err| Error::from(err).in_engine(i, &name))?;
+        }
+        bytes_written += built.file_bytes;
+        let report = EngineReport {
+            index: i,
+            name,
+            seconds,
+            file_bytes: built.file_bytes,
+            weight_bytes: e.weight_bytes,
+            released: last_use[i].iter().map(|s| s.to_string()).collect(),
+            peak_rss,
+            peak_is_per_engine: reset,
+            rss_after: rss().map(RssFigures::from),
+        };
+        if let Some(cb) = options.on_engine {
+            cb(&report);
+        }
+        engines.push(built);
+        reports.push(report);
+    }
+    Ok(BuildReport {
+        engines,
+        reports,
+        seconds: t0.elapsed().as_secs_f64(),
+        bytes_written,
+    })
+}

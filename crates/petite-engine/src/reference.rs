@@ -1,0 +1,327 @@
+//! The `reference` backend: runs everywhere, and is what tests and the default export use here.
+//!
+//! An engine file is a standard safetensors file: `__metadata__` holds the format tag and the
+//! engine's subgraph (petite-graph JSON); the tensors are the subgraph's weights, each in the
+//! dtype the subgraph declares (so the runtime reads them in place, no conversion), laid out by
+//! petite-weights' page-aligned writer. Weights are streamed from the mapped source in chunks
+//! (converted chunk by chunk where the source stores another dtype), so building an engine of
+//! N bytes needs O(chunk) memory, not O(N). The runtime maps the file and runs the subgraph with
+//! petite-reference; its weights are never loaded, only paged in as the executor reads them.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use petite_graph::{Dtype, Program, ShapeDisplay, WeightInfo};
+use petite_reference::{Executor, Tensor};
+use petite_weights::{
+    Dtype as WDtype, MappedSafetensors, SafetensorsWriter, TensorSpec, WeightSource,
+};
+
+use crate::{BuiltEngine, EngineBuilder, EngineJob, EngineRuntime, Error, IoBinding, Result};
+
+/// Backend id of reference engines.
+pub const BACKEND_ID: &str = "PetiteReference";
+/// `__metadata__` key holding the format tag.
+pub const META_FORMAT: &str = "petite.engine.format";
+/// The format tag (bumped on any incompatible change).
+pub const FORMAT: &str = "petite-reference-engine/1";
+/// `__metadata__` key holding the subgraph JSON.
+pub const META_PROGRAM: &str = "petite.engine.program";
+/// File name suffix of reference engine files.
+pub const SUFFIX: &str = ".ref.safetensors";
+
+/// Output written back and dropped from the page cache every this many bytes.
+const FLUSH_BYTES: u64 = 64 << 20;
+
+/// The petite-weights dtype of a graph dtype.
+pub fn weights_dtype(d: Dtype) -> WDtype {
+    match d {
+        Dtype::F32 => WDtype::F32,
+        Dtype::Bf16 => WDtype::Bf16,
+        Dtype::F16 => WDtype::F16,
+        Dtype::I64 => WDtype::I64,
+        Dtype::I32 => WDtype::I32,
+        Dtype::U8 => WDtype::U8,
+        Dtype::Bool => WDtype::Bool,
+    }
+}
+
+/// Checks that `source` holds weight `w` with its shape and a dtype convertible to its declared
+/// one (any float for a float declaration, the same dtype otherwise); returns the stored dtype.
+pub fn check_weight(source: &dyn WeightSource, w: &WeightInfo) -> Result<WDtype> {
+    let expected = format!("{}{}", w.dtype.name(), ShapeDisplay(&w.shape));
+    let info = source.info(&w.name).map_err(|e| Error::Weight {
+        tensor: w.name.clone(),
+        expected: expected.clone(),
+        found: format!("no such tensor in the weight source ({e})"),
+    })?;
+    let dtype_ok = if w.dtype.is_float() {
+        info.dtype.is_float()
+    } else {
+        info.dtype == weights_dtype(w.dtype)
+    };
+    if info.shape != w.shape || !dtype_ok {
+        return Err(Error::Weight {
+            tensor: w.name.clone(),
+            expected,
+            found: format!(
+                "{}{}",
+                info.dtype.safetensors_name(),
+                ShapeDisplay(&info.shape)
+            ),
+        });
+    }
+    Ok(info.dtype)
+}
+
+/// Builds reference engines.
+#[derive(Debug, Clone)]
+pub struct ReferenceBuilder {
+    /// Bytes of source read (and converted) per step; the builder's memory is about this much.
+    pub chunk_bytes: usize,
+    /// Give the source's pages back behind the stream (a chunk at a time) instead of only after
+    /// each weight's last engine: keeps the mapping's residency at about one chunk even within
+    /// one large engine. Off, residency grows through an engine and drops at its last-use release.
+    pub release_behind: bool,
+}
+
+impl Default for ReferenceBuilder {
+    fn default() -> Self {
+        ReferenceBuilder {
+            chunk_bytes: 4 << 20,
+            release_behind: true,
+        }
+    }
+}
+
+/// Widens one stored float element to f32 (exact for bf16/f16).
+fn load_f32(dtype: WDtype, b: &[u8]) -> f32 {
+    match dtype {
+        WDtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        WDtype::Bf16 => f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16),
+        _ => half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32(),
+    }
+}
+
+/// Appends `x` rounded to `to` (round-to-nearest-even, the executor's rule) to `out`.
+fn store(to: Dtype, x: f32, out: &mut Vec<u8>) {
+    match to {
+        Dtype::Bf16 => {
+            out.extend_from_slice(&petite_reference::bf16::f32_to_bf16_bits(x).to_le_bytes())
+        }
+        Dtype::F16 => out.extend_from_slice(&half::f16::from_f32(x).to_bits().to_le_bytes()),
+        _ => out.extend_from_slice(&x.to_le_bytes()),
+    }
+}
+
+impl ReferenceBuilder {
+    /// Streams weight `name` from `source` into `writer`, converting from `stored` to `declared`.
+    fn stream(
+        &self,
+        source: &dyn WeightSource,
+        writer: &SafetensorsWriter,
+        name: &str,
+        stored: WDtype,
+        declared: Dtype,
+        flushed: &mut (u64, u64),
+    ) -> Result<()> {
+        let view = source.tensor(name)?;
+        let mut sink = writer.tensor(name)?;
+        let chunk = self.chunk_bytes.max(64);
+        let io = |e: std::io::Error| Error::io(Path::new(name), "write engine tensor", e);
+        if stored == weights_dtype(declared) {
+            let mut off = 0;
+            for c in view.bytes.chunks(chunk) {
+                sink.write_all(c).map_err(io)?;
+                if self.release_behind {
+                    source.release_range(name, off, off + c.len())?;
+                }
+                off += c.len();
+            }
+        } else {
+            let es = stored.size();
+            let mut buf = Vec::with_capacity(chunk / es * declared.size() + 8);
+            let mut off = 0;
+            for c in view.bytes.chunks(chunk / es * es) {
+                buf.clear();
+                for e in c.chunks_exact(es) {
+                    store(declared, load_f32(stored, e), &mut buf);
+                }
+                sink.write_all(&buf).map_err(io)?;
+                if self.release_behind {
+                    source.release_range(name, off, off + c.len())?;
+                }
+                off += c.len();
+            }
+        }
+        sink.finish()?;
+        // Keep written output out of memory: write back and drop it every FLUSH_BYTES.
+        let (start, len) = writer.placement(name)?;
+        let end = start + len;
+        if end - flushed.0 >= FLUSH_BYTES {
+            crate::sys::flush_and_drop(writer.file(), flushed.0, end - flushed.0);
+            flushed.0 = end;
+        }
+        flushed.1 = end;
+        Ok(())
+    }
+
+    fn build_inner(
+        &self,
+        job: &EngineJob<'_>,
+        source: &dyn WeightSource,
+        dir: &Path,
+    ) -> Result<BuiltEngine> {
+        job.program.validate()?;
+        let weights = job.program.weights();
+        let mut stored = BTreeMap::new();
+        let mut table = Vec::with_capacity(weights.len());
+        for w in &weights {
+            stored.insert(w.name.as_str(), (check_weight(source, w)?, w.dtype));
+            table.push(TensorSpec::new(&w.name, weights_dtype(w.dtype), &w.shape));
+        }
+        let path = dir.join(format!("{}{SUFFIX}", job.name));
+        let meta = vec![
+            (META_FORMAT.to_string(), FORMAT.to_string()),
+            (META_PROGRAM.to_string(), job.program.to_json()?),
+        ];
+        let writer = SafetensorsWriter::create(&path, &table, &meta)?;
+        let mut flushed = (0u64, 0u64);
+        for name in writer.order() {
+            let (st, decl) = stored[name];
+            self.stream(source, &writer, name, st, decl, &mut flushed)?;
+        }
+        crate::sys::flush_and_drop(writer.file(), 0, writer.total_len());
+        let path = writer.finish()?;
+        let file_bytes = std::fs::metadata(&path)
+            .map_err(|e| Error::io(&path, "stat", e))?
+            .len();
+        let (inputs, outputs) = crate::bindings(job.program);
+        Ok(BuiltEngine {
+            index: job.index,
+            name: job.name.to_string(),
+            backend_id: BACKEND_ID.to_string(),
+            file: path.clone(),
+            file_bytes,
+            inputs,
+            outputs,
+            payload: crate::FileRegion {
+                path,
+                offset: 0,
+                len: file_bytes,
+            },
+            input_values: job.input_values.to_vec(),
+            output_values: job.output_values.to_vec(),
+        })
+    }
+}
+
+impl EngineBuilder for ReferenceBuilder {
+    fn backend_id(&self) -> &str {
+        BACKEND_ID
+    }
+
+    fn build(
+        &self,
+        job: &EngineJob<'_>,
+        weights: &dyn WeightSource,
+        dir: &Path,
+    ) -> Result<BuiltEngine> {
+        self.build_inner(job, weights, dir)
+            .map_err(|e| e.in_engine(job.index, job.name))
+    }
+}
+
+/// A built reference engine, mapped: its subgraph and its weights (read in place).
+#[derive(Debug)]
+pub struct ReferenceEngine {
+    path: PathBuf,
+    file: MappedSafetensors,
+    program: Program,
+    inputs: Vec<IoBinding>,
+    outputs: Vec<IoBinding>,
+}
+
+impl ReferenceEngine {
+    /// Maps an engine file and checks it: format tag, subgraph, and every weight present in the
+    /// declared dtype and shape.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = MappedSafetensors::open(&path)?;
+        let bad = |reason: String| Error::InvalidEngineFile {
+            path: path.display().to_string(),
+            backend: "reference",
+            reason,
+        };
+        let meta = &file.header().metadata;
+        let get = |k: &str| meta.iter().find(|(m, _)| m == k).map(|(_, v)| v.as_str());
+        match get(META_FORMAT) {
+            Some(FORMAT) => {}
+            other => {
+                return Err(bad(format!(
+                    "`__metadata__.{META_FORMAT}`: expected {FORMAT:?}, found {other:?}"
+                )));
+            }
+        }
+        let json =
+            get(META_PROGRAM).ok_or_else(|| bad(format!("no `__metadata__.{META_PROGRAM}`")))?;
+        let program = Program::from_json(json)
+            .map_err(|e| bad(format!("`__metadata__.{META_PROGRAM}`: {e}")))?;
+        program
+            .validate()
+            .map_err(|e| bad(format!("subgraph: {e}")))?;
+        for w in program.weights() {
+            let info = file
+                .info(&w.name)
+                .map_err(|_| bad(format!("weight `{}` is missing", w.name)))?;
+            if info.dtype != weights_dtype(w.dtype) || info.shape != w.shape {
+                return Err(bad(format!(
+                    "weight `{}`: expected {}{}, found {}{}",
+                    w.name,
+                    w.dtype.name(),
+                    ShapeDisplay(&w.shape),
+                    info.dtype.safetensors_name(),
+                    ShapeDisplay(&info.shape)
+                )));
+            }
+        }
+        let (inputs, outputs) = crate::bindings(&program);
+        Ok(ReferenceEngine {
+            path,
+            file,
+            program,
+            inputs,
+            outputs,
+        })
+    }
+
+    /// The engine's subgraph.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// The mapped file (e.g. for residency checks).
+    pub fn file(&self) -> &MappedSafetensors {
+        &self.file
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl EngineRuntime for ReferenceEngine {
+    fn inputs(&self) -> &[IoBinding] {
+        &self.inputs
+    }
+
+    fn outputs(&self) -> &[IoBinding] {
+        &self.outputs
+    }
+
+    fn run(&self, inputs: BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
+        Ok(Executor::new(&self.program, &self.file)?.run(inputs)?)
+    }
+}
