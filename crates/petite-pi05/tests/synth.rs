@@ -24,7 +24,12 @@ fn cfg() -> Pi05Config {
 }
 
 fn opts(seed: u64, threads: usize) -> SynthOptions {
-    SynthOptions { seed, threads }
+    SynthOptions {
+        seed,
+        threads,
+        // A small window, so the tests exercise waiting and evicting.
+        inflight_bytes: 8 << 20,
+    }
 }
 
 fn write(dir: &Path, c: &Pi05Config, layout: Layout, seed: u64, threads: usize) -> Vec<u8> {

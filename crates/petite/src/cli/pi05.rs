@@ -54,6 +54,9 @@ pub struct SynthArgs {
     /// Generator threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// MiB of output allowed in writeback before the writer waits and evicts (bounds memory).
+    #[arg(long, default_value_t = 128)]
+    inflight_mib: u64,
 }
 
 fn synth(a: SynthArgs) -> anyhow::Result<()> {
@@ -70,6 +73,7 @@ fn synth(a: SynthArgs) -> anyhow::Result<()> {
     let opts = petite_pi05::synth::SynthOptions {
         seed: a.seed,
         threads: a.threads.max(1),
+        inflight_bytes: a.inflight_mib << 20,
     };
     let r = petite_pi05::synth::write_synthetic(&cfg, layout, &a.out, &opts)?;
     let gib = r.file_bytes as f64 / (1u64 << 30) as f64;
