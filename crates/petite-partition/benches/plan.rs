@@ -11,6 +11,10 @@ fn bench(c: &mut Criterion) {
     let opts = PartitionOptions::new(512 << 20);
     let mut g = c.benchmark_group("plan");
     g.sample_size(20);
+    // Baseline: validating the program (which planning includes) alone.
+    g.bench_function("pi05_prefix_validate_only", |b| {
+        b.iter(|| black_box(&prefix).validate().expect("valid"))
+    });
     g.bench_function("pi05_prefix_512MiB", |b| {
         b.iter(|| plan(black_box(&prefix), &opts).expect("plan"))
     });

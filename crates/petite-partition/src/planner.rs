@@ -103,6 +103,10 @@ pub struct WeightUse {
 
 /// The result of [`plan`]: engines in build order, what crosses between them, and each
 /// weight's last use. Serialises deterministically (vectors only).
+///
+/// Every computed node is in exactly one engine's `nodes` outside its `recomputed` list. A
+/// program output that is itself a program input or constant is produced by no engine; the
+/// caller passes it through.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     /// The cap the plan was made for.
