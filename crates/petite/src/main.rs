@@ -22,6 +22,8 @@ enum Cmd {
     Inspect(cli::inspect::InspectArgs),
     /// Partition a pi0.5 program into engines under a per-engine weight cap (shapes only).
     Plan(cli::plan::PlanArgs),
+    /// Lower one pi0.5 program to a portable ExecuTorch .pte (kernel calls, no delegate).
+    Lower(cli::lower::LowerArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -31,5 +33,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Pi05(c) => cli::pi05::run(c),
         Cmd::Inspect(a) => cli::inspect::run(a),
         Cmd::Plan(a) => cli::plan::run(a),
+        Cmd::Lower(a) => cli::lower::run(a),
     }
 }

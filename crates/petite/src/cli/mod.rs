@@ -1,5 +1,6 @@
 //! One module per subcommand, so subcommands can grow independently.
 pub mod convert;
 pub mod inspect;
+pub mod lower;
 pub mod pi05;
 pub mod plan;
