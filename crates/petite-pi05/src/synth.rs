@@ -11,9 +11,9 @@
 //! which lets tests compare the two layouts of one model.
 //!
 //! Memory stays bounded: generator threads fill a fixed pool of 4 MiB chunk buffers; one writer
-//! writes them in file order, asks the kernel to start writeback and, once more than
-//! `inflight_bytes` are in flight, waits for the oldest range and drops its pages from the page
-//! cache (dirty and cached output would otherwise grow until the cgroup's limit forces reclaim).
+//! writes them in file order; a flush thread asks the kernel to start writeback of each written
+//! range and, once more than `inflight_bytes` are in flight, waits for the oldest range and drops
+//! its pages from the page cache (dirty and cached output would otherwise grow until the cgroup's limit forces reclaim).
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsRawFd;
@@ -54,7 +54,7 @@ impl Default for SynthOptions {
         SynthOptions {
             seed: 0,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(2)),
-            inflight_bytes: 128 << 20,
+            inflight_bytes: 64 << 20,
         }
     }
 }
@@ -411,11 +411,23 @@ pub fn write_synthetic(
             });
         }
         drop(done_tx);
-        let mut flusher = Flusher {
-            fd,
-            depth,
-            pending: VecDeque::new(),
-        };
+        // Writeback runs on its own thread, so submitting and awaiting I/O overlaps the writer's
+        // copying. The bounded channel holds the writer back when writeback lags: at most
+        // `depth` ranges queued plus `depth` in writeback.
+        let (flush_tx, flush_rx) = mpsc::sync_channel::<(u64, u64)>(depth);
+        let flush_thread = scope.spawn(move || {
+            let mut flusher = Flusher {
+                fd,
+                depth,
+                pending: VecDeque::new(),
+            };
+            for (off, len) in flush_rx {
+                flusher.push(off, len);
+            }
+            while !flusher.pending.is_empty() {
+                flusher.retire();
+            }
+        });
         let mut waiting = HashMap::new();
         let mut scratch = Vec::new();
         let res = (|| -> Result<()> {
@@ -435,7 +447,8 @@ pub fn write_synthetic(
                 let off = it.start as u64 * 4;
                 writer.write_at(name, off, le_bytes(&buf[..n], &mut scratch))?;
                 let (abs, _) = writer.placement(name)?;
-                flusher.push(abs + off, n as u64 * 4);
+                // The flush thread only stops after this loop; a send cannot fail before.
+                let _ = flush_tx.send((abs + off, n as u64 * 4));
                 // Generators may have stopped already; the buffer is then simply dropped.
                 let _ = pool_tx.send(buf);
             }
@@ -445,9 +458,8 @@ pub fn write_synthetic(
         stop.store(true, Ordering::Relaxed);
         drop(pool_tx);
         drop(done_rx);
-        while !flusher.pending.is_empty() {
-            flusher.retire();
-        }
+        drop(flush_tx);
+        let _ = flush_thread.join();
         res
     });
     // On error, dropping the writer deletes the temporary file.

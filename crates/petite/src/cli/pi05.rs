@@ -55,7 +55,7 @@ pub struct SynthArgs {
     #[arg(long, default_value_t = 2)]
     threads: usize,
     /// MiB of output allowed in writeback before the writer waits and evicts (bounds memory).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 64)]
     inflight_mib: u64,
 }
 
