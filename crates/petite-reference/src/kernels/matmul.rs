@@ -350,7 +350,12 @@ mod tests {
 
     #[test]
     fn gemm_is_thread_count_independent() {
-        for (m, k, n) in [(200, 700, 300), (300, 130, 1100), (97, 64, 700), (600, 100, 300)] {
+        for (m, k, n) in [
+            (200, 700, 300),
+            (300, 130, 1100),
+            (97, 64, 700),
+            (600, 100, 300),
+        ] {
             let a = seq(m * k, 5);
             let b = seq(k * n, 6);
             let run = |threads: usize| {
