@@ -17,8 +17,10 @@
 #![deny(missing_docs)]
 
 mod build;
+pub mod onnx;
 pub mod reference;
 mod sys;
+pub mod tensorrt;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -5,6 +5,7 @@
 use anyhow::Result;
 
 mod lerobot;
+mod onnx;
 mod pte;
 mod weights;
 
@@ -24,5 +25,6 @@ pub fn run(args: &Args) -> Result<()> {
     lerobot::run(args.bless_lerobot)?;
     pte::run(args.full)?;
     weights::run()?;
+    onnx::run()?;
     Ok(())
 }

@@ -1,0 +1,219 @@
+//! TensorRT backend without TensorRT: a stand-in `trtexec` (a shell script written here) records
+//! its arguments and writes a plan file; the build wraps it as a TR01 blob, checked field by field.
+//! No real TensorRT build runs in these tests.
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use petite_engine::tensorrt::{BACKEND_ID, TensorRtBuilder, blob};
+use petite_engine::{BuildOptions, EngineBuilder, Error, build_plan};
+use petite_partition::{PartitionOptions, plan};
+use petite_weights::MappedSafetensors;
+
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// Records its arguments (one per line) and writes a 1000-byte plan to `--saveEngine`.
+const FAKE: &str = r#"
+for a in "$@"; do echo "$a" >> "$(dirname "$0")/args.txt"; done
+echo "--" >> "$(dirname "$0")/args.txt"
+for a in "$@"; do case "$a" in --saveEngine=*) out="${a#--saveEngine=}";; --onnx=*) onnx="${a#--onnx=}";; esac; done
+test -s "$onnx" || { echo "no onnx model" >&2; exit 3; }
+head -c 1000 /dev/zero | tr '\0' 'P' > "$out"
+echo "&&&& PASSED stand-in trtexec"
+"#;
+
+#[test]
+fn stand_in_trtexec_builds_every_engine_into_a_tr01_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    let (program, path) = common::chain(dir.path(), 3, 64);
+    let pl = plan(&program, &PartitionOptions::new(64 * 64 * 4)).unwrap();
+    assert!(pl.engines.len() >= 3);
+    let src = MappedSafetensors::open(&path).unwrap();
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let mut b = TensorRtBuilder::new(&path).unwrap();
+    b.trtexec = Some(script(&tools, "trtexec", FAKE));
+    b.workspace_mib = 512;
+    assert_eq!(b.backend_id(), "TensorRTBackend");
+    let out = dir.path().join("engines");
+    let rep = build_plan(&pl, &program, &src, &b, &out, &BuildOptions::default()).unwrap();
+    let args = std::fs::read_to_string(tools.join("args.txt")).unwrap();
+    let runs: Vec<&str> = args.split("--\n").filter(|s| !s.is_empty()).collect();
+    assert_eq!(runs.len(), pl.engines.len());
+    for (i, (e, run)) in rep.engines.iter().zip(&runs).enumerate() {
+        let lines: Vec<&str> = run.lines().collect();
+        let name = format!("engine_{i:03}");
+        assert_eq!(
+            lines,
+            vec![
+                format!("--onnx={}", out.join(format!("{name}.onnx")).display()).as_str(),
+                format!(
+                    "--saveEngine={}",
+                    out.join(format!("{name}.plan.petite-tmp")).display()
+                )
+                .as_str(),
+                "--stronglyTyped",
+                "--skipInference",
+                "--memPoolSize=workspace:512M",
+                format!("--timingCacheFile={}", out.join("timing.cache").display()).as_str(),
+            ]
+        );
+        assert_eq!(e.backend_id, BACKEND_ID);
+        assert_eq!(e.file, out.join(format!("{name}.tr01")));
+        assert!(
+            !out.join(format!("{name}.plan")).exists(),
+            "plan kept twice"
+        );
+        // The blob, field by field.
+        let bytes = std::fs::read(&e.file).unwrap();
+        assert_eq!(&bytes[0..4], b"TR01");
+        let u32at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
+        let msize = u32at(8) as usize;
+        let eoff = u32at(12) as usize;
+        assert_eq!(u32at(4), 32);
+        assert_eq!(eoff, (32 + msize).div_ceil(16) * 16);
+        assert_eq!(eoff % 16, 0);
+        assert_eq!(u64::from_le_bytes(bytes[16..24].try_into().unwrap()), 1000);
+        assert_eq!(&bytes[24..32], &[1, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(bytes[32 + msize..eoff].iter().all(|&b| b == 0));
+        assert!(bytes[eoff..].iter().all(|&b| b == b'P'));
+        assert_eq!(bytes.len(), eoff + 1000);
+        assert_eq!(e.file_bytes, bytes.len() as u64);
+        assert_eq!((e.payload.offset, e.payload.len), (0, bytes.len() as u64));
+        let json = std::str::from_utf8(&bytes[32..32 + msize]).unwrap();
+        // Key order is load-bearing (the C++ parser scans for io_bindings first).
+        let keys = [
+            "\"io_bindings\"",
+            "\"hardware_compatible\"",
+            "\"device_id\"",
+            "\"serialized_metadata\"",
+            "\"target_platform\"",
+        ];
+        let pos: Vec<usize> = keys.iter().map(|k| json.find(k).unwrap()).collect();
+        assert!(pos.windows(2).all(|w| w[0] < w[1]), "{json}");
+        assert!(json.starts_with("{\"io_bindings\":[{\"name\":"), "{json}");
+        assert!(!json.contains(' '), "not compact: {json}");
+        let v: serde_json::Value = serde_json::from_str(json).unwrap();
+        let bind = v["io_bindings"].as_array().unwrap();
+        assert_eq!(bind.len(), e.inputs.len() + e.outputs.len());
+        for (j, b) in e.inputs.iter().chain(&e.outputs).enumerate() {
+            assert_eq!(bind[j]["name"], b.name.as_str());
+            assert_eq!(bind[j]["is_input"], b.is_input);
+            assert_eq!(bind[j]["dtype"], "");
+            assert_eq!(bind[j]["shape"], serde_json::json!([]));
+        }
+        assert_eq!(v["hardware_compatible"], false);
+        assert_eq!(v["device_id"], 0);
+        // The reader agrees.
+        let (h, j2) = blob::read(&e.file).unwrap();
+        assert_eq!(j2, json);
+        assert_eq!((h.engine_offset as usize, h.engine_size), (eoff, 1000));
+    }
+}
+
+#[test]
+fn a_failing_or_killed_trtexec_names_the_engine_and_leaves_no_partial_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (program, path) = common::chain(dir.path(), 2, 64);
+    let pl = plan(&program, &PartitionOptions::new(u64::MAX / 4)).unwrap();
+    let src = MappedSafetensors::open(&path).unwrap();
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    for (what, body, needle) in [
+        (
+            "fails",
+            "echo 'Error[4]: out of memory' >&2; exit 1",
+            "trtexec exited with status 1",
+        ),
+        ("killed", "kill -9 $$", "killed by signal 9"),
+        ("no plan", "exit 0", "wrote no plan"),
+    ] {
+        let mut b = TensorRtBuilder::new(&path).unwrap();
+        b.trtexec = Some(script(&tools, &what.replace(' ', "_"), body));
+        let out = dir.path().join(what.replace(' ', "_"));
+        let err = build_plan(&pl, &program, &src, &b, &out, &BuildOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("engine 0 (engine_000)"), "{what}: {err}");
+        assert!(err.contains(needle), "{what}: {err}");
+        if what == "fails" {
+            assert!(err.contains("out of memory"), "log tail missing: {err}");
+        }
+        for e in std::fs::read_dir(&out).unwrap() {
+            let n = e.unwrap().file_name().to_string_lossy().into_owned();
+            assert!(
+                !n.ends_with(".tr01") && !n.contains(".plan"),
+                "{what}: left {n}"
+            );
+        }
+    }
+}
+
+#[test]
+fn without_tensorrt_the_error_says_what_is_missing_and_how_to_point_at_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (program, path) = common::chain(dir.path(), 2, 64);
+    let pl = plan(&program, &PartitionOptions::new(u64::MAX / 4)).unwrap();
+    let src = MappedSafetensors::open(&path).unwrap();
+    let mut b = TensorRtBuilder::new(&path).unwrap();
+    b.trtexec = None;
+    // No PETITE_TRTEXEC in the test environment and no trtexec on this machine's PATH.
+    if std::env::var_os("PETITE_TRTEXEC").is_some()
+        || petite_engine::tensorrt::find_trtexec().is_ok()
+    {
+        eprintln!("TensorRT is installed here; the missing-TensorRT error cannot be observed");
+        return;
+    }
+    let err = build_plan(
+        &pl,
+        &program,
+        &src,
+        &b,
+        &dir.path().join("e"),
+        &BuildOptions::default(),
+    )
+    .unwrap_err();
+    let Error::Engine { source, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(matches!(**source, Error::TensorRtMissing { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("PETITE_TRTEXEC") && msg.contains("trtexec"),
+        "{msg}"
+    );
+    // The ONNX model was still written (everything before the TensorRT step works).
+    assert!(dir.path().join("e/engine_000.onnx").exists());
+}
+
+#[test]
+fn blob_reader_rejects_broken_layouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan_f = dir.path().join("p.plan");
+    std::fs::write(&plan_f, vec![7u8; 100]).unwrap();
+    let out = dir.path().join("b.tr01");
+    blob::write(&out, "{\"io_bindings\":[]}", &plan_f).unwrap();
+    let good = std::fs::read(&out).unwrap();
+    type Corrupt = Box<dyn Fn(&mut Vec<u8>)>;
+    let cases: Vec<(&str, Corrupt)> = vec![
+        ("magic", Box::new(|b| b[0] = b'X')),
+        ("metadata_offset", Box::new(|b| b[4] = 8)),
+        ("not 16-aligned", Box::new(|b| b[12] += 1)),
+        ("runs past", Box::new(|b| b[16] = 200)),
+        ("shorter than", Box::new(|b| b.truncate(20))),
+        ("runs into", Box::new(|b| b[8] = 60)),
+    ];
+    for (needle, f) in cases {
+        let mut b = good.clone();
+        f(&mut b);
+        std::fs::write(&out, &b).unwrap();
+        let e = blob::read(&out).unwrap_err().to_string();
+        assert!(e.contains(needle), "{needle}: {e}");
+    }
+}
