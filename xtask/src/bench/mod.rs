@@ -5,6 +5,7 @@ use anyhow::Result;
 
 mod convert;
 mod pte;
+mod pi05_run;
 mod synth;
 
 /// The benchmarks.
@@ -16,6 +17,8 @@ pub enum BenchCmd {
     Pte(pte::Args),
     /// `petite pi05 synth` of the full-size pi0.5 under a 512 MiB cap, vs a dd floor.
     Synth(synth::Args),
+    /// Seconds per chunk: `petite pi05 run` (full size, f32) vs lerobot PyTorch CPU f32.
+    Pi05Run(pi05_run::Args),
 }
 
 /// Runs one benchmark.
@@ -24,5 +27,6 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Convert(a) => convert::run(&a),
         BenchCmd::Pte(a) => pte::run(&a),
         BenchCmd::Synth(a) => synth::run(&a),
+        BenchCmd::Pi05Run(a) => pi05_run::run(&a),
     }
 }

@@ -1,0 +1,212 @@
+//! `cargo xtask bench pi05-run`: seconds per action chunk of `petite pi05 run` (full-size pi0.5,
+//! f32, reference executor) next to lerobot 0.6.1's PyTorch CPU float32 `sample_actions`
+//! (`conformance/lerobot/bench_sample_actions.py` in `target/venv-lerobot`), same checkpoint,
+//! same inputs, same run. Both run under `memcap` (measuring only) for their peaks; lerobot is
+//! also given petite's actions as `--expected`, so the run reports their max |Δ| at full size.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail, ensure};
+use petite_weights::{Dtype, SafetensorsWriter, TensorSpec};
+
+const MEMCAP: &str = "/work/shared/tools/memcap";
+const SCRIPT: &str = "conformance/lerobot/bench_sample_actions.py";
+const REQUIREMENTS: &str = "conformance/lerobot/requirements.txt";
+
+/// Options of the pi0.5 run benchmark.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Full-size lerobot-layout checkpoint (written with `petite pi05 synth` if missing).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// Timed lerobot chunks (after `--warmup`).
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+    /// Untimed lerobot warm-up chunks.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
+    /// torch threads (petite's reference executor uses all cores).
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+}
+
+struct Measured {
+    peak_rss: u64,
+    wall_s: f64,
+    stdout: String,
+    exit: i64,
+}
+
+fn memcap(cmd: &mut Command, json: &Path) -> Result<Measured> {
+    let mut c = Command::new(MEMCAP);
+    c.arg("--json").arg(json).arg("--quiet").arg("--");
+    c.arg(cmd.get_program()).args(cmd.get_args());
+    eprintln!("xtask: {c:?}");
+    let out = c.output().with_context(|| format!("starting {MEMCAP}"))?;
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(json).with_context(|| format!("reading {}", json.display()))?,
+    )?;
+    Ok(Measured {
+        peak_rss: v["peak_rss_bytes"].as_u64().unwrap_or(0),
+        wall_s: v["wall_s"].as_f64().unwrap_or(f64::NAN),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        exit: v["exit"].as_i64().unwrap_or(-1),
+    })
+}
+
+/// Inputs of the real config (3 cameras 224², 200 tokens of which 48 real, chunk 50 × 32):
+/// deterministic, images in [-1, 1], one camera masked.
+fn write_inputs(path: &Path) -> Result<()> {
+    let table = [
+        TensorSpec::new("images", Dtype::F32, &[3, 3, 224, 224]),
+        TensorSpec::new("image_masks", Dtype::U8, &[3]),
+        TensorSpec::new("tokens", Dtype::I64, &[200]),
+        TensorSpec::new("token_mask", Dtype::U8, &[200]),
+        TensorSpec::new("noise", Dtype::F32, &[50, 32]),
+    ];
+    let w = SafetensorsWriter::create(path, &table, &[])?;
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let unit = |b: u64| (b >> 40) as f32 / (1u64 << 24) as f32;
+    let images: Vec<u8> = (0..3 * 3 * 224 * 224)
+        .flat_map(|_| (unit(next()) * 2.0 - 1.0).to_le_bytes())
+        .collect();
+    w.write_at("images", 0, &images)?;
+    w.write_at("image_masks", 0, &[1, 0, 1])?;
+    let tokens: Vec<u8> = (0..200)
+        .flat_map(|i| {
+            let t = if i < 48 { 2 + next() % 257_000 } else { 0 };
+            (t as i64).to_le_bytes()
+        })
+        .collect();
+    w.write_at("tokens", 0, &tokens)?;
+    let mask: Vec<u8> = (0..200).map(|i| u8::from(i < 48)).collect();
+    w.write_at("token_mask", 0, &mask)?;
+    // Standard normal noise (Box–Muller), as the sampler draws it.
+    let noise: Vec<u8> = (0..50 * 32)
+        .flat_map(|_| {
+            let (u1, u2) = (unit(next()).max(1e-7), unit(next()));
+            ((-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()).to_le_bytes()
+        })
+        .collect();
+    w.write_at("noise", 0, &noise)?;
+    w.finish()?;
+    Ok(())
+}
+
+/// `target/venv-lerobot` from the pinned requirements (parsed as the conformance tier does, so
+/// the venv is shared, not rebuilt).
+fn venv() -> Result<PathBuf> {
+    let path = crate::util::root().join(REQUIREMENTS);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let reqs: Vec<&str> = text
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .collect();
+    ensure!(!reqs.is_empty(), "{} lists no requirements", path.display());
+    crate::util::venv("lerobot", &reqs)
+}
+
+/// Runs the benchmark.
+pub fn run(a: &Args) -> Result<()> {
+    let root = crate::util::root();
+    crate::util::cargo(&["build", "--release", "-p", "petite"])?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let petite = target.join("release").join("petite");
+    let dir = root.join("target").join("bench-pi05-run");
+    std::fs::create_dir_all(&dir)?;
+    let json = dir.join("memcap.json");
+    let checkpoint = match &a.checkpoint {
+        Some(c) => c.clone(),
+        None => {
+            let full = root.join("target").join("pi05-full");
+            let c = full.join("model.safetensors");
+            if !c.exists() {
+                crate::util::run(
+                    Command::new(&petite)
+                        .args(["pi05", "synth", "--out"])
+                        .arg(&full),
+                )?;
+            }
+            c
+        }
+    };
+    let inputs = dir.join("inputs.safetensors");
+    let actions = dir.join("actions.safetensors");
+    write_inputs(&inputs)?;
+    let python = venv()?;
+
+    let p = memcap(
+        Command::new(&petite)
+            .args(["pi05", "run", "--checkpoint"])
+            .arg(&checkpoint)
+            .arg("--inputs")
+            .arg(&inputs)
+            .arg("--out")
+            .arg(&actions),
+        &json,
+    )?;
+    if p.exit != 0 {
+        bail!("petite pi05 run failed (exit {})", p.exit);
+    }
+    let l = memcap(
+        Command::new(&python)
+            .arg(root.join(SCRIPT))
+            .arg("--checkpoint")
+            .arg(&checkpoint)
+            .arg("--inputs")
+            .arg(&inputs)
+            .arg("--expected")
+            .arg(&actions)
+            .args(["--runs", &a.runs.to_string()])
+            .args(["--warmup", &a.warmup.to_string()])
+            .args(["--threads", &a.threads.to_string()]),
+        &json,
+    )?;
+    // The script exits 1 when the actions differ by more than 1e-6 but still prints its JSON.
+    let line = l
+        .stdout
+        .lines()
+        .rev()
+        .find(|s| s.trim_start().starts_with('{'))
+        .with_context(|| format!("lerobot bench printed no JSON (exit {})", l.exit))?;
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let lerobot_s = v["s_per_chunk_median"].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "bench pi05-run: full-size pi0.5, f32, checkpoint {}",
+        checkpoint.display()
+    );
+    println!(
+        "  petite pi05 run: {:.1} s per chunk (whole process: open, timestep table, prefix, Euler steps), peak RSS {:.2} GiB",
+        p.wall_s,
+        gib(p.peak_rss)
+    );
+    for s in p.stdout.lines() {
+        println!("    {s}");
+    }
+    println!(
+        "  lerobot sample_actions (torch CPU f32, {} threads): {lerobot_s:.1} s per chunk (median of {}; load {} s), peak RSS {:.2} GiB",
+        a.threads,
+        a.runs,
+        v["load_s"],
+        gib(l.peak_rss)
+    );
+    println!(
+        "  ratio (petite / lerobot): {:.2}; max |actions Δ| {}",
+        p.wall_s / lerobot_s,
+        v["max_abs_diff_vs_expected"]
+    );
+    Ok(())
+}
