@@ -182,3 +182,22 @@ fn time_sinusoid_matches_hand_values() {
         (std::f64::consts::PI / 2.0 * t1).sin() as f32
     );
 }
+
+#[test]
+fn rope_inv_freq_hand_values_and_bf16_rounding() {
+    use petite_pi05::programs::inv_freq;
+    let cfg = Pi05Config::default();
+    let f = inv_freq(&cfg, Precision::F32);
+    assert_eq!(f.len(), 128);
+    assert_eq!(f[0], 1.0);
+    // 1 / 10000^(2/256) = 0.930572...
+    assert!((f[1] - 0.930_572).abs() < 1e-6, "{}", f[1]);
+    assert!((f[127] - 1.0 / 10000f32.powf(254.0 / 256.0)).abs() < 1e-9);
+    // bf16 mode: every value is representable in bf16 and within half a bf16 ulp of f32's.
+    let b = inv_freq(&cfg, Precision::Bf16);
+    for (x, y) in f.iter().zip(&b) {
+        assert_eq!(y.to_bits() & 0xffff, 0, "{y} is not a bf16 value");
+        assert!((x - y).abs() <= x.abs() * 2f32.powi(-8), "{x} vs {y}");
+    }
+    assert_ne!(f, b);
+}
