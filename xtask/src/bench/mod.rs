@@ -4,6 +4,7 @@
 use anyhow::Result;
 
 mod convert;
+mod engine;
 mod pte;
 mod pi05_run;
 mod synth;
@@ -13,6 +14,8 @@ mod synth;
 pub enum BenchCmd {
     /// `petite convert` of the full-size synthetic pi0.5 checkpoint (f32 → bf16) under memcap.
     Convert(convert::Args),
+    /// petite-engine: every engine of the full-size pi0.5 prefix built under a 512 MiB cap, vs dd.
+    Engine(engine::Args),
     /// petite-pte: ≥ 4 GiB of delegate data streamed into a .pte under a 64 MiB cap, vs cp.
     Pte(pte::Args),
     /// `petite pi05 synth` of the full-size pi0.5 under a 512 MiB cap, vs a dd floor.
@@ -25,6 +28,7 @@ pub enum BenchCmd {
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Convert(a) => convert::run(&a),
+        BenchCmd::Engine(a) => engine::run(&a),
         BenchCmd::Pte(a) => pte::run(&a),
         BenchCmd::Synth(a) => synth::run(&a),
         BenchCmd::Pi05Run(a) => pi05_run::run(&a),
