@@ -1,2 +1,82 @@
-//! petite: orchestration of the export pipeline (skeleton; see docs/ARCHITECTURE.md).
+//! petite: the export pipeline — a pi0.5 checkpoint to ExecuTorch `.pte` programs in bounded
+//! memory ([`export`]), their verification in a separate process ([`verify`]), and what both
+//! measure ([`memory`], [`report`]).
 #![deny(missing_docs)]
+
+pub mod engines;
+pub mod export;
+pub mod memory;
+pub mod report;
+pub mod verify;
+
+/// Errors of the export and verify pipelines; each names the file, stage or setting.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A command-line setting is unusable (names it, expected vs found).
+    #[error("{0}")]
+    Usage(String),
+    /// The memory budget cannot hold the plan; nothing was done.
+    #[error("{0}")]
+    Budget(String),
+    /// An I/O operation failed.
+    #[error("{path}: {op}: {source}")]
+    Io {
+        /// The file or directory.
+        path: String,
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The export was interrupted (Ctrl-C); finished engines are kept for a re-run.
+    #[error(
+        "interrupted: stopped cleanly after the last finished step; re-run the same command to resume"
+    )]
+    Interrupted,
+    /// A `.pte` does not hold what the export writes (names the file and what is wrong).
+    #[error("{path}: {reason}")]
+    BadPte {
+        /// The file.
+        path: String,
+        /// Expected vs found.
+        reason: String,
+    },
+    /// pi0.5 config, checkpoint or inputs problem.
+    #[error(transparent)]
+    Pi05(#[from] petite_pi05::Error),
+    /// Reading or writing weights failed.
+    #[error(transparent)]
+    Weights(#[from] petite_weights::Error),
+    /// Planning failed.
+    #[error(transparent)]
+    Partition(#[from] petite_partition::Error),
+    /// Building an engine failed (names the engine).
+    #[error(transparent)]
+    Engine(#[from] petite_engine::Error),
+    /// Writing or reading a `.pte` failed.
+    #[error(transparent)]
+    Pte(#[from] petite_pte::Error),
+    /// The reference executor failed (names the node).
+    #[error(transparent)]
+    Reference(#[from] petite_reference::Error),
+    /// A program is invalid.
+    #[error(transparent)]
+    Graph(#[from] petite_graph::Error),
+    /// JSON (de)serialisation of the report.
+    #[error("report JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl Error {
+    pub(crate) fn io(path: &std::path::Path, op: &'static str, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.display().to_string(),
+            op,
+            source,
+        }
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

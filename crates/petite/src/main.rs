@@ -22,8 +22,12 @@ enum Cmd {
     Inspect(cli::inspect::InspectArgs),
     /// Partition a pi0.5 program into engines under a per-engine weight cap (shapes only).
     Plan(cli::plan::PlanArgs),
+    /// Export pi0.5 to prefix.pte + step.pte in bounded memory.
+    Export(cli::export::ExportArgs),
     /// Lower one pi0.5 program to a portable ExecuTorch .pte (kernel calls, no delegate).
     Lower(cli::lower::LowerArgs),
+    /// Run an export's .pte files and compare with the f32 reference (separate process).
+    Verify(cli::verify::VerifyArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,6 +37,8 @@ fn main() -> anyhow::Result<()> {
         Cmd::Pi05(c) => cli::pi05::run(c),
         Cmd::Inspect(a) => cli::inspect::run(a),
         Cmd::Plan(a) => cli::plan::run(a),
+        Cmd::Export(a) => cli::export::run(a),
+        Cmd::Verify(a) => cli::verify::run(a),
         Cmd::Lower(a) => cli::lower::run(a),
     }
 }

@@ -1,0 +1,68 @@
+//! `petite export`: a pi0.5 checkpoint → `prefix.pte` + `step.pte` in bounded memory.
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use petite::engines::Backend;
+use petite::export::{ExportOptions, export};
+use petite::memory::parse_size;
+use petite_pi05::Precision;
+
+/// Arguments of `petite export`.
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// Checkpoint: .safetensors file, model.safetensors.index.json or directory (lerobot or Hub
+    /// layout, single or sharded).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// pi0.5 config JSON.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Output directory: prefix.pte, step.pte, report.json, cache/ (mapping file).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Engine backend: reference | tensorrt.
+    #[arg(long, default_value = "reference")]
+    pub backend: Backend,
+    /// Weight bytes per engine, e.g. 512MiB (default: from --memory-budget, else 512MiB).
+    #[arg(long, value_parser = parse_size)]
+    pub engine_cap: Option<u64>,
+    /// Memory budget of the whole export, e.g. 8GiB: picks the engine cap for the backend and
+    /// refuses up front, with the numbers, when the plan cannot fit.
+    #[arg(long, value_parser = parse_size)]
+    pub memory_budget: Option<u64>,
+    /// Numerics: bf16 (lerobot's bfloat16 mode) or f32.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: Precision,
+    /// Keep the engine files under OUT/engines after writing the .pte files.
+    #[arg(long)]
+    pub keep_engines: bool,
+    /// Sleep this many milliseconds after each engine (testing interruption).
+    #[arg(long, hide = true)]
+    pub pause_after_engine_ms: Option<u64>,
+}
+
+/// Runs `petite export`.
+pub fn run(a: ExportArgs) -> anyhow::Result<()> {
+    let mut o = ExportOptions::new(&a.checkpoint, &a.config, &a.out);
+    o.backend = a.backend;
+    o.engine_cap = a.engine_cap;
+    o.memory_budget = a.memory_budget;
+    o.precision = a.dtype;
+    o.keep_engines = a.keep_engines;
+    o.handle_ctrl_c = true;
+    o.pause_after_engine = a
+        .pause_after_engine_ms
+        .map(std::time::Duration::from_millis);
+    let r = export(&o).with_context(|| format!("export of {}", a.checkpoint.display()))?;
+    print!("{}", r.table);
+    println!(
+        "engines: {} built, {} reused; wrote {} and {} (report: {})",
+        r.engines_built,
+        r.engines_reused,
+        r.prefix_pte.display(),
+        r.step_pte.display(),
+        r.report.display()
+    );
+    Ok(())
+}

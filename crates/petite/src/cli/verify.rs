@@ -1,0 +1,56 @@
+//! `petite verify`: run an export's .pte files and compare with the f32 reference.
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use petite::verify::{VerifyOptions, verify};
+
+/// Arguments of `petite verify`.
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// Directory holding prefix.pte and step.pte.
+    #[arg(long)]
+    pub pte_dir: PathBuf,
+    /// The original checkpoint (for the f32 reference).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// pi0.5 config JSON.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Inputs safetensors (images, image_masks, tokens, token_mask, noise); default: seeded.
+    #[arg(long)]
+    pub inputs: Option<PathBuf>,
+    /// Seed of the generated inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Fail (exit 1) when the max abs action error exceeds this.
+    #[arg(long)]
+    pub max_error: Option<f32>,
+}
+
+/// Runs `petite verify`.
+pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
+    let r = verify(&VerifyOptions {
+        pte_dir: a.pte_dir.clone(),
+        checkpoint: a.checkpoint,
+        config: a.config,
+        inputs: a.inputs,
+        seed: a.seed,
+    })
+    .with_context(|| format!("verify of {}", a.pte_dir.display()))?;
+    println!(
+        "max abs action error: {:e} (max |reference action| {:.3}; recorded in {})",
+        r.max_abs_error,
+        r.max_abs_reference,
+        a.pte_dir.join("report.json").display()
+    );
+    if let Some(m) = a.max_error
+        && (r.max_abs_error.is_nan() || r.max_abs_error > m)
+    {
+        anyhow::bail!(
+            "max abs action error {:e} exceeds --max-error {m:e}",
+            r.max_abs_error
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,743 @@
+//! The export: checkpoint → mapping file (converted once, reused while the source is unchanged)
+//! → prefix and step programs → plans → engines built one at a time (weights released after
+//! their last engine) → `prefix.pte` and `step.pte` (each engine stored once as named data
+//! streamed from its file; the timestep table as constant data of `step.pte`) → engine files
+//! removed unless kept. Every stage is measured ([`crate::memory`]) into `report.json`.
+//!
+//! Files under `--out`: `prefix.pte`, `step.pte`, `report.json`, `cache/mapping-<key>.safetensors`
+//! (the bf16 mapping file, kept for the next run), `engines/` (only while building, or with
+//! `--keep-engines`). Finished engine files are named by a hash of their subgraph, the
+//! checkpoint's identity and the backend settings, so an interrupted export re-run with the same
+//! arguments reuses them.
+//!
+//! `.pte` layout (what [`crate::verify`] reads back): method `forward` has one planned tensor
+//! value per value crossing an engine boundary, the program's inputs and outputs in the order of
+//! petite-pi05's program interfaces, and one delegate call per engine in plan order (args: the
+//! engine's inputs then outputs, in its program's order). `step.pte` has a second method,
+//! `timestep_table`, whose only output is the f32 `[steps, R]` table as a constant tensor.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use petite_engine::{BuiltEngine, EngineJob};
+use petite_graph::{Dtype, Program, ValueId};
+use petite_partition::{PartitionOptions, Plan};
+use petite_pi05::inputs::{CanonicalCheckpoint, check_weights, open_checkpoint};
+use petite_pi05::programs::io;
+use petite_pi05::{Pi05Config, Precision, build_all};
+use petite_pte::model::ScalarType;
+use petite_pte::{
+    DelegateSpec, MethodBuilder, Processed, ProgramBuilder, SegmentData, WriteOptions,
+};
+use petite_reference::Executor;
+use petite_weights::{
+    ConvertOptions, MappedSafetensors, Selection, TargetDtype, TensorInfo, TensorView, WeightSource,
+};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::engines::{self, Backend};
+use crate::memory::{Recorder, human, status};
+use crate::{Error, Result};
+
+/// Method name of the main method of each `.pte`.
+pub const METHOD: &str = "forward";
+/// Method of `step.pte` returning the timestep table.
+pub const TABLE_METHOD: &str = "timestep_table";
+/// Alignment of engine segments in the `.pte` (a page: engines are mapped in place).
+pub const ENGINE_ALIGNMENT: u64 = 4096;
+/// Default engine cap when neither `--engine-cap` nor a backend-driven budget sets one.
+pub const DEFAULT_ENGINE_CAP: u64 = 512 << 20;
+/// Memory of the mapping-file conversion (a few 8 MiB chunks per thread, two threads).
+const CONVERT_BYTES: u64 = 48 << 20;
+
+/// Settings of one export.
+#[derive(Debug, Clone)]
+pub struct ExportOptions {
+    /// Checkpoint: file, `model.safetensors.index.json` or directory; lerobot or Hub layout.
+    pub checkpoint: PathBuf,
+    /// pi0.5 config JSON.
+    pub config: PathBuf,
+    /// Output directory (created if missing).
+    pub out: PathBuf,
+    /// Engine backend.
+    pub backend: Backend,
+    /// Per-engine weight cap (`None`: from the budget, else [`DEFAULT_ENGINE_CAP`]).
+    pub engine_cap: Option<u64>,
+    /// Whole-process memory budget, checked before any work.
+    pub memory_budget: Option<u64>,
+    /// Numerics of the exported programs (lerobot's bf16 mode or f32).
+    pub precision: Precision,
+    /// Keep the engine files after the `.pte` files are written.
+    pub keep_engines: bool,
+    /// Progress bars on stderr (only drawn when it is a terminal).
+    pub progress: bool,
+    /// Stop cleanly on SIGINT (finished engines kept for a re-run).
+    pub handle_ctrl_c: bool,
+    /// Sleep this long after each engine (tests interrupt an export midway with it).
+    pub pause_after_engine: Option<Duration>,
+}
+
+impl ExportOptions {
+    /// Defaults for the given paths: reference backend, bf16, 512 MiB cap, no budget.
+    pub fn new(checkpoint: &Path, config: &Path, out: &Path) -> Self {
+        ExportOptions {
+            checkpoint: checkpoint.to_path_buf(),
+            config: config.to_path_buf(),
+            out: out.to_path_buf(),
+            backend: Backend::Reference,
+            engine_cap: None,
+            memory_budget: None,
+            precision: Precision::Bf16,
+            keep_engines: false,
+            progress: true,
+            handle_ctrl_c: false,
+            pause_after_engine: None,
+        }
+    }
+}
+
+/// What an export produced.
+#[derive(Debug, Clone)]
+pub struct ExportResult {
+    /// `prefix.pte`.
+    pub prefix_pte: PathBuf,
+    /// `step.pte`.
+    pub step_pte: PathBuf,
+    /// `report.json`.
+    pub report: PathBuf,
+    /// The full report.
+    pub report_json: serde_json::Value,
+    /// The summary table.
+    pub table: String,
+    /// Engines reused from an earlier run.
+    pub engines_reused: usize,
+    /// Engines built by this run.
+    pub engines_built: usize,
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Makes the first SIGINT set a flag the export checks between steps (the second one, with
+/// the default action restored, kills as usual).
+fn install_sigint() {
+    // SAFETY: installing an async-signal-safe handler (one atomic store) with sigaction.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigint as *const () as usize;
+        sa.sa_flags = libc::SA_RESETHAND;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+    }
+}
+
+fn check_interrupt() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        Err(Error::Interrupted)
+    } else {
+        Ok(())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Identity of a checkpoint's files: size, modification time and a hash of each header (the
+/// header pins every tensor's name, dtype, shape and offset). Cheap: no tensor bytes are read.
+pub fn source_key(files: &[PathBuf]) -> Result<String> {
+    let mut h = Sha256::new();
+    let mut files = files.to_vec();
+    files.sort();
+    for f in &files {
+        let md = std::fs::metadata(f).map_err(|e| Error::io(f, "stat", e))?;
+        let mtime = md
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        h.update(md.len().to_le_bytes());
+        h.update(mtime.to_le_bytes());
+        let mut file = std::fs::File::open(f).map_err(|e| Error::io(f, "open", e))?;
+        let mut n = [0u8; 8];
+        file.read_exact(&mut n)
+            .map_err(|e| Error::io(f, "read header length", e))?;
+        let n = u64::from_le_bytes(n).min(petite_weights::MAX_HEADER_LEN);
+        let mut header = Vec::new();
+        file.take(n)
+            .read_to_end(&mut header)
+            .map_err(|e| Error::io(f, "read header", e))?;
+        h.update(n.to_le_bytes());
+        h.update(&header);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+/// The export's weights: bf16-declared weights from the mapping file, the rest (f32 weights of
+/// lerobot's bf16 mode: SigLIP, projector, norms, time/action heads) from the checkpoint.
+pub struct ExportWeights {
+    mapping: Option<MappedSafetensors>,
+    from_mapping: BTreeSet<String>,
+    checkpoint: CanonicalCheckpoint,
+}
+
+impl std::fmt::Debug for ExportWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExportWeights")
+            .field("from_mapping", &self.from_mapping.len())
+            .finish()
+    }
+}
+
+impl ExportWeights {
+    fn pick(&self, name: &str) -> &dyn WeightSource {
+        match &self.mapping {
+            Some(m) if self.from_mapping.contains(name) => m,
+            _ => &self.checkpoint,
+        }
+    }
+}
+
+impl WeightSource for ExportWeights {
+    fn names(&self) -> Vec<String> {
+        self.checkpoint.names()
+    }
+    fn info(&self, name: &str) -> petite_weights::Result<TensorInfo> {
+        self.pick(name).info(name)
+    }
+    fn tensor(&self, name: &str) -> petite_weights::Result<TensorView<'_>> {
+        self.pick(name).tensor(name)
+    }
+    fn release(&self, names: &[&str]) -> petite_weights::Result<()> {
+        let (m, c): (Vec<&str>, Vec<&str>) = names
+            .iter()
+            .partition(|n| self.mapping.is_some() && self.from_mapping.contains(**n));
+        if let Some(map) = &self.mapping
+            && !m.is_empty()
+        {
+            map.release(&m)?;
+        }
+        if !c.is_empty() {
+            self.checkpoint.release(&c)?;
+        }
+        Ok(())
+    }
+    fn release_range(&self, name: &str, start: usize, end: usize) -> petite_weights::Result<()> {
+        self.pick(name).release_range(name, start, end)
+    }
+    fn prefetch_range(&self, name: &str, start: usize, end: usize) -> petite_weights::Result<()> {
+        self.pick(name).prefetch_range(name, start, end)
+    }
+    fn files(&self) -> Vec<PathBuf> {
+        let mut f = self.checkpoint.files();
+        if let Some(m) = &self.mapping {
+            f.push(m.path().to_path_buf());
+        }
+        f
+    }
+}
+
+fn bar(progress: bool, len: u64, what: &str) -> ProgressBar {
+    if !progress || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    if let Ok(style) =
+        ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+    {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_prefix(what.to_string());
+    pb
+}
+
+/// Whether `dir` accepts new files (a probe file is created and removed).
+fn check_writable(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create output directory", e))?;
+    let probe = dir.join(format!(".petite-probe-{}", std::process::id()));
+    std::fs::File::create(&probe).map_err(|e| Error::io(dir, "write into output directory", e))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// Weights each program reads, by declared dtype: names declared bf16 everywhere they are read
+/// go to the mapping file.
+fn mapping_selection(programs: &[&Program]) -> Vec<String> {
+    let mut bf16 = BTreeSet::new();
+    let mut other = BTreeSet::new();
+    for p in programs {
+        for w in p.weights() {
+            if w.dtype == Dtype::Bf16 {
+                bf16.insert(w.name);
+            } else {
+                other.insert(w.name);
+            }
+        }
+    }
+    bf16.difference(&other).cloned().collect()
+}
+
+/// The mapping file for `selection` of `ck`: reused when a file for the same source identity
+/// and selection exists and opens, else converted (temporary name, renamed).
+fn mapping_file(
+    ck: &CanonicalCheckpoint,
+    source: &str,
+    selection: &[String],
+    cache: &Path,
+    progress: bool,
+) -> Result<(MappedSafetensors, bool, petite_weights::ConvertReport)> {
+    let mut h = Sha256::new();
+    h.update(source.as_bytes());
+    h.update(b"|bf16|");
+    for n in selection {
+        h.update(n.as_bytes());
+        h.update([0]);
+    }
+    let key = hex(&h.finalize());
+    let path = cache.join(format!("mapping-{}.safetensors", &key[..16]));
+    if let Ok(m) = MappedSafetensors::open(&path) {
+        let meta_ok = m
+            .header()
+            .metadata
+            .iter()
+            .any(|(k, v)| k == "petite.mapping_key" && v == &key);
+        if meta_ok && selection.iter().all(|n| m.info(n).is_ok()) {
+            let rep = petite_weights::ConvertReport {
+                tensors: selection.len(),
+                dropped: vec![],
+                bytes_read: 0,
+                bytes_written: 0,
+                seconds: 0.0,
+            };
+            return Ok((m, true, rep));
+        }
+    }
+    std::fs::create_dir_all(cache).map_err(|e| Error::io(cache, "create cache directory", e))?;
+    // Older mapping files of this output directory belong to another source: remove them.
+    if let Ok(rd) = std::fs::read_dir(cache) {
+        for e in rd.flatten() {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            if n.starts_with("mapping-") && e.path() != path {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let opts = ConvertOptions {
+        dtype: TargetDtype::Bf16,
+        selection: Selection::Keep(selection.to_vec()),
+        threads: 2,
+        progress,
+        metadata: vec![("petite.mapping_key".to_string(), key)],
+        ..ConvertOptions::default()
+    };
+    let rep = petite_weights::convert(ck, &path, &opts)?;
+    Ok((MappedSafetensors::open(&path)?, false, rep))
+}
+
+fn scalar_type(d: Dtype) -> ScalarType {
+    match d {
+        Dtype::F32 => ScalarType::FLOAT,
+        Dtype::Bf16 => ScalarType::BFLOAT16,
+        Dtype::F16 => ScalarType::HALF,
+        Dtype::I64 => ScalarType::LONG,
+        Dtype::I32 => ScalarType::INT,
+        Dtype::U8 => ScalarType::BYTE,
+        Dtype::Bool => ScalarType::BOOL,
+    }
+}
+
+/// Adds method `forward` for `program` run as `engines` (each stored once as named data).
+fn forward_method(
+    pb: &mut ProgramBuilder,
+    program: &Program,
+    engines: &[BuiltEngine],
+) -> Result<()> {
+    let mut m = MethodBuilder::new(METHOD);
+    let mut values: BTreeMap<ValueId, i32> = BTreeMap::new();
+    let mut value_of = |m: &mut MethodBuilder, v: ValueId| -> Result<i32> {
+        if let Some(&i) = values.get(&v) {
+            return Ok(i);
+        }
+        let t = program.node(v).tensor().ok_or_else(|| {
+            Error::Usage(format!(
+                "value {v} crossing an engine boundary is not a tensor"
+            ))
+        })?;
+        let sizes: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
+        let i = m.planned_tensor(scalar_type(t.dtype), &sizes)?;
+        values.insert(v, i);
+        Ok(i)
+    };
+    let mut inputs = Vec::new();
+    for &id in &program.inputs {
+        inputs.push(value_of(&mut m, id)?);
+    }
+    for e in engines {
+        let (path, offset, len) = engines::payload(e);
+        let seg = pb.add_named_data(
+            &e.name,
+            SegmentData::file_region(path, offset, len),
+            ENGINE_ALIGNMENT,
+        )?;
+        let d = m.delegate(DelegateSpec {
+            id: e.backend_id.clone(),
+            processed: Processed::Segment(seg),
+            compile_specs: vec![],
+        });
+        let mut args = Vec::new();
+        for &v in e.input_values.iter().chain(&e.output_values) {
+            args.push(value_of(&mut m, v)?);
+        }
+        m.delegate_call(d, &args);
+    }
+    let mut outputs = Vec::new();
+    for o in &program.outputs {
+        outputs.push(value_of(&mut m, o.value)?);
+    }
+    m.inputs(&inputs);
+    m.outputs(&outputs);
+    pb.add_method(m)?;
+    Ok(())
+}
+
+/// Builds (or reuses) every engine of `plan`, in order, releasing weights after their last
+/// engine. Returns the engines and, per engine, `(reused, seconds)`.
+#[allow(clippy::too_many_arguments)]
+fn build_engines(
+    tag: &str,
+    plan: &Plan,
+    program: &Program,
+    weights: &ExportWeights,
+    backend: Backend,
+    identity: &str,
+    dir: &Path,
+    opts: &ExportOptions,
+    pb: &ProgressBar,
+) -> Result<(Vec<BuiltEngine>, Vec<serde_json::Value>)> {
+    let builder = backend.builder()?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create engine directory", e))?;
+    let mut last_use: Vec<Vec<&str>> = vec![Vec::new(); plan.engines.len()];
+    for w in &plan.weights {
+        if let Some(e) = w.last_engine
+            && e < last_use.len()
+        {
+            last_use[e].push(w.name.as_str());
+        }
+    }
+    let mut built = Vec::with_capacity(plan.engines.len());
+    let mut records = Vec::with_capacity(plan.engines.len());
+    for (i, e) in plan.engines.iter().enumerate() {
+        check_interrupt()?;
+        let sub = plan.engine_program(program, i)?;
+        let mut h = Sha256::new();
+        h.update(backend.settings().as_bytes());
+        h.update(b"|");
+        h.update(identity.as_bytes());
+        h.update(b"|");
+        h.update(sub.program.to_json()?.as_bytes());
+        let name = format!("{tag}_{i:03}_{}", &hex(&h.finalize())[..16]);
+        let job = EngineJob {
+            index: i,
+            name: &name,
+            program: &sub.program,
+            input_values: &sub.input_values,
+            output_values: &sub.output_values,
+        };
+        pb.set_message(name.clone());
+        let t = std::time::Instant::now();
+        let path = dir.join(backend.file_name(&name));
+        let (eng, reused) = match engines::reuse(backend, &path, &job) {
+            Some(b) => (b, true),
+            None => (engines::build(builder.as_ref(), &job, weights, dir)?, false),
+        };
+        if !last_use[i].is_empty() {
+            weights.release(&last_use[i])?;
+        }
+        records.push(json!({
+            "name": name,
+            "weight_bytes": e.weight_bytes,
+            "file_bytes": eng.file_bytes,
+            "over_cap": e.over_cap,
+            "reused": reused,
+            "seconds": t.elapsed().as_secs_f64(),
+            "rss_after": status().map(|s| s.rss),
+        }));
+        built.push(eng);
+        pb.inc(1);
+        if let Some(d) = opts.pause_after_engine {
+            std::thread::sleep(d);
+        }
+    }
+    Ok((built, records))
+}
+
+/// Runs the export. Every check that can refuse (config, checkpoint layout and contents,
+/// budget, output directory) runs before any file is written.
+pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
+    if opts.handle_ctrl_c {
+        install_sigint();
+    }
+    let rec = Recorder::start(Duration::from_millis(10));
+
+    // --- load: config, checkpoint, programs, plans, budget ---------------------------------
+    let st = rec.begin("load");
+    let cfg = Pi05Config::from_json_file(&opts.config)?;
+    let ck = open_checkpoint(&opts.checkpoint)?;
+    let names = ck.inner().names();
+    let layout = petite_pi05::names::detect_layout(&names);
+    let shards = ck.inner().shards().len();
+    let progs = build_all(&cfg, opts.precision)?;
+    check_weights(
+        &ck,
+        &opts.checkpoint.display().to_string(),
+        [&progs.timestep_table, &progs.prefix, &progs.step],
+    )?;
+    let ck_files = ck.files();
+    for out_name in ["prefix.pte", "step.pte", "report.json"] {
+        let o = opts.out.join(out_name);
+        if let Ok(oc) = o.canonicalize()
+            && ck_files
+                .iter()
+                .chain(std::iter::once(&opts.config))
+                .any(|f| f.canonicalize().ok().as_ref() == Some(&oc))
+        {
+            return Err(Error::Usage(format!(
+                "{}: the output would overwrite an input",
+                o.display()
+            )));
+        }
+    }
+    let base = status().map(|s| s.rss).unwrap_or(0);
+    let engine_cap = match (opts.engine_cap, opts.memory_budget) {
+        (Some(c), _) => c,
+        (None, Some(b)) => opts
+            .backend
+            .cap_for(b.saturating_sub(base))
+            .unwrap_or(DEFAULT_ENGINE_CAP),
+        (None, None) => DEFAULT_ENGINE_CAP,
+    };
+    if engine_cap == 0 {
+        return Err(Error::Budget(format!(
+            "memory budget {} leaves no room for an engine: the process already uses {}",
+            human(opts.memory_budget.unwrap_or(0)),
+            human(base)
+        )));
+    }
+    let popts = PartitionOptions::new(engine_cap);
+    let prefix_plan = petite_partition::plan(&progs.prefix, &popts)?;
+    let step_plan = petite_partition::plan(&progs.step, &popts)?;
+    let largest = prefix_plan
+        .max_engine_weight_bytes()
+        .max(step_plan.max_engine_weight_bytes());
+    let build_need = opts.backend.build_bytes(largest).max(CONVERT_BYTES);
+    let need = base + build_need;
+    if let Some(b) = opts.memory_budget
+        && need > b
+    {
+        return Err(Error::Budget(format!(
+            "memory budget {} is too small: the process base is {} and the largest step needs {} \
+             more ({} backend building an engine of {} weights under engine cap {}; conversion \
+             {}), {} in all; nothing was done",
+            human(b),
+            human(base),
+            human(build_need),
+            opts.backend.name(),
+            human(largest),
+            human(engine_cap),
+            human(CONVERT_BYTES),
+            human(need)
+        )));
+    }
+    check_writable(&opts.out)?;
+    let identity = format!("{}|{:?}", source_key(&ck_files)?, opts.precision);
+    rec.end(st, false);
+    check_interrupt()?;
+
+    // --- convert: the mapping file ---------------------------------------------------------
+    let st = rec.begin("convert");
+    let selection = mapping_selection(&[&progs.timestep_table, &progs.prefix, &progs.step]);
+    let cache = opts.out.join("cache");
+    let (mapping, mapping_reused, conv) = if selection.is_empty() {
+        (None, true, None)
+    } else {
+        let (m, reused, rep) = mapping_file(&ck, &identity, &selection, &cache, opts.progress)?;
+        (Some(m), reused, Some(rep))
+    };
+    let mapping_path = mapping.as_ref().map(|m| m.path().to_path_buf());
+    let mapping_bytes = mapping.as_ref().map(|m| m.mapped_len() as u64).unwrap_or(0);
+    let weights = ExportWeights {
+        mapping,
+        from_mapping: selection.iter().cloned().collect(),
+        checkpoint: ck,
+    };
+    rec.end(st, mapping_reused);
+    check_interrupt()?;
+
+    // --- timestep table (reference executor, once) -----------------------------------------
+    let st = rec.begin("timestep");
+    let outs = Executor::new(&progs.timestep_table, &weights)?.run(BTreeMap::new())?;
+    let table = outs
+        .get(io::TIMESTEP_TABLE)
+        .and_then(|t| t.float_values())
+        .map(|v| v.into_owned())
+        .ok_or_else(|| Error::Usage("timestep table program produced no f32 table".into()))?;
+    let r = petite_pi05::programs::time_row_len(&cfg);
+    rec.end(st, false);
+
+    // --- engines -----------------------------------------------------------------------------
+    let st = rec.begin("engines");
+    let engines_dir = opts.out.join("engines");
+    let n = (prefix_plan.engines.len() + step_plan.engines.len()) as u64;
+    let pb = bar(opts.progress, n, "engines");
+    let (prefix_engines, prefix_rec) = build_engines(
+        "prefix",
+        &prefix_plan,
+        &progs.prefix,
+        &weights,
+        opts.backend,
+        &identity,
+        &engines_dir,
+        opts,
+        &pb,
+    )?;
+    let (step_engines, step_rec) = build_engines(
+        "step",
+        &step_plan,
+        &progs.step,
+        &weights,
+        opts.backend,
+        &identity,
+        &engines_dir,
+        opts,
+        &pb,
+    )?;
+    pb.finish_and_clear();
+    let reused = prefix_rec
+        .iter()
+        .chain(&step_rec)
+        .filter(|r| r["reused"] == true)
+        .count();
+    let built = prefix_rec.len() + step_rec.len() - reused;
+    rec.end(st, built == 0);
+    check_interrupt()?;
+
+    // --- save: prefix.pte, step.pte -----------------------------------------------------------
+    let st = rec.begin("save");
+    let pb = bar(opts.progress, 2, "save");
+    let wopts = WriteOptions {
+        fsync: true,
+        ..WriteOptions::default()
+    };
+    let prefix_pte = opts.out.join("prefix.pte");
+    let step_pte = opts.out.join("step.pte");
+    let mut p = ProgramBuilder::new();
+    forward_method(&mut p, &progs.prefix, &prefix_engines)?;
+    let prefix_sum = p.write(&prefix_pte, wopts)?;
+    pb.inc(1);
+    let mut p = ProgramBuilder::new();
+    forward_method(&mut p, &progs.step, &step_engines)?;
+    let bytes: Vec<u8> = table.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let idx = p.add_constant(&bytes);
+    let mut tm = MethodBuilder::new(TABLE_METHOD);
+    let tv = tm.constant_tensor(ScalarType::FLOAT, &[cfg.steps as i32, r as i32], idx);
+    tm.outputs(&[tv]);
+    p.add_method(tm)?;
+    let step_sum = p.write(&step_pte, wopts)?;
+    pb.finish_and_clear();
+    if !opts.keep_engines {
+        for e in prefix_engines.iter().chain(&step_engines) {
+            let _ = std::fs::remove_file(&e.file);
+        }
+        let _ = std::fs::remove_dir(&engines_dir);
+    }
+    rec.end(st, false);
+
+    // --- report ------------------------------------------------------------------------------
+    let stages = rec.stages();
+    let total = rec.elapsed();
+    let weight_bytes = prefix_plan.weight_bytes + step_plan.weight_bytes + {
+        progs.timestep_table.weight_bytes() as u64
+    };
+    let engine_bytes: u64 = prefix_engines
+        .iter()
+        .chain(&step_engines)
+        .map(|e| e.file_bytes)
+        .sum();
+    let pte_bytes = prefix_sum.file_len + step_sum.file_len;
+    let mapping_written = if mapping_reused { 0 } else { mapping_bytes };
+    let written_logical = mapping_written + pte_bytes + engine_bytes;
+    let layout_name = match layout {
+        Some(petite_pi05::names::Layout::Lerobot) => "lerobot".to_string(),
+        Some(petite_pi05::names::Layout::Hub { prefixed }) => {
+            format!("hub{}", if prefixed { " (model. prefix)" } else { "" })
+        }
+        None => "unknown".to_string(),
+    };
+    let table_text = crate::report::table(&stages, total);
+    let report = json!({
+        "petite_version": env!("CARGO_PKG_VERSION"),
+        "checkpoint": {
+            "path": opts.checkpoint.display().to_string(),
+            "layout": layout_name,
+            "shards": shards,
+            "files": ck_files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+        },
+        "config": opts.config.display().to_string(),
+        "backend": opts.backend.name(),
+        "dtype": match opts.precision { Precision::Bf16 => "bf16", Precision::F32 => "f32" },
+        "engine_cap": engine_cap,
+        "memory_budget": opts.memory_budget,
+        "memory_estimate": need,
+        "mapping": {
+            "path": mapping_path.map(|p| p.display().to_string()),
+            "reused": mapping_reused,
+            "bytes": mapping_bytes,
+            "tensors": selection.len(),
+            "convert_seconds": conv.as_ref().map(|c| c.seconds),
+        },
+        "programs": {
+            "prefix": {"pte": prefix_pte.display().to_string(), "bytes": prefix_sum.file_len,
+                        "engines": prefix_rec, "weight_bytes": prefix_plan.weight_bytes},
+            "step": {"pte": step_pte.display().to_string(), "bytes": step_sum.file_len,
+                      "engines": step_rec, "weight_bytes": step_plan.weight_bytes,
+                      "timestep_table": [cfg.steps, r]},
+        },
+        "engines": {"built": built, "reused": reused, "bytes": engine_bytes,
+                     "kept": opts.keep_engines},
+        "stages": stages,
+        "totals": {
+            "seconds": total,
+            "weight_bytes": weight_bytes,
+            "bytes_written_files": written_logical,
+            "bytes_written_storage": stages.iter().map(|s| s.bytes_written).sum::<u64>(),
+            "bytes_read_storage": stages.iter().map(|s| s.bytes_read).sum::<u64>(),
+            "written_per_weight_byte_mapping_plus_pte":
+                (mapping_written + pte_bytes) as f64 / weight_bytes.max(1) as f64,
+            "written_per_weight_byte_all_files":
+                written_logical as f64 / weight_bytes.max(1) as f64,
+            "peak_rss": stages.iter().map(|s| s.peak_rss).max(),
+            "peak_anon": stages.iter().map(|s| s.peak_anon).max(),
+        },
+    });
+    let report_path = opts.out.join("report.json");
+    crate::report::write_json(&report_path, &report)?;
+    Ok(ExportResult {
+        prefix_pte,
+        step_pte,
+        report: report_path,
+        report_json: report,
+        table: table_text,
+        engines_reused: reused,
+        engines_built: built,
+    })
+}

@@ -1,0 +1,294 @@
+//! In-process measurement: a background sampler of `/proc/self/status` and `/proc/self/io`, and
+//! per-stage records (wall time, peak RSS, peak RssAnon, bytes read and written).
+//!
+//! Why a sampler and not only `VmHWM`: `VmHWM` is the peak of RSS alone and can only be reset for
+//! the whole process (`/proc/self/clear_refs`, not permitted everywhere); the anonymous part —
+//! the memory a Jetson cannot get back by evicting clean file pages — has no kernel high-water
+//! mark at all. A 10 ms sampler sees every plateau that matters (engines take seconds).
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// One reading of `/proc/self/status` (bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Status {
+    /// `VmHWM`: the kernel's peak RSS of the process so far.
+    pub hwm: u64,
+    /// `VmRSS`.
+    pub rss: u64,
+    /// `RssAnon`.
+    pub anon: u64,
+    /// `RssFile`.
+    pub file: u64,
+}
+
+/// Reads `/proc/self/status`; `None` off Linux or if the fields are missing.
+pub fn status() -> Option<Status> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let mut s = Status::default();
+    let mut seen = 0;
+    for line in text.lines() {
+        let (k, v) = line.split_once(':')?;
+        let kb = || -> Option<u64> {
+            Some(v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()? * 1024)
+        };
+        match k {
+            "VmHWM" => s.hwm = kb()?,
+            "VmRSS" => s.rss = kb()?,
+            "RssAnon" => s.anon = kb()?,
+            "RssFile" => s.file = kb()?,
+            _ => continue,
+        }
+        seen += 1;
+    }
+    (seen >= 3).then_some(s)
+}
+
+/// `(read_bytes, write_bytes)` of `/proc/self/io`: bytes this process made the storage layer
+/// fetch and send (page-cache hits are not reads).
+pub fn io_bytes() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/self/io").ok()?;
+    let mut r = None;
+    let mut w = None;
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("read_bytes:") {
+            r = v.trim().parse().ok();
+        } else if let Some(v) = line.strip_prefix("write_bytes:") {
+            w = v.trim().parse().ok();
+        }
+    }
+    Some((r?, w?))
+}
+
+#[derive(Default)]
+struct Peaks {
+    rss: AtomicU64,
+    anon: AtomicU64,
+}
+
+impl Peaks {
+    fn observe(&self, s: &Status) {
+        self.rss.fetch_max(s.rss, Ordering::Relaxed);
+        self.anon.fetch_max(s.anon, Ordering::Relaxed);
+    }
+    fn reset_to(&self, s: &Status) {
+        self.rss.store(s.rss, Ordering::Relaxed);
+        self.anon.store(s.anon, Ordering::Relaxed);
+    }
+}
+
+/// What one stage took.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StageRecord {
+    /// Stage name (`convert`, `plan`, `engines`, `save`, ...).
+    pub name: String,
+    /// Wall seconds.
+    pub seconds: f64,
+    /// Peak `VmRSS` seen during the stage (sampled every 10 ms, plus start and end).
+    pub peak_rss: u64,
+    /// Peak `RssAnon` seen during the stage.
+    pub peak_anon: u64,
+    /// Storage bytes read during the stage (`/proc/self/io` `read_bytes`).
+    pub bytes_read: u64,
+    /// Storage bytes written during the stage (`write_bytes`).
+    pub bytes_written: u64,
+    /// Whether the stage's work was reused from an earlier run (cache hit).
+    pub reused: bool,
+}
+
+/// The sampler and the stages recorded so far. Dropping it stops the thread.
+pub struct Recorder {
+    peaks: Arc<Peaks>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    stages: Mutex<Vec<StageRecord>>,
+    start: Instant,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("stages", &self.stages)
+            .finish()
+    }
+}
+
+/// A stage in progress; [`Recorder::end`] closes it.
+#[derive(Debug)]
+pub struct Stage {
+    name: String,
+    t0: Instant,
+    io0: (u64, u64),
+}
+
+impl Recorder {
+    /// Starts the background sampler (period `every`).
+    pub fn start(every: Duration) -> Recorder {
+        let peaks = Arc::new(Peaks::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        if let Some(s) = status() {
+            peaks.reset_to(&s);
+        }
+        let (p, st) = (peaks.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("petite-memory-sampler".into())
+            .spawn(move || {
+                while !st.load(Ordering::Relaxed) {
+                    if let Some(s) = status() {
+                        p.observe(&s);
+                    }
+                    std::thread::sleep(every);
+                }
+            })
+            .ok();
+        Recorder {
+            peaks,
+            stop,
+            thread,
+            stages: Mutex::new(Vec::new()),
+            start: Instant::now(),
+        }
+    }
+
+    /// Opens a stage: resets the sampled peaks to the current figures.
+    pub fn begin(&self, name: &str) -> Stage {
+        if let Some(s) = status() {
+            self.peaks.reset_to(&s);
+        }
+        Stage {
+            name: name.to_string(),
+            t0: Instant::now(),
+            io0: io_bytes().unwrap_or_default(),
+        }
+    }
+
+    /// Closes a stage and records it.
+    pub fn end(&self, stage: Stage, reused: bool) -> StageRecord {
+        if let Some(s) = status() {
+            self.peaks.observe(&s);
+        }
+        let io1 = io_bytes().unwrap_or_default();
+        let rec = StageRecord {
+            name: stage.name,
+            seconds: stage.t0.elapsed().as_secs_f64(),
+            peak_rss: self.peaks.rss.load(Ordering::Relaxed),
+            peak_anon: self.peaks.anon.load(Ordering::Relaxed),
+            bytes_read: io1.0.saturating_sub(stage.io0.0),
+            bytes_written: io1.1.saturating_sub(stage.io0.1),
+            reused,
+        };
+        self.stages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(rec.clone());
+        rec
+    }
+
+    /// Stages recorded so far, in order.
+    pub fn stages(&self) -> Vec<StageRecord> {
+        self.stages
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Seconds since the recorder started.
+    pub fn elapsed(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `n` bytes as GiB/MiB/KiB text.
+pub fn human(n: u64) -> String {
+    let f = n as f64;
+    if f >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", f / (1u64 << 30) as f64)
+    } else if f >= (1u64 << 20) as f64 {
+        format!("{:.1} MiB", f / (1u64 << 20) as f64)
+    } else if f >= 1024.0 {
+        format!("{:.1} KiB", f / 1024.0)
+    } else {
+        format!("{n} B")
+    }
+}
+
+/// Parses a byte size: `512MiB`, `8GiB`, `4096`, `1.5GB` (decimal units are powers of 1000).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let x: f64 = num
+        .parse()
+        .map_err(|_| format!("expected a size like 512MiB or 8GiB, found `{s}`"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        other => return Err(format!("unknown size unit `{other}` in `{s}`")),
+    };
+    if !x.is_finite() || x < 0.0 {
+        return Err(format!("expected a non-negative size, found `{s}`"));
+    }
+    Ok((x * mult as f64).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_and_io_are_read() {
+        let s = status().expect("linux /proc/self/status");
+        assert!(s.rss > 0 && s.hwm >= s.rss && s.anon > 0);
+        assert!(io_bytes().is_some());
+    }
+
+    #[test]
+    fn stage_sees_a_transient_allocation() {
+        let r = Recorder::start(Duration::from_millis(2));
+        let st = r.begin("alloc");
+        let before = status().unwrap().anon;
+        let v = vec![1u8; 64 << 20];
+        std::thread::sleep(Duration::from_millis(50));
+        drop(std::hint::black_box(v));
+        let rec = r.end(st, false);
+        assert!(
+            rec.peak_anon >= before + (60 << 20),
+            "peak anon {} vs before {before}",
+            rec.peak_anon
+        );
+        assert_eq!(r.stages().len(), 1);
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("8GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_size("1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("MiB").is_err());
+    }
+}

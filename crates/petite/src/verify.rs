@@ -1,0 +1,539 @@
+//! `petite verify`: runs an export's `prefix.pte` and `step.pte` (through petite-pte's reader)
+//! with the engines' runtime — each engine mapped in place from its `.pte` segment, never read
+//! into memory — then the f32 reference from the original checkpoint on the same inputs, and
+//! reports the max abs action error.
+//!
+//! Only the reference backend's engines run here; a `.pte` with another backend's delegates is
+//! refused by name.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use memmap2::{Mmap, UncheckedAdvice};
+use petite_graph::Program;
+use petite_pi05::inputs::{Inputs, check_weights, open_checkpoint};
+use petite_pi05::programs::io;
+use petite_pi05::{Pi05Config, Precision, build_prefix, build_step};
+use petite_pte::PteFile;
+use petite_pte::model::{DataLocation, EValue, Instruction, ScalarType};
+use petite_reference::{Executor, Tensor};
+use petite_weights::{Header, TensorInfo, TensorView, WeightSource, parse_header};
+use serde_json::json;
+
+use crate::engines::{REFERENCE_ID, reference_meta_keys};
+use crate::export::{METHOD, TABLE_METHOD};
+use crate::memory::Recorder;
+use crate::{Error, Result};
+
+/// Settings of one verification.
+#[derive(Debug, Clone)]
+pub struct VerifyOptions {
+    /// Directory holding `prefix.pte` and `step.pte` (and `report.json`, extended).
+    pub pte_dir: PathBuf,
+    /// The original checkpoint (for the f32 reference).
+    pub checkpoint: PathBuf,
+    /// pi0.5 config JSON.
+    pub config: PathBuf,
+    /// Inputs safetensors (`petite pi05 run`'s format); `None`: seeded inputs.
+    pub inputs: Option<PathBuf>,
+    /// Seed of the generated inputs.
+    pub seed: u64,
+}
+
+/// What a verification measured.
+#[derive(Debug, Clone)]
+pub struct VerifyResult {
+    /// Actions of the exported programs, f32 `[chunk, action_dim]`.
+    pub actions: Vec<f32>,
+    /// Actions of the f32 reference.
+    pub reference: Vec<f32>,
+    /// max |actions − reference|.
+    pub max_abs_error: f32,
+    /// max |reference|, for scale.
+    pub max_abs_reference: f32,
+    /// Everything as JSON (also written to `report.json` under `verify`).
+    pub json: serde_json::Value,
+}
+
+/// Deterministic inputs for `cfg`: images uniform in [-1, 1], every camera present, tokens
+/// uniform over the vocabulary with the last quarter padded, noise standard normal.
+pub fn seeded_inputs(cfg: &Pi05Config, seed: u64) -> Inputs {
+    let mut state = seed ^ 0x6a09_e667_f3bc_c909;
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let mut unit = move || (next() >> 11) as f64 / (1u64 << 53) as f64;
+    let s = cfg.vision.image_size;
+    let images = (0..cfg.cameras * 3 * s * s)
+        .map(|_| (unit() * 2.0 - 1.0) as f32)
+        .collect();
+    let real = (cfg.tokens - cfg.tokens / 4).max(1);
+    let tokens = (0..cfg.tokens)
+        .map(|_| ((unit() * cfg.language.vocab as f64) as i64).min(cfg.language.vocab as i64 - 1))
+        .collect();
+    let token_mask = (0..cfg.tokens).map(|i| u8::from(i < real)).collect();
+    let noise = (0..cfg.chunk * cfg.action_dim)
+        .map(|_| {
+            let (u1, u2) = (unit().max(1e-300), unit());
+            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32
+        })
+        .collect();
+    Inputs {
+        images,
+        image_masks: vec![1; cfg.cameras],
+        tokens,
+        token_mask,
+        noise,
+    }
+}
+
+/// One engine's weights as a [`WeightSource`] over its region of a mapped `.pte`.
+struct RegionWeights<'m> {
+    map: &'m Mmap,
+    start: usize,
+    header: Header,
+    by_name: HashMap<String, usize>,
+}
+
+impl RegionWeights<'_> {
+    fn entry(&self, name: &str) -> petite_weights::Result<&petite_weights::HeaderEntry> {
+        self.by_name
+            .get(name)
+            .map(|&i| &self.header.entries[i])
+            .ok_or_else(|| petite_weights::Error::MissingTensor {
+                file: "engine segment".into(),
+                name: name.to_string(),
+            })
+    }
+}
+
+impl WeightSource for RegionWeights<'_> {
+    fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.by_name.keys().cloned().collect();
+        v.sort();
+        v
+    }
+    fn info(&self, name: &str) -> petite_weights::Result<TensorInfo> {
+        let e = self.entry(name)?;
+        Ok(TensorInfo {
+            dtype: e.dtype,
+            shape: e.shape.clone(),
+        })
+    }
+    fn tensor(&self, name: &str) -> petite_weights::Result<TensorView<'_>> {
+        let e = self.entry(name)?;
+        let s = self.start + self.header.data_start;
+        Ok(TensorView {
+            name: &e.name,
+            dtype: e.dtype,
+            shape: &e.shape,
+            bytes: &self.map[s + e.begin..s + e.end],
+        })
+    }
+    /// Gives the tensors' whole pages back (they fault back in from the `.pte` if read again).
+    fn release(&self, names: &[&str]) -> petite_weights::Result<()> {
+        let page = petite_weights::page_size();
+        for n in names {
+            let e = self.entry(n)?;
+            let s = self.start + self.header.data_start;
+            let (a, b) = (
+                (s + e.begin).div_ceil(page) * page,
+                (s + e.end) / page * page,
+            );
+            if a < b {
+                // SAFETY: read-only shared file mapping; DONTNEED drops pages that fault back in
+                // unchanged from the file, so live views see the same bytes.
+                let _ = unsafe {
+                    self.map
+                        .unchecked_advise_range(UncheckedAdvice::DontNeed, a, b - a)
+                };
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Engine<'m> {
+    program: Program,
+    weights: RegionWeights<'m>,
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> Error {
+    Error::BadPte {
+        path: path.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn open_engine<'m>(pte: &PteFile, map: &'m Mmap, segment: usize) -> Result<Engine<'m>> {
+    let (start, len) = pte.segment_range(segment)?;
+    let (start, len) = (start as usize, len as usize);
+    if start + len > map.len() {
+        return Err(bad(
+            pte.path(),
+            format!("segment {segment} runs past the file"),
+        ));
+    }
+    let what = format!("{} segment {segment}", pte.path().display());
+    let header = parse_header(&what, &map[start..start + len])?;
+    let (k_format, format, k_program) = reference_meta_keys();
+    let get = |k: &str| header.metadata.iter().find(|(m, _)| m == k).map(|(_, v)| v);
+    if get(k_format).map(String::as_str) != Some(format) {
+        return Err(bad(
+            pte.path(),
+            format!(
+                "segment {segment}: not a reference engine (format {:?})",
+                get(k_format)
+            ),
+        ));
+    }
+    let json = get(k_program)
+        .ok_or_else(|| bad(pte.path(), format!("segment {segment}: no engine program")))?;
+    let program = Program::from_json(json)?;
+    program.validate()?;
+    let by_name = header
+        .entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.name.clone(), i))
+        .collect();
+    Ok(Engine {
+        program,
+        weights: RegionWeights {
+            map,
+            start,
+            header,
+            by_name,
+        },
+    })
+}
+
+fn graph_dtype(s: ScalarType) -> Option<petite_graph::Dtype> {
+    use petite_graph::Dtype as D;
+    Some(match s {
+        ScalarType::FLOAT => D::F32,
+        ScalarType::BFLOAT16 => D::Bf16,
+        ScalarType::HALF => D::F16,
+        ScalarType::LONG => D::I64,
+        ScalarType::INT => D::I32,
+        ScalarType::BYTE => D::U8,
+        ScalarType::BOOL => D::Bool,
+        _ => return None,
+    })
+}
+
+/// A `.pte` opened for running: the reader's verified program, the file mapped, engines parsed
+/// once per segment.
+struct Loaded<'m> {
+    pte: &'m PteFile,
+    engines: HashMap<usize, Engine<'m>>,
+}
+
+impl<'m> Loaded<'m> {
+    fn new(pte: &'m PteFile, map: &'m Mmap) -> Result<Self> {
+        let plan = method(pte, METHOD)?;
+        let mut engines = HashMap::new();
+        for (i, d) in plan.delegates.iter().enumerate() {
+            if d.id != REFERENCE_ID {
+                return Err(bad(
+                    pte.path(),
+                    format!(
+                        "delegate {i} is for backend `{}`; only `{REFERENCE_ID}` engines run here",
+                        d.id
+                    ),
+                ));
+            }
+            if d.processed.location != DataLocation::SEGMENT {
+                return Err(bad(
+                    pte.path(),
+                    format!("delegate {i}: engine not in a segment"),
+                ));
+            }
+            let seg = d.processed.index as usize;
+            if let std::collections::hash_map::Entry::Vacant(v) = engines.entry(seg) {
+                v.insert(open_engine(pte, map, seg)?);
+            }
+        }
+        Ok(Loaded { pte, engines })
+    }
+
+    /// Runs `forward` on `inputs` (the method's inputs, in order); returns its outputs.
+    fn run(&self, inputs: Vec<Tensor>, keep_weights: bool) -> Result<Vec<Tensor>> {
+        let plan = method(self.pte, METHOD)?;
+        let path = self.pte.path();
+        if inputs.len() != plan.inputs.len() {
+            return Err(bad(
+                path,
+                format!(
+                    "method takes {} inputs, given {}",
+                    plan.inputs.len(),
+                    inputs.len()
+                ),
+            ));
+        }
+        let mut values: HashMap<i32, Tensor> = HashMap::new();
+        for (k, (&vi, t)) in plan.inputs.iter().zip(inputs).enumerate() {
+            let Some(EValue::Tensor(decl)) = plan.values.get(vi as usize) else {
+                return Err(bad(path, format!("input {k} is not a tensor value")));
+            };
+            let sizes: Vec<usize> = decl.sizes.iter().map(|&d| d as usize).collect();
+            if graph_dtype(decl.scalar_type) != Some(t.dtype()) || sizes != t.shape() {
+                return Err(bad(
+                    path,
+                    format!(
+                        "input {k}: the .pte declares {:?}{sizes:?}, the config gives {}{:?} \
+                         (was it exported with another config?)",
+                        decl.scalar_type,
+                        t.dtype(),
+                        t.shape()
+                    ),
+                ));
+            }
+            values.insert(vi, t);
+        }
+        for chain in &plan.chains {
+            for ins in &chain.instructions {
+                let Instruction::DelegateCall {
+                    delegate_index,
+                    args,
+                } = ins
+                else {
+                    return Err(bad(path, "only delegate calls are expected"));
+                };
+                let d = &plan.delegates[*delegate_index as usize];
+                let e = &self.engines[&(d.processed.index as usize)];
+                let n_in = e.program.inputs.len();
+                if args.len() != n_in + e.program.outputs.len() {
+                    return Err(bad(
+                        path,
+                        format!(
+                            "delegate {delegate_index}: {} args for an engine with {} inputs and {} outputs",
+                            args.len(),
+                            n_in,
+                            e.program.outputs.len()
+                        ),
+                    ));
+                }
+                let mut ins = BTreeMap::new();
+                for (&id, a) in e.program.inputs.iter().zip(&args[..n_in]) {
+                    let name = e.program.input_name(id).unwrap_or_default().to_string();
+                    let t = values.get(a).cloned().ok_or_else(|| {
+                        bad(path, format!("value {a} is read before it is written"))
+                    })?;
+                    ins.insert(name, t);
+                }
+                let mut outs = Executor::new(&e.program, &e.weights)?
+                    .release_weights(!keep_weights)
+                    .run(ins)?;
+                for (o, a) in e.program.outputs.iter().zip(&args[n_in..]) {
+                    let t = outs.remove(&o.name).ok_or_else(|| {
+                        bad(path, format!("engine produced no output `{}`", o.name))
+                    })?;
+                    values.insert(*a, t);
+                }
+            }
+        }
+        plan.outputs
+            .iter()
+            .map(|o| {
+                values
+                    .get(o)
+                    .cloned()
+                    .ok_or_else(|| bad(path, format!("output value {o} is never written")))
+            })
+            .collect()
+    }
+}
+
+fn method<'a>(pte: &'a PteFile, name: &str) -> Result<&'a petite_pte::model::ExecutionPlan> {
+    pte.program()
+        .execution_plan
+        .iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| bad(pte.path(), format!("no method `{name}`")))
+}
+
+/// Reads the timestep table (a constant tensor output of method `timestep_table`).
+fn read_table(pte: &PteFile, steps: usize, r: usize) -> Result<Vec<f32>> {
+    let plan = method(pte, TABLE_METHOD)?;
+    let path = pte.path();
+    let Some(EValue::Tensor(t)) = plan
+        .outputs
+        .first()
+        .and_then(|&o| plan.values.get(o as usize))
+    else {
+        return Err(bad(path, "timestep_table: output is not a tensor"));
+    };
+    if t.scalar_type != ScalarType::FLOAT || t.sizes != [steps as i32, r as i32] {
+        return Err(bad(
+            path,
+            format!(
+                "timestep_table: expected FLOAT [{steps}, {r}], found {:?} {:?}",
+                t.scalar_type, t.sizes
+            ),
+        ));
+    }
+    let cs = pte
+        .program()
+        .constant_segment
+        .as_ref()
+        .ok_or_else(|| bad(path, "no constant segment"))?;
+    let off = *cs
+        .offsets
+        .get(t.data_buffer_idx as usize)
+        .ok_or_else(|| bad(path, "timestep_table: constant index out of range"))?;
+    let mut buf = vec![0u8; steps * r * 4];
+    pte.read_segment_at(cs.segment_index as usize, off, &mut buf)?;
+    Ok(buf
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+fn map_file(path: &Path) -> Result<Mmap> {
+    let f = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    // SAFETY: read-only mapping of a file this process does not modify.
+    unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, "mmap", e))
+}
+
+/// Runs the exported programs from their `.pte` files on `inputs`; returns the actions.
+pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<f32>> {
+    let prefix_path = pte_dir.join("prefix.pte");
+    let step_path = pte_dir.join("step.pte");
+    let prefix_pte = PteFile::open(&prefix_path)?;
+    let step_pte = PteFile::open(&step_path)?;
+    let prefix_map = map_file(&prefix_path)?;
+    let step_map = map_file(&step_path)?;
+    let prefix = Loaded::new(&prefix_pte, &prefix_map)?;
+    let step = Loaded::new(&step_pte, &step_map)?;
+    let r = petite_pi05::programs::time_row_len(cfg);
+    let table = read_table(&step_pte, cfg.steps, r)?;
+
+    let s = cfg.vision.image_size;
+    let pprog = build_prefix(cfg, Precision::F32)?;
+    let mut by_name: BTreeMap<&str, Tensor> = BTreeMap::new();
+    by_name.insert(
+        io::IMAGES,
+        Tensor::f32(&[cfg.cameras, 3, s, s], inputs.images.clone())?,
+    );
+    by_name.insert(
+        io::IMAGE_MASKS,
+        Tensor::u8(&[cfg.cameras], inputs.image_masks.clone())?,
+    );
+    by_name.insert(
+        io::TOKENS,
+        Tensor::i64(&[cfg.tokens], inputs.tokens.clone())?,
+    );
+    by_name.insert(
+        io::TOKEN_MASK,
+        Tensor::u8(&[cfg.tokens], inputs.token_mask.clone())?,
+    );
+    let ordered = |prog: &Program, by: &mut BTreeMap<&str, Tensor>| -> Result<Vec<Tensor>> {
+        prog.inputs
+            .iter()
+            .map(|&id| {
+                let n = prog.input_name(id).unwrap_or_default();
+                by.get(n)
+                    .cloned()
+                    .ok_or_else(|| Error::Usage(format!("no value for program input `{n}`")))
+            })
+            .collect()
+    };
+    let pouts = prefix.run(ordered(&pprog, &mut by_name)?, false)?;
+    let mut kv: BTreeMap<String, Tensor> = BTreeMap::new();
+    for (o, t) in pprog.outputs.iter().zip(pouts) {
+        kv.insert(o.name.clone(), t);
+    }
+    drop(prefix);
+
+    let sprog = build_step(cfg, Precision::F32)?;
+    let mut x = inputs.noise.clone();
+    for k in 0..cfg.steps {
+        let mut ins: BTreeMap<&str, Tensor> =
+            kv.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        ins.insert(io::X_T, Tensor::f32(&[cfg.chunk, cfg.action_dim], x)?);
+        ins.insert(
+            io::TIME_ROW,
+            Tensor::f32(&[r], table[k * r..(k + 1) * r].to_vec())?,
+        );
+        let outs = step.run(ordered(&sprog, &mut ins)?, true)?;
+        let xi = sprog
+            .outputs
+            .iter()
+            .position(|o| o.name == io::X_NEXT)
+            .ok_or_else(|| Error::Usage("step program has no x_next".into()))?;
+        x = outs
+            .into_iter()
+            .nth(xi)
+            .and_then(|t| t.into_float_values().ok())
+            .ok_or_else(|| bad(&step_path, "x_next is not a float tensor"))?;
+    }
+    Ok(x)
+}
+
+/// `petite verify`: the export's actions against the f32 reference; the result is also written
+/// into `report.json` in the pte directory (created if missing).
+pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
+    let rec = Recorder::start(Duration::from_millis(10));
+    let cfg = Pi05Config::from_json_file(&opts.config)?;
+    let (inputs, inputs_desc) = match &opts.inputs {
+        Some(p) => (Inputs::from_file(p, &cfg)?, p.display().to_string()),
+        None => (
+            seeded_inputs(&cfg, opts.seed),
+            format!("seeded ({})", opts.seed),
+        ),
+    };
+    // The checkpoint is checked first: a wrong one fails before any work.
+    let ck = open_checkpoint(&opts.checkpoint)?;
+    let f32_progs = petite_pi05::build_all(&cfg, Precision::F32)?;
+    check_weights(
+        &ck,
+        &opts.checkpoint.display().to_string(),
+        [
+            &f32_progs.timestep_table,
+            &f32_progs.prefix,
+            &f32_progs.step,
+        ],
+    )?;
+    drop(f32_progs);
+
+    let st = rec.begin("pte");
+    let actions = run_pte(&opts.pte_dir, &cfg, &inputs)?;
+    let pte_rec = rec.end(st, false);
+    let st = rec.begin("reference");
+    let reference = petite_pi05::run::run_model(&cfg, &ck, &inputs, Precision::F32)?.actions;
+    let ref_rec = rec.end(st, false);
+    let max_abs_error = actions
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, |m, d| if d.is_nan() { f32::NAN } else { m.max(d) });
+    let max_abs_reference = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let j = json!({
+        "pte_dir": opts.pte_dir.display().to_string(),
+        "checkpoint": opts.checkpoint.display().to_string(),
+        "inputs": inputs_desc,
+        "max_abs_action_error": max_abs_error,
+        "max_abs_reference_action": max_abs_reference,
+        "stages": [pte_rec, ref_rec],
+    });
+    let report = opts.pte_dir.join("report.json");
+    let mut full = crate::report::read_json(&report).unwrap_or_else(|_| json!({}));
+    if let Some(o) = full.as_object_mut() {
+        o.insert("verify".into(), j.clone());
+    }
+    crate::report::write_json(&report, &full)?;
+    Ok(VerifyResult {
+        actions,
+        reference,
+        max_abs_error,
+        max_abs_reference,
+        json: j,
+    })
+}
