@@ -156,14 +156,16 @@ impl ReferenceBuilder {
             }
         }
         sink.finish()?;
-        // Keep written output out of memory: write back and drop it every FLUSH_BYTES.
+        // Keep written output out of memory without stalling on it: every FLUSH_BYTES, start
+        // writeback of the new window, then wait for the previous window and drop it.
+        // `flushed` = (start of the window in writeback, start of the unflushed bytes).
         let (start, len) = writer.placement(name)?;
         let end = start + len;
-        if end - flushed.0 >= FLUSH_BYTES {
-            crate::sys::flush_and_drop(writer.file(), flushed.0, end - flushed.0);
-            flushed.0 = end;
+        if end - flushed.1 >= FLUSH_BYTES {
+            crate::sys::start_writeback(writer.file(), flushed.1, end - flushed.1);
+            crate::sys::flush_and_drop(writer.file(), flushed.0, flushed.1 - flushed.0);
+            *flushed = (flushed.1, end);
         }
-        flushed.1 = end;
         Ok(())
     }
 
@@ -187,7 +189,7 @@ impl ReferenceBuilder {
             (META_PROGRAM.to_string(), job.program.to_json()?),
         ];
         let writer = SafetensorsWriter::create(&path, &table, &meta)?;
-        let mut flushed = (0u64, 0u64);
+        let mut flushed = (writer.data_start(), writer.data_start());
         for name in writer.order() {
             let (st, decl) = stored[name];
             self.stream(source, &writer, name, st, decl, &mut flushed)?;
