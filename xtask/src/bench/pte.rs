@@ -11,6 +11,9 @@ use anyhow::{Context, Result, bail};
 
 use crate::util;
 
+/// Timed runs of each command.
+const ROUNDS: usize = 3;
+
 /// Options of the pte benchmark.
 #[derive(clap::Args)]
 pub struct Args {
@@ -109,7 +112,8 @@ pub fn run(a: &Args) -> Result<()> {
         let out = work.join("big.pte");
         let json = work.join("memcap.json");
 
-        // ABBA order (cp, petite, petite, cp) so drift in the disk's speed cancels out.
+        // Alternating rounds (cp, petite) x ROUNDS, each output deleted outside the timed
+        // command, medians compared: the disk is shared, so single runs drift.
         let cp_cmd = || -> Result<Measured> {
             let mut c: Vec<&std::ffi::OsStr> = vec!["cp".as_ref()];
             c.extend(srcs.iter().map(|p| p.as_os_str()));
@@ -120,20 +124,36 @@ pub fn run(a: &Args) -> Result<()> {
             }
             Ok(m)
         };
-        let petite_cmd = || -> Result<Measured> {
+        let petite_cmd = |keep: bool| -> Result<Measured> {
             let mut w: Vec<&std::ffi::OsStr> =
                 vec![bin.as_os_str(), "write".as_ref(), out.as_os_str()];
             w.extend(srcs.iter().map(|p| p.as_os_str()));
-            memcap(&a.limit, &json, &w)
+            let m = memcap(&a.limit, &json, &w)?;
+            if !keep {
+                std::fs::remove_file(&out)?;
+            }
+            Ok(m)
         };
-        let cp1 = cp_cmd()?;
-        let pw1 = petite_cmd()?;
-        let pw = petite_cmd()?;
-        let cp2 = cp_cmd()?;
-        let cp_mean = (cp1.wall_s + cp2.wall_s) / 2.0;
-        let pw_mean = (pw1.wall_s + pw.wall_s) / 2.0;
-        let cp_best = cp1.wall_s.min(cp2.wall_s);
-        let pw_best = pw1.wall_s.min(pw.wall_s);
+        let (mut cps, mut pws) = (Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            cps.push(cp_cmd()?);
+            pws.push(petite_cmd(round + 1 == ROUNDS)?);
+        }
+        let median = |v: &[Measured]| {
+            let mut t: Vec<f64> = v.iter().map(|m| m.wall_s).collect();
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        };
+        let times = |v: &[Measured]| {
+            v.iter()
+                .map(|m| format!("{:.2}", m.wall_s))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (cp_med, pw_med) = (median(&cps), median(&pws));
+        let pw = pws.last().expect("ROUNDS > 0");
+        let max_rss = |v: &[Measured]| v.iter().map(|m| m.peak_rss).max().unwrap_or(0);
+        let max_cg = |v: &[Measured]| v.iter().map(|m| m.peak_cgroup).max().unwrap_or(0);
         let file_len = std::fs::metadata(&out)?.len();
         let n = a.engines.to_string();
         let bytes = a.engine_bytes.to_string();
@@ -153,25 +173,22 @@ pub fn run(a: &Args) -> Result<()> {
             total, a.engines
         );
         println!(
-            "  petite write (2 runs): {:.2} s and {:.2} s ({:.0} MB/s best), memcap peak RSS {:.1} MiB, cgroup peak {:.1} MiB (limit {}); last run: {}",
-            pw1.wall_s,
-            pw.wall_s,
-            total as f64 / pw_best / 1e6,
-            mib(pw.peak_rss.max(pw1.peak_rss)),
-            mib(pw.peak_cgroup.max(pw1.peak_cgroup)),
+            "  petite write ({ROUNDS} runs): {} s (median {pw_med:.2} s, {:.0} MB/s), memcap peak RSS {:.1} MiB, cgroup peak {:.1} MiB (limit {}); last run: {}",
+            times(&pws),
+            total as f64 / pw_med / 1e6,
+            mib(max_rss(&pws)),
+            mib(max_cg(&pws)),
             a.limit,
             pw.stdout.trim()
         );
         println!(
-            "  cp of the same files, same cap (2 runs): {:.2} s and {:.2} s, memcap peak RSS {:.1} MiB",
-            cp1.wall_s,
-            cp2.wall_s,
-            mib(cp1.peak_rss.max(cp2.peak_rss))
+            "  cp of the same files, same cap ({ROUNDS} runs, alternating): {} s (median {cp_med:.2} s), memcap peak RSS {:.1} MiB",
+            times(&cps),
+            mib(max_rss(&cps))
         );
         println!(
-            "  throughput ratio petite/cp: {:.3} (means), {:.3} (best of each)",
-            cp_mean / pw_mean,
-            cp_best / pw_best
+            "  throughput ratio petite/cp (medians): {:.3}",
+            cp_med / pw_med
         );
         println!(
             "  read-back: {:.2} s, peak RSS {:.1} MiB; {}",
