@@ -1,0 +1,396 @@
+//! `petite export` + `petite verify` end to end on the lerobot golden cases (small configs), as
+//! separate processes like a user runs them: accuracy against the f32 reference, identical bytes
+//! for identical inputs, resuming after SIGKILL / Ctrl-C, and the bad-input contract (clear
+//! error, nothing under a final name, checkpoint untouched).
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use petite_pi05::inputs::{Inputs, open_checkpoint};
+use petite_pi05::{Pi05Config, Precision};
+
+/// lerobot 0.6.1's own max |actions_bf16 − actions| on these goldens is 7.95e-3 – 9.56e-3
+/// (testdata/pi05/README.md). A bf16 export rounds the same weights and activations to the same
+/// 8-bit mantissa, so its error against f32 is the same kind and size of noise; where it
+/// rounds at slightly different points (fused ops, accumulation order) the noise is independent
+/// of lerobot's, which can at most add another ~1e-2. Bound: 2.5e-2, below what the goldens
+/// show real mistakes cost (an ignored mask 7–8e-2, a missing embedding scale 3.6–7.7e-2).
+const BF16_BOUND: f32 = 2.5e-2;
+
+fn petite() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_petite"));
+    c.env("RUST_BACKTRACE", "0");
+    c
+}
+
+fn case(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/pi05")
+        .join(name)
+}
+
+const CASES: [&str; 3] = [
+    "two_cams_mqa",
+    "three_cams_masked_gqa",
+    "one_cam_mha_unpadded",
+];
+
+struct Scratch(PathBuf);
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("petite-export-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+}
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn export_cmd(c: &Path, out: &Path, extra: &[&str]) -> Command {
+    let mut cmd = petite();
+    cmd.arg("export")
+        .arg("--checkpoint")
+        .arg(c.join("model.safetensors"))
+        .arg("--config")
+        .arg(c.join("config.json"))
+        .arg("--out")
+        .arg(out)
+        .args(["--engine-cap", "64KiB"])
+        .args(extra);
+    cmd
+}
+
+fn ok(o: Output) -> Output {
+    assert!(
+        o.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    o
+}
+
+fn export(c: &Path, out: &Path, extra: &[&str]) -> Output {
+    ok(export_cmd(c, out, extra).output().unwrap())
+}
+
+fn verify(c: &Path, dir: &Path) -> f32 {
+    ok(petite()
+        .arg("verify")
+        .arg("--pte-dir")
+        .arg(dir)
+        .arg("--checkpoint")
+        .arg(c.join("model.safetensors"))
+        .arg("--config")
+        .arg(c.join("config.json"))
+        .arg("--inputs")
+        .arg(c.join("inputs.safetensors"))
+        .output()
+        .unwrap());
+    report(dir)["verify"]["max_abs_action_error"]
+        .as_f64()
+        .unwrap() as f32
+}
+
+fn report(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
+}
+
+fn outputs(dir: &Path) -> (Vec<u8>, Vec<u8>) {
+    (
+        std::fs::read(dir.join("prefix.pte")).unwrap(),
+        std::fs::read(dir.join("step.pte")).unwrap(),
+    )
+}
+
+#[test]
+fn bf16_export_within_bound_f32_export_exact_on_every_golden() {
+    let s = Scratch::new("accuracy");
+    for name in CASES {
+        let c = case(name);
+        let bf = s.0.join(format!("{name}-bf16"));
+        let o = export(&c, &bf, &[]);
+        let r = report(&bf);
+        let prefix_engines = r["programs"]["prefix"]["engines"].as_array().unwrap().len();
+        assert!(
+            prefix_engines >= 2,
+            "{name}: a 64 KiB cap splits the prefix"
+        );
+        assert!(String::from_utf8_lossy(&o.stdout).contains("total"));
+        // Engines were removed (no --keep-engines), the mapping file stays for the next run.
+        assert!(!bf.join("engines").exists());
+        assert!(r["mapping"]["bytes"].as_u64().unwrap() > 0);
+        let err = verify(&c, &bf);
+        assert!(
+            err > 0.0 && err <= BF16_BOUND,
+            "{name}: bf16 export max abs action error {err:e} (bound {BF16_BOUND:e})"
+        );
+
+        // The bf16 export runs exactly petite's bf16 numerics: same actions, bit for bit, as
+        // the whole (unpartitioned) bf16 programs on the reference executor.
+        let cfg = Pi05Config::from_json_file(c.join("config.json")).unwrap();
+        let inputs = Inputs::from_file(c.join("inputs.safetensors"), &cfg).unwrap();
+        let ck = open_checkpoint(c.join("model.safetensors")).unwrap();
+        let whole = petite_pi05::run::run_model(&cfg, &ck, &inputs, Precision::Bf16).unwrap();
+        let pte = petite::verify::run_pte(&bf, &cfg, &inputs).unwrap();
+        assert_eq!(
+            pte, whole.actions,
+            "{name}: bf16 .pte vs whole bf16 program"
+        );
+
+        // In f32, the partitioned export is the f32 reference bit for bit.
+        let f = s.0.join(format!("{name}-f32"));
+        export(&c, &f, &["--dtype", "f32"]);
+        assert_eq!(verify(&c, &f), 0.0, "{name}: f32 export");
+    }
+}
+
+#[test]
+fn pte_files_pass_inspect_and_list_each_engine_once() {
+    let s = Scratch::new("inspect");
+    let c = case("three_cams_masked_gqa");
+    export(&c, &s.0, &[]);
+    let r = report(&s.0);
+    for prog in ["prefix", "step"] {
+        let o = ok(petite()
+            .arg("inspect")
+            .arg(s.0.join(format!("{prog}.pte")))
+            .output()
+            .unwrap());
+        let text = String::from_utf8_lossy(&o.stdout);
+        for e in r["programs"][prog]["engines"].as_array().unwrap() {
+            let n = e["name"].as_str().unwrap();
+            assert_eq!(
+                text.matches(&format!("named data \"{n}\": ")).count(),
+                1,
+                "{prog}: engine {n} listed once\n{text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn same_inputs_give_identical_bytes_and_a_rerun_reuses_everything() {
+    let s = Scratch::new("determinism");
+    let c = case("two_cams_mqa");
+    let (a, b) = (s.0.join("a"), s.0.join("b"));
+    export(&c, &a, &["--keep-engines"]);
+    export(&c, &b, &[]);
+    assert_eq!(outputs(&a), outputs(&b));
+    // Re-run into the same directory: mapping file and every engine reused, same bytes.
+    export(&c, &a, &["--keep-engines"]);
+    let r = report(&a);
+    assert_eq!(r["engines"]["built"], 0, "{r:#}");
+    assert!(r["engines"]["reused"].as_u64().unwrap() >= 4);
+    assert_eq!(r["mapping"]["reused"], true);
+    assert_eq!(outputs(&a), outputs(&b));
+}
+
+/// Starts a slowed export and waits until `n` engine files are finished.
+fn start_and_wait_for_engines(c: &Path, out: &Path, n: usize) -> std::process::Child {
+    let mut child = export_cmd(c, out, &["--pause-after-engine-ms", "400"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        let done = std::fs::read_dir(out.join("engines"))
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .ends_with(".ref.safetensors")
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        if done >= n {
+            return child;
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("export ended ({st}) before {n} engines were built");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigkill_midway_then_rerun_reuses_engines_and_gives_identical_bytes() {
+    let s = Scratch::new("sigkill");
+    let c = case("three_cams_masked_gqa");
+    let clean = s.0.join("clean");
+    export(&c, &clean, &[]);
+    let out = s.0.join("killed");
+    let mut child = start_and_wait_for_engines(&c, &out, 2);
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(!out.join("prefix.pte").exists() && !out.join("step.pte").exists());
+    export(&c, &out, &[]);
+    let r = report(&out);
+    assert!(
+        r["engines"]["reused"].as_u64().unwrap() >= 2,
+        "engines built before the kill are reused: {}",
+        r["engines"]
+    );
+    assert_eq!(r["mapping"]["reused"], true);
+    assert_eq!(outputs(&out), outputs(&clean));
+}
+
+#[test]
+fn ctrl_c_stops_cleanly_and_the_rerun_resumes() {
+    let s = Scratch::new("sigint");
+    let c = case("two_cams_mqa");
+    let out = s.0.join("out");
+    let child = start_and_wait_for_engines(&c, &out, 1);
+    // SAFETY: signalling our own child by pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("interrupted"), "{err}");
+    assert!(!out.join("prefix.pte").exists() && !out.join("step.pte").exists());
+    export(&c, &out, &[]);
+    assert!(report(&out)["engines"]["reused"].as_u64().unwrap() >= 1);
+}
+
+fn fingerprint(p: &Path) -> (Vec<u8>, std::time::SystemTime) {
+    (
+        std::fs::read(p).unwrap(),
+        std::fs::metadata(p).unwrap().modified().unwrap(),
+    )
+}
+
+/// Runs a failing export; asserts a clear message and no final output.
+fn refused(cmd: &mut Command, out: &Path, expect: &[&str]) -> String {
+    let o = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!o.status.success(), "should fail");
+    for e in expect {
+        assert!(err.contains(e), "expected `{e}` in:\n{err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+    for f in ["prefix.pte", "step.pte", "report.json"] {
+        assert!(!out.join(f).exists(), "{f} written after a failure");
+    }
+    err
+}
+
+#[test]
+fn bad_inputs_fail_clearly_write_nothing_and_leave_the_checkpoint_untouched() {
+    let s = Scratch::new("bad");
+    let c = case("two_cams_mqa");
+    let model = c.join("model.safetensors");
+    let before = fingerprint(&model);
+    let out = s.0.join("out");
+    let cmd = |ck: &Path, cfg: &Path, out: &Path, extra: &[&str]| {
+        let mut k = petite();
+        k.arg("export")
+            .arg("--checkpoint")
+            .arg(ck)
+            .arg("--config")
+            .arg(cfg)
+            .arg("--out")
+            .arg(out)
+            .args(extra);
+        k
+    };
+    let cfg = c.join("config.json");
+
+    // Not a pi0.5 checkpoint (the inputs file is valid safetensors).
+    refused(
+        &mut cmd(&c.join("inputs.safetensors"), &cfg, &out, &[]),
+        &out,
+        &["pi0.5 checkpoint"],
+    );
+    // Not safetensors at all.
+    refused(&mut cmd(&cfg, &cfg, &out, &[]), &out, &["config.json"]);
+    // Partial: one tensor missing.
+    let partial = s.0.join("partial.safetensors");
+    {
+        use petite_weights::{MappedSafetensors, SafetensorsWriter, TensorSpec, WeightSource};
+        let src = MappedSafetensors::open(&model).unwrap();
+        let missing = "model.paligemma_with_expert.gemma_expert.model.layers.1.mlp.up_proj.weight";
+        let names: Vec<String> = src.names().into_iter().filter(|n| n != missing).collect();
+        assert_eq!(names.len() + 1, src.names().len());
+        let specs: Vec<TensorSpec> = names
+            .iter()
+            .map(|n| {
+                let i = src.info(n).unwrap();
+                TensorSpec::new(n, i.dtype, &i.shape)
+            })
+            .collect();
+        let w = SafetensorsWriter::create(&partial, &specs, &[]).unwrap();
+        for n in &names {
+            w.write_at(n, 0, src.tensor(n).unwrap().bytes).unwrap();
+        }
+        w.finish().unwrap();
+    }
+    refused(
+        &mut cmd(&partial, &cfg, &out, &[]),
+        &out,
+        &["layers.1.mlp.up_proj.weight", "no such tensor"],
+    );
+    // A config that does not match the checkpoint.
+    let other = case("three_cams_masked_gqa").join("config.json");
+    refused(&mut cmd(&model, &other, &out, &[]), &out, &["expected"]);
+    // A budget too small: refused before any work, with the numbers; nothing created.
+    let err = refused(
+        &mut cmd(&model, &cfg, &out, &["--memory-budget", "1MiB"]),
+        &out,
+        &["memory budget 1.0 MiB is too small", "process base"],
+    );
+    assert!(
+        !out.exists(),
+        "refused budget must not create {}: {err}",
+        out.display()
+    );
+    // An output directory that cannot be created (its parent is a file).
+    let blocker = s.0.join("file");
+    std::fs::write(&blocker, b"x").unwrap();
+    refused(
+        &mut cmd(&model, &cfg, &blocker.join("out"), &[]),
+        &blocker.join("out"),
+        &["create output directory"],
+    );
+    // A backend that is not available here is refused by name.
+    refused(
+        &mut cmd(&model, &cfg, &out, &["--backend", "cuda"]),
+        &out,
+        &["reference` or `tensorrt"],
+    );
+    assert_eq!(fingerprint(&model), before, "checkpoint modified");
+}
+
+#[test]
+fn verify_refuses_a_mismatched_config_and_missing_pte() {
+    let s = Scratch::new("verify-bad");
+    let c = case("two_cams_mqa");
+    export(&c, &s.0, &[]);
+    let run = |cfg: &Path, dir: &Path| {
+        petite()
+            .arg("verify")
+            .arg("--pte-dir")
+            .arg(dir)
+            .arg("--checkpoint")
+            .arg(c.join("model.safetensors"))
+            .arg("--config")
+            .arg(cfg)
+            .output()
+            .unwrap()
+    };
+    let o = run(&case("one_cam_mha_unpadded").join("config.json"), &s.0);
+    assert!(!o.status.success());
+    let o = run(&c.join("config.json"), &s.0.join("nowhere"));
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("prefix.pte"));
+    // Seeded inputs (no --inputs) work too.
+    let o = run(&c.join("config.json"), &s.0);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
