@@ -1,0 +1,89 @@
+//! The ONNX emitter without Python: every engine of the small pi0.5 programs emits in both
+//! flavours, each weight is external data at its exact place in the mapping file, and a weight
+//! the mapping lacks (or holds with another shape) is a clear error. The models themselves are
+//! checked by onnx.checker and ONNX Runtime in `cargo xtask conformance` (onnx tier).
+mod common;
+
+use petite_engine::Error;
+use petite_engine::onnx::{Flavor, emit, locations};
+use petite_partition::{PartitionOptions, plan};
+use petite_pi05::{Pi05Config, Precision, build_all};
+use petite_weights::MappedSafetensors;
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The external_data entry `key = value` as protobuf bytes (StringStringEntryProto in field 13).
+fn entry(key: &str, value: &str) -> Vec<u8> {
+    let mut inner = vec![0x0a, key.len() as u8];
+    inner.extend_from_slice(key.as_bytes());
+    inner.push(0x12);
+    inner.push(value.len() as u8);
+    inner.extend_from_slice(value.as_bytes());
+    let mut out = vec![0x6a, inner.len() as u8];
+    out.extend(inner);
+    out
+}
+
+#[test]
+fn every_small_engine_emits_with_weights_as_external_data_in_place() {
+    let cfg = Pi05Config::small();
+    let dir = tempfile::tempdir().unwrap();
+    let ck = common::small_checkpoint(&cfg, dir.path());
+    let src = MappedSafetensors::open(&ck).unwrap();
+    let locs = locations(src.header());
+    for prec in [Precision::F32, Precision::Bf16] {
+        let progs = build_all(&cfg, prec).unwrap();
+        for program in [&progs.prefix, &progs.step] {
+            let pl = plan(
+                program,
+                &PartitionOptions::new(program.weight_bytes() as u64 / 3),
+            )
+            .unwrap();
+            for i in 0..pl.engines.len() {
+                let sub = pl.engine_program(program, i).unwrap();
+                for flavor in [Flavor::TensorRt, Flavor::F32Twin] {
+                    let m = emit(&sub.program, &locs, "model.safetensors", flavor).unwrap();
+                    assert!(contains(&m, b"petite"));
+                    for w in sub.program.weights() {
+                        let r = src.file_range(&w.name).unwrap();
+                        assert!(contains(&m, format!("w:{}", w.name).as_bytes()));
+                        assert!(
+                            contains(&m, &entry("offset", &r.start.to_string())),
+                            "{}",
+                            w.name
+                        );
+                        assert!(
+                            contains(&m, &entry("length", &r.len().to_string())),
+                            "{}",
+                            w.name
+                        );
+                    }
+                    // Weight bytes are not in the model: it is far smaller than its weights.
+                    assert!((m.len() as u64) < 64 * 1024 + pl.engines[i].weight_bytes / 4);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_weight_missing_from_the_mapping_or_misshapen_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (program, path) = common::chain(dir.path(), 2, 64);
+    let src = MappedSafetensors::open(&path).unwrap();
+    let mut locs = locations(src.header());
+    locs.remove("w1");
+    let e = emit(&program, &locs, "x", Flavor::TensorRt).unwrap_err();
+    assert!(
+        matches!(&e, Error::Weight { tensor, .. } if tensor == "w1"),
+        "{e}"
+    );
+    let mut locs = locations(src.header());
+    locs.get_mut("w0").unwrap().shape = vec![32, 128];
+    let e = emit(&program, &locs, "x", Flavor::TensorRt)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("w0") && e.contains("[32, 128]"), "{e}");
+}
