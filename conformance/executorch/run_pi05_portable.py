@@ -1,6 +1,6 @@
 """Runs pi0.5 as portable ExecuTorch programs and compares with lerobot's golden actions.
 
-Usage: run_pi05_portable.py CASE_DIR PTE_DIR [--tol 1e-4]
+Usage: run_pi05_portable.py CASE_DIR PTE_DIR [--tol 1e-4] [--runtime numpy|torch]
 CASE_DIR holds a golden case (inputs.safetensors, expected.safetensors; testdata/pi05/README.md).
 PTE_DIR holds timesteps.pte, prefix.pte, step.pte (from `petite lower`), each with its .pte.json
 (input/output names, dtypes and shapes in call order). The driver runs the timestep table once,
@@ -14,6 +14,40 @@ import struct
 import sys
 
 import numpy as np
+
+
+class Runner:
+    """One method of a .pte in executorch-numpy-runtime ("numpy") or executorch 1.5.1 ("torch")."""
+
+    def __init__(self, path, runtime):
+        self.runtime = runtime
+        if runtime == "numpy":
+            import executorch_numpy_runtime as et
+            self.m = et.Runtime.get().load_program(path).load_method("forward")
+        else:
+            import torch  # noqa: F401  (executorch's pybindings need it loaded first)
+            from executorch.runtime import Runtime, Verification
+            prog = Runtime.get().load_program(path, verification=Verification.InternalConsistency)
+            self.m = prog.load_method("forward")
+
+    def __call__(self, arrays, bf16=None):
+        if self.runtime == "numpy":
+            return [np.asarray(o) for o in self.m(arrays)]
+        import torch
+        bf16 = bf16 or [False] * len(arrays)
+        ts = [torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if b else torch.from_numpy(a)
+              for a, b in zip(arrays, bf16)]
+        outs = []
+        for o in self.m.execute(ts):
+            if o.dtype == torch.bfloat16:
+                outs.append(o.view(torch.int16).numpy().view(np.uint16))
+            else:
+                outs.append(o.numpy())
+        return outs
+
+
+def runtime_arg():
+    return sys.argv[sys.argv.index("--runtime") + 1] if "--runtime" in sys.argv else "numpy"
 
 DT = {"F32": np.float32, "I64": np.int64, "I32": np.int32, "U8": np.uint8, "BOOL": np.bool_,
       "F16": np.float16, "BF16": np.uint16}
@@ -35,10 +69,9 @@ def read_safetensors(path):
     return out
 
 
-def load(et, pte_dir, name):
+def load(runtime, pte_dir, name):
     spec = json.load(open(os.path.join(pte_dir, name + ".pte.json")))
-    method = et.Runtime.get().load_program(os.path.join(pte_dir, name + ".pte")).load_method("forward")
-    return spec, method
+    return spec, Runner(os.path.join(pte_dir, name + ".pte"), runtime)
 
 
 def call(spec, method, feed):
@@ -46,12 +79,12 @@ def call(spec, method, feed):
     for i in spec["inputs"]:
         a = np.asarray(feed[i["name"]]).astype(PETITE[i["dtype"]]).reshape(i["shape"])
         args.append(np.ascontiguousarray(a))
-    outs = method(args)
+    outs = method(args, [i["dtype"] == "bf16" for i in spec["inputs"]])
     return {o["name"]: np.asarray(v) for o, v in zip(spec["outputs"], outs)}
 
 
 def main():
-    import executorch_numpy_runtime as et
+    et = runtime_arg()
     case_dir, pte_dir = sys.argv[1], sys.argv[2]
     tol = float(sys.argv[sys.argv.index("--tol") + 1]) if "--tol" in sys.argv else 1e-4
     inputs = read_safetensors(os.path.join(case_dir, "inputs.safetensors"))
@@ -75,7 +108,7 @@ def main():
         feed["time_row"] = table[k]
         x = call(step_spec, step, feed)["x_next"].astype(np.float32)
     err = float(np.abs(x.astype(np.float64) - expected["actions"]).max())
-    res = {"case": os.path.basename(os.path.normpath(case_dir)), "steps": steps,
+    res = {"case": os.path.basename(os.path.normpath(case_dir)), "runtime": et, "steps": steps,
            "max_abs_err_actions": err, "max_abs_err_prefix_kv": kv_err,
            "max_abs_actions": float(np.abs(expected["actions"]).max()), "tol": tol,
            "ok": bool(err <= tol)}

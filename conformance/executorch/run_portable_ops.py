@@ -1,6 +1,6 @@
 """Runs petite-portable's per-op cases in ExecuTorch's runtime (executorch-numpy-runtime 1.4.0).
 
-Usage: run_portable_ops.py CASES_DIR   (written by `cargo test -p petite-portable --test op_cases`)
+Usage: run_portable_ops.py CASES_DIR [--runtime numpy|torch]   (written by `cargo test -p petite-portable --test op_cases`)
 Each case (manifest.json) is loaded and run in a subprocess (older runtimes can crash on bad
 input); outputs are compared with the reference executor's. bf16 travels as uint16 bits.
 Tolerances: f32 |a-b| <= 2e-5 + 2e-5|b| (kernel order of operations differs from the reference);
@@ -13,6 +13,40 @@ import subprocess
 import sys
 
 import numpy as np
+
+
+class Runner:
+    """One method of a .pte in executorch-numpy-runtime ("numpy") or executorch 1.5.1 ("torch")."""
+
+    def __init__(self, path, runtime):
+        self.runtime = runtime
+        if runtime == "numpy":
+            import executorch_numpy_runtime as et
+            self.m = et.Runtime.get().load_program(path).load_method("forward")
+        else:
+            import torch  # noqa: F401  (executorch's pybindings need it loaded first)
+            from executorch.runtime import Runtime, Verification
+            prog = Runtime.get().load_program(path, verification=Verification.InternalConsistency)
+            self.m = prog.load_method("forward")
+
+    def __call__(self, arrays, bf16=None):
+        if self.runtime == "numpy":
+            return [np.asarray(o) for o in self.m(arrays)]
+        import torch
+        bf16 = bf16 or [False] * len(arrays)
+        ts = [torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if b else torch.from_numpy(a)
+              for a, b in zip(arrays, bf16)]
+        outs = []
+        for o in self.m.execute(ts):
+            if o.dtype == torch.bfloat16:
+                outs.append(o.view(torch.int16).numpy().view(np.uint16))
+            else:
+                outs.append(o.numpy())
+        return outs
+
+
+def runtime_arg():
+    return sys.argv[sys.argv.index("--runtime") + 1] if "--runtime" in sys.argv else "numpy"
 
 
 def bf16_to_f32(bits):
@@ -41,12 +75,10 @@ def compare(case, name, dtype, got, want, bf16_abs_tol=0.0):
     return None
 
 
-def run_one(d, case):
-    import executorch_numpy_runtime as et
-    prog = et.Runtime.get().load_program(os.path.join(d, case["pte"]))
-    method = prog.load_method("forward")
+def run_one(d, case, runtime):
+    method = Runner(os.path.join(d, case["pte"]), runtime)
     ins = [np.load(os.path.join(d, i["file"])) for i in case["inputs"]]
-    outs = method(ins)
+    outs = method(ins, [i["dtype"] == "bf16" for i in case["inputs"]])
     errs = []
     worst = 0.0
     for spec, got in zip(case["outputs"], outs):
@@ -66,16 +98,17 @@ def run_one(d, case):
 
 
 def main():
-    if len(sys.argv) == 4 and sys.argv[1] == "--one":
+    runtime = runtime_arg()
+    if sys.argv[1] == "--one":
         d = sys.argv[2]
         cases = json.load(open(os.path.join(d, "manifest.json")))
-        run_one(d, next(c for c in cases if c["name"] == sys.argv[3]))
+        run_one(d, next(c for c in cases if c["name"] == sys.argv[3]), runtime)
         return
     d = sys.argv[1]
     cases = json.load(open(os.path.join(d, "manifest.json")))
     failed = []
     for case in cases:
-        r = subprocess.run([sys.executable, __file__, "--one", d, case["name"]],
+        r = subprocess.run([sys.executable, __file__, "--one", d, case["name"], "--runtime", runtime],
                            capture_output=True, text=True)
         if r.returncode != 0:
             failed.append(f"{case['name']}: runtime exited {r.returncode}: {r.stderr.strip()[-800:]}")
@@ -92,7 +125,7 @@ def main():
         for f in failed:
             print("  " + f, file=sys.stderr)
         sys.exit(1)
-    print(f"portable ops: all {len(cases)} cases match the reference executor in ExecuTorch's runtime")
+    print(f"portable ops ({runtime}): all {len(cases)} cases match the reference executor in ExecuTorch's runtime")
 
 
 if __name__ == "__main__":

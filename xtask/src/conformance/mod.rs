@@ -6,6 +6,7 @@ use anyhow::Result;
 
 mod lerobot;
 mod onnx;
+mod portable;
 mod pte;
 mod weights;
 
@@ -26,5 +27,6 @@ pub fn run(args: &Args) -> Result<()> {
     pte::run(args.full)?;
     weights::run()?;
     onnx::run()?;
+    portable::run(args.full)?;
     Ok(())
 }
