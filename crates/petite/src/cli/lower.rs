@@ -92,3 +92,24 @@ pub fn run(a: LowerArgs) -> Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use petite_pi05::Pi05Config;
+
+    use super::*;
+
+    /// The full-size pi0.5 prefix plans (shapes only) within 1.5x of its largest live set.
+    #[test]
+    fn full_size_prefix_plan_is_within_1_5x_of_the_largest_live_set() {
+        for precision in [Precision::F32, Precision::Bf16] {
+            let prog = build_prefix(&Pi05Config::default(), precision).unwrap();
+            let s = petite_portable::plan_portable(&prog).unwrap().plan;
+            assert!(s.planned_bytes >= s.max_live_bytes);
+            assert!(
+                s.planned_bytes as f64 <= 1.5 * s.max_live_bytes as f64,
+                "{s:?}"
+            );
+        }
+    }
+}
