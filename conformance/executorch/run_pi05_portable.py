@@ -1,6 +1,6 @@
 """Runs pi0.5 as portable ExecuTorch programs and compares with lerobot's golden actions.
 
-Usage: run_pi05_portable.py CASE_DIR PTE_DIR [--tol 1e-4] [--runtime numpy|torch]
+Usage: run_pi05_portable.py CASE_DIR PTE_DIR [--tol 1e-4] [--runtime numpy|torch] [--key actions]
 CASE_DIR holds a golden case (inputs.safetensors, expected.safetensors; testdata/pi05/README.md).
 PTE_DIR holds timesteps.pte, prefix.pte, step.pte (from `petite lower`), each with its .pte.json
 (input/output names, dtypes and shapes in call order). The driver runs the timestep table once,
@@ -86,6 +86,7 @@ def call(spec, method, feed):
 def main():
     et = runtime_arg()
     case_dir, pte_dir = sys.argv[1], sys.argv[2]
+    key = sys.argv[sys.argv.index("--key") + 1] if "--key" in sys.argv else "actions"
     tol = float(sys.argv[sys.argv.index("--tol") + 1]) if "--tol" in sys.argv else 1e-4
     inputs = read_safetensors(os.path.join(case_dir, "inputs.safetensors"))
     expected = read_safetensors(os.path.join(case_dir, "expected.safetensors"))
@@ -97,6 +98,8 @@ def main():
     kv_err = 0.0
     for k, v in prefix.items():
         if k in expected:
+            if v.dtype == np.uint16:  # bf16 bits (petite has no u16 dtype)
+                v = (v.astype(np.uint32) << 16).view(np.float32)
             kv_err = max(kv_err, float(np.abs(v.astype(np.float64).reshape(expected[k].shape)
                                               - expected[k]).max()))
     step_spec, step = load(et, pte_dir, "step")
@@ -107,9 +110,9 @@ def main():
         feed["x_t"] = x
         feed["time_row"] = table[k]
         x = call(step_spec, step, feed)["x_next"].astype(np.float32)
-    err = float(np.abs(x.astype(np.float64) - expected["actions"]).max())
+    err = float(np.abs(x.astype(np.float64) - expected[key]).max())
     res = {"case": os.path.basename(os.path.normpath(case_dir)), "runtime": et, "steps": steps,
-           "max_abs_err_actions": err, "max_abs_err_prefix_kv": kv_err,
+           "golden": key, "max_abs_err_actions": err, "max_abs_err_prefix_kv": kv_err,
            "max_abs_actions": float(np.abs(expected["actions"]).max()), "tol": tol,
            "ok": bool(err <= tol)}
     print(json.dumps(res))
