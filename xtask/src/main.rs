@@ -4,6 +4,7 @@
 mod bench;
 mod codegen;
 mod conformance;
+mod export_pi05;
 mod util;
 
 use anyhow::Result;

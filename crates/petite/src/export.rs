@@ -60,8 +60,8 @@ const CONVERT_BYTES: u64 = 48 << 20;
 pub struct ExportOptions {
     /// Checkpoint: file, `model.safetensors.index.json` or directory; lerobot or Hub layout.
     pub checkpoint: PathBuf,
-    /// pi0.5 config JSON.
-    pub config: PathBuf,
+    /// pi0.5 config JSON (`None`: the real pi0.5).
+    pub config: Option<PathBuf>,
     /// Output directory (created if missing).
     pub out: PathBuf,
     /// Engine backend.
@@ -84,10 +84,10 @@ pub struct ExportOptions {
 
 impl ExportOptions {
     /// Defaults for the given paths: reference backend, bf16, 512 MiB cap, no budget.
-    pub fn new(checkpoint: &Path, config: &Path, out: &Path) -> Self {
+    pub fn new(checkpoint: &Path, config: Option<&Path>, out: &Path) -> Self {
         ExportOptions {
             checkpoint: checkpoint.to_path_buf(),
-            config: config.to_path_buf(),
+            config: config.map(Path::to_path_buf),
             out: out.to_path_buf(),
             backend: Backend::Reference,
             engine_cap: None,
@@ -491,7 +491,10 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
 
     // --- load: config, checkpoint, programs, plans, budget ---------------------------------
     let st = rec.begin("load");
-    let cfg = Pi05Config::from_json_file(&opts.config)?;
+    let cfg = match &opts.config {
+        Some(p) => Pi05Config::from_json_file(p)?,
+        None => Pi05Config::default(),
+    };
     let ck = open_checkpoint(&opts.checkpoint)?;
     let names = ck.inner().names();
     let layout = petite_pi05::names::detect_layout(&names);
@@ -508,7 +511,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
         if let Ok(oc) = o.canonicalize()
             && ck_files
                 .iter()
-                .chain(std::iter::once(&opts.config))
+                .chain(opts.config.iter())
                 .any(|f| f.canonicalize().ok().as_ref() == Some(&oc))
         {
             return Err(Error::Usage(format!(
@@ -692,7 +695,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
             "shards": shards,
             "files": ck_files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
         },
-        "config": opts.config.display().to_string(),
+        "config": opts.config.as_ref().map(|p| p.display().to_string()),
         "backend": opts.backend.name(),
         "dtype": match opts.precision { Precision::Bf16 => "bf16", Precision::F32 => "f32" },
         "engine_cap": engine_cap,

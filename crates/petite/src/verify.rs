@@ -34,8 +34,8 @@ pub struct VerifyOptions {
     pub pte_dir: PathBuf,
     /// The original checkpoint (for the f32 reference).
     pub checkpoint: PathBuf,
-    /// pi0.5 config JSON.
-    pub config: PathBuf,
+    /// pi0.5 config JSON (`None`: the real pi0.5).
+    pub config: Option<PathBuf>,
     /// Inputs safetensors (`petite pi05 run`'s format); `None`: seeded inputs.
     pub inputs: Option<PathBuf>,
     /// Seed of the generated inputs.
@@ -481,7 +481,10 @@ pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<
 /// into `report.json` in the pte directory (created if missing).
 pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     let rec = Recorder::start(Duration::from_millis(10));
-    let cfg = Pi05Config::from_json_file(&opts.config)?;
+    let cfg = match &opts.config {
+        Some(p) => Pi05Config::from_json_file(p)?,
+        None => Pi05Config::default(),
+    };
     let (inputs, inputs_desc) = match &opts.inputs {
         Some(p) => (Inputs::from_file(p, &cfg)?, p.display().to_string()),
         None => (

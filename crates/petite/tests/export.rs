@@ -394,3 +394,74 @@ fn verify_refuses_a_mismatched_config_and_missing_pte() {
     let o = run(&c.join("config.json"), &s.0);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// A Hub-layout copy of a golden checkpoint split over two shards with an index: detected,
+/// exported, and its actions equal the lerobot-layout export's bit for bit.
+#[test]
+fn sharded_hub_layout_exports_the_same_model() {
+    use petite_pi05::names::{Layout, stored_name};
+    use petite_weights::{MappedSafetensors, SafetensorsWriter, TensorSpec, WeightSource};
+    let s = Scratch::new("hub");
+    let c = case("three_cams_masked_gqa");
+    let src = MappedSafetensors::open(c.join("model.safetensors")).unwrap();
+    let layout = Layout::Hub { prefixed: false };
+    let mut entries: Vec<(String, String)> = src
+        .names()
+        .into_iter()
+        .filter_map(|n| Some((stored_name(&n, layout)?, n)))
+        .collect();
+    entries.sort();
+    let hub = s.0.join("hub");
+    std::fs::create_dir_all(&hub).unwrap();
+    let half = entries.len() / 2;
+    let mut map = serde_json::Map::new();
+    for (k, part) in [&entries[..half], &entries[half..]].iter().enumerate() {
+        let file = format!("model-0000{}-of-00002.safetensors", k + 1);
+        let specs: Vec<TensorSpec> = part
+            .iter()
+            .map(|(stored, n)| {
+                let i = src.info(n).unwrap();
+                TensorSpec::new(stored, i.dtype, &i.shape)
+            })
+            .collect();
+        let w = SafetensorsWriter::create(hub.join(&file), &specs, &[]).unwrap();
+        for (stored, n) in part.iter() {
+            w.write_at(stored, 0, src.tensor(n).unwrap().bytes).unwrap();
+            map.insert(stored.clone(), serde_json::Value::String(file.clone()));
+        }
+        w.finish().unwrap();
+    }
+    std::fs::write(
+        hub.join("model.safetensors.index.json"),
+        serde_json::to_string(&serde_json::json!({"metadata": {}, "weight_map": map})).unwrap(),
+    )
+    .unwrap();
+
+    let (a, b) = (s.0.join("lerobot"), s.0.join("hub-out"));
+    export(&c, &a, &[]);
+    ok(petite()
+        .arg("export")
+        .arg("--checkpoint")
+        .arg(&hub)
+        .arg("--config")
+        .arg(c.join("config.json"))
+        .arg("--out")
+        .arg(&b)
+        .args(["--engine-cap", "64KiB"])
+        .output()
+        .unwrap());
+    let r = report(&b);
+    assert_eq!(r["checkpoint"]["shards"], 2, "{}", r["checkpoint"]);
+    assert!(
+        r["checkpoint"]["layout"]
+            .as_str()
+            .unwrap()
+            .starts_with("hub")
+    );
+    let cfg = Pi05Config::from_json_file(c.join("config.json")).unwrap();
+    let inputs = Inputs::from_file(c.join("inputs.safetensors"), &cfg).unwrap();
+    assert_eq!(
+        petite::verify::run_pte(&a, &cfg, &inputs).unwrap(),
+        petite::verify::run_pte(&b, &cfg, &inputs).unwrap()
+    );
+}

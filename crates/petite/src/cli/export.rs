@@ -15,9 +15,9 @@ pub struct ExportArgs {
     /// layout, single or sharded).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// pi0.5 config JSON.
+    /// pi0.5 config JSON (default: the real pi0.5).
     #[arg(long)]
-    pub config: PathBuf,
+    pub config: Option<PathBuf>,
     /// Output directory: prefix.pte, step.pte, report.json, cache/ (mapping file).
     #[arg(long)]
     pub out: PathBuf,
@@ -44,7 +44,7 @@ pub struct ExportArgs {
 
 /// Runs `petite export`.
 pub fn run(a: ExportArgs) -> anyhow::Result<()> {
-    let mut o = ExportOptions::new(&a.checkpoint, &a.config, &a.out);
+    let mut o = ExportOptions::new(&a.checkpoint, a.config.as_deref(), &a.out);
     o.backend = a.backend;
     o.engine_cap = a.engine_cap;
     o.memory_budget = a.memory_budget;

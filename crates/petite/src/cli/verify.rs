@@ -14,9 +14,9 @@ pub struct VerifyArgs {
     /// The original checkpoint (for the f32 reference).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// pi0.5 config JSON.
+    /// pi0.5 config JSON (default: the real pi0.5).
     #[arg(long)]
-    pub config: PathBuf,
+    pub config: Option<PathBuf>,
     /// Inputs safetensors (images, image_masks, tokens, token_mask, noise); default: seeded.
     #[arg(long)]
     pub inputs: Option<PathBuf>,
