@@ -32,6 +32,8 @@ enum Cmd {
     Bench(bench::BenchCmd),
     /// Regenerate petite-pte's flatbuffers code from the vendored schema (`--check`: fail if stale).
     Codegen(codegen::Args),
+    /// The whole pi0.5 export (synthesized full-size checkpoint by default), verified.
+    ExportPi05(export_pi05::Args),
 }
 
 fn main() -> Result<()> {
@@ -41,6 +43,7 @@ fn main() -> Result<()> {
         Cmd::Conformance(a) => conformance::run(&a),
         Cmd::Bench(b) => bench::run(b),
         Cmd::Codegen(a) => codegen::run(&a),
+        Cmd::ExportPi05(a) => export_pi05::run(&a),
     }
 }
 
