@@ -66,7 +66,8 @@ fn write(out: PathBuf, srcs: Vec<PathBuf>) -> Result<(), Box<dyn std::error::Err
     let mut engines = Vec::new();
     for (i, s) in srcs.iter().enumerate() {
         let key = format!("engine-{i}");
-        pb.add_named_data(&key, SegmentData::file(s)?, 128)?;
+        // Page-aligned, so the runtime can map an engine in place.
+        pb.add_named_data(&key, SegmentData::file(s)?, 4096)?;
         // The delegate blob names its engine; the engine itself is stored once as named data.
         let blob = pb.add_segment(SegmentData::bytes(format!("TR03{key}").into_bytes()), 16)?;
         engines.push(blob);
