@@ -5,8 +5,8 @@ use anyhow::Result;
 
 mod convert;
 mod engine;
-mod pte;
 mod pi05_run;
+mod pte;
 mod synth;
 
 /// The benchmarks.
