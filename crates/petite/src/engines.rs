@@ -68,7 +68,7 @@ impl Backend {
     pub fn settings(self) -> String {
         match self {
             Backend::Reference => format!("{}|{}", reference::BACKEND_ID, reference::FORMAT),
-            Backend::TensorRt => "TensorRTBackend|TR01".to_string(),
+            Backend::TensorRt => format!("{}|TR01", petite_engine::tensorrt::BACKEND_ID),
         }
     }
 
@@ -80,16 +80,36 @@ impl Backend {
         }
     }
 
-    /// The builder of this backend.
-    pub fn builder(self) -> Result<Box<dyn EngineBuilder>> {
+    /// Checks, before any work, that the backend can build here (TensorRT: `trtexec` found via
+    /// `$PETITE_TRTEXEC` or `PATH`).
+    pub fn check_available(self) -> Result<()> {
+        match self {
+            Backend::Reference => Ok(()),
+            Backend::TensorRt => {
+                petite_engine::tensorrt::find_trtexec()?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether engines read every weight from the mapping file (TensorRT's ONNX models point
+    /// into it) rather than only the bf16-declared ones.
+    pub fn needs_full_mapping(self) -> bool {
+        self == Backend::TensorRt
+    }
+
+    /// The builder of this backend; TensorRT needs the mapping file its ONNX models point into.
+    pub fn builder(self, mapping: Option<&Path>) -> Result<Box<dyn EngineBuilder>> {
         match self {
             Backend::Reference => Ok(Box::new(ReferenceBuilder::default())),
-            Backend::TensorRt => Err(Error::Usage(
-                "--backend tensorrt: this petite build has no TensorRT backend wired into the \
-                 export yet (petite-engine's TensorRT builder is not available here); use \
-                 --backend reference"
-                    .into(),
-            )),
+            Backend::TensorRt => {
+                let m = mapping.ok_or_else(|| {
+                    Error::Usage(
+                        "--backend tensorrt needs a mapping file (use --dtype bf16)".into(),
+                    )
+                })?;
+                Ok(Box::new(petite_engine::tensorrt::TensorRtBuilder::new(m)?))
+            }
         }
     }
 }
@@ -132,7 +152,27 @@ pub fn reuse(backend: Backend, path: &Path, job: &EngineJob<'_>) -> Option<Built
                 output_values: job.output_values.to_vec(),
             })
         }
-        Backend::TensorRt => None,
+        Backend::TensorRt => {
+            // The name carries the hash of subgraph + weights + settings; the blob must parse.
+            let (h, _) = petite_engine::tensorrt::blob::read(path).ok()?;
+            let (inputs, outputs) = petite_engine::bindings(job.program);
+            Some(BuiltEngine {
+                index: job.index,
+                name: job.name.to_string(),
+                backend_id: petite_engine::tensorrt::BACKEND_ID.to_string(),
+                file: path.to_path_buf(),
+                file_bytes: h.total_len,
+                inputs,
+                outputs,
+                payload: FileRegion {
+                    path: path.to_path_buf(),
+                    offset: 0,
+                    len: h.total_len,
+                },
+                input_values: job.input_values.to_vec(),
+                output_values: job.output_values.to_vec(),
+            })
+        }
     }
 }
 

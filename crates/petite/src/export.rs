@@ -424,7 +424,7 @@ fn build_engines(
     opts: &ExportOptions,
     pb: &ProgressBar,
 ) -> Result<(Vec<BuiltEngine>, Vec<serde_json::Value>)> {
-    let builder = backend.builder()?;
+    let builder = backend.builder(weights.mapping.as_ref().map(|m| m.path()))?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create engine directory", e))?;
     let mut last_use: Vec<Vec<&str>> = vec![Vec::new(); plan.engines.len()];
     for w in &plan.weights {
@@ -561,6 +561,12 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
             human(need)
         )));
     }
+    if opts.backend == Backend::TensorRt && opts.precision != Precision::Bf16 {
+        return Err(Error::Usage(
+            "--backend tensorrt exports bf16 programs only (its engines read the bf16 mapping file); use --dtype bf16".into(),
+        ));
+    }
+    opts.backend.check_available()?;
     check_writable(&opts.out)?;
     let identity = format!("{}|{:?}", source_key(&ck_files)?, opts.precision);
     rec.end(st, false);
@@ -568,7 +574,18 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
 
     // --- convert: the mapping file ---------------------------------------------------------
     let st = rec.begin("convert");
-    let selection = mapping_selection(&[&progs.timestep_table, &progs.prefix, &progs.step]);
+    let all_programs = [&progs.timestep_table, &progs.prefix, &progs.step];
+    let selection = if opts.backend.needs_full_mapping() {
+        // TensorRT's ONNX models point into the mapping file for every weight; weights the
+        // programs declare f32 are then read from their bf16 copies (cast back to f32).
+        let set: BTreeSet<String> = all_programs
+            .iter()
+            .flat_map(|p| p.weights().into_iter().map(|w| w.name))
+            .collect();
+        set.into_iter().collect()
+    } else {
+        mapping_selection(&all_programs)
+    };
     let cache = opts.out.join("cache");
     let (mapping, mapping_reused, conv) = if selection.is_empty() {
         (None, true, None)
@@ -661,7 +678,9 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
         for e in prefix_engines.iter().chain(&step_engines) {
             let _ = std::fs::remove_file(&e.file);
         }
-        let _ = std::fs::remove_dir(&engines_dir);
+        // Only petite's own files live there (engines, TensorRT's ONNX models, logs, timing
+        // cache, the mapping-file link).
+        let _ = std::fs::remove_dir_all(&engines_dir);
     }
     rec.end(st, false);
 

@@ -465,3 +465,66 @@ fn sharded_hub_layout_exports_the_same_model() {
         petite::verify::run_pte(&b, &cfg, &inputs).unwrap()
     );
 }
+
+/// `--backend tensorrt` with a stand-in `trtexec` (no TensorRT here): every engine becomes a
+/// `TensorRTBackend` delegate stored once; verify refuses to run it by name; without `trtexec`
+/// the export is refused before any work.
+#[test]
+fn tensorrt_backend_with_a_stand_in_trtexec() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new("trt");
+    let c = case("two_cams_mqa");
+    let fake = s.0.join("trtexec");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in --saveEngine=*) out=\"${a#--saveEngine=}\";; \
+         --onnx=*) onnx=\"${a#--onnx=}\";; esac; done\ntest -s \"$onnx\" || exit 3\n\
+         head -c 1000 /dev/zero | tr '\\0' 'P' > \"$out\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let out = s.0.join("out");
+    let o = export_cmd(&c, &out, &["--backend", "tensorrt"])
+        .env("PETITE_TRTEXEC", &fake)
+        .output()
+        .unwrap();
+    ok(o);
+    let r = report(&out);
+    assert_eq!(r["backend"], "tensorrt");
+    assert!(!out.join("engines").exists());
+    let o = ok(petite()
+        .arg("inspect")
+        .arg(out.join("prefix.pte"))
+        .output()
+        .unwrap());
+    let text = String::from_utf8_lossy(&o.stdout);
+    let n = r["programs"]["prefix"]["engines"].as_array().unwrap().len();
+    assert_eq!(
+        text.matches("delegate TensorRTBackend").count(),
+        n,
+        "{text}"
+    );
+    let v = petite()
+        .arg("verify")
+        .arg("--pte-dir")
+        .arg(&out)
+        .arg("--checkpoint")
+        .arg(c.join("model.safetensors"))
+        .arg("--config")
+        .arg(c.join("config.json"))
+        .output()
+        .unwrap();
+    assert!(!v.status.success());
+    assert!(String::from_utf8_lossy(&v.stderr).contains("TensorRTBackend"));
+
+    // No trtexec: refused up front, nothing written (not even the mapping file).
+    let out2 = s.0.join("out2");
+    let o = export_cmd(&c, &out2, &["--backend", "tensorrt"])
+        .env("PETITE_TRTEXEC", s.0.join("no-such-trtexec"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("TensorRT is not available"));
+    assert!(!out2.exists());
+}
