@@ -41,6 +41,11 @@ pub struct Args {
     /// Measure the disk floor in the same run (dd read of the checkpoint, dd write of the .pte bytes).
     #[arg(long)]
     pub floor: bool,
+    /// Also read both .pte files with ExecuTorch's own `deserialize_pte_binary` (needs the
+    /// conformance venv target/venv-pte-full: `cargo xtask conformance --full` creates it; the
+    /// deserializer copies named data into memory, so keep this to small exports).
+    #[arg(long)]
+    pub executorch_check: bool,
     /// Extra arguments for `petite export` (e.g. `--keep-engines`), after `--`.
     #[arg(last = true)]
     pub export_args: Vec<String>,
@@ -237,6 +242,20 @@ pub fn run(a: &Args) -> Result<()> {
                 String::new()
             }
         );
+    }
+    if a.executorch_check {
+        let python = root.join("target/venv-pte-full/bin/python");
+        if !python.exists() {
+            bail!(
+                "--executorch-check: no {} (run `cargo xtask conformance --full` once)",
+                python.display()
+            );
+        }
+        crate::util::run(
+            Command::new(&python)
+                .arg(root.join("xtask/src/export_pi05_check.py"))
+                .arg(&out),
+        )?;
     }
     if a.floor {
         // The floor: the checkpoint read once (cold cache) plus the .pte bytes written once
