@@ -518,6 +518,49 @@ fn tensorrt_backend_with_a_stand_in_trtexec() {
     assert!(!v.status.success());
     assert!(String::from_utf8_lossy(&v.stderr).contains("TensorRTBackend"));
 
+    // --memory-budget picks TensorRT's cap from its build estimate (4x the engine's weights):
+    // cap = (budget - process base) / 4, every engine within it.
+    let out3 = s.0.join("out3");
+    ok(petite()
+        .arg("export")
+        .arg("--checkpoint")
+        .arg(c.join("model.safetensors"))
+        .arg("--config")
+        .arg(c.join("config.json"))
+        .arg("--out")
+        .arg(&out3)
+        .args(["--backend", "tensorrt", "--memory-budget", "96MiB"])
+        .env("PETITE_TRTEXEC", &fake)
+        .output()
+        .unwrap());
+    let r3 = report(&out3);
+    let cap = r3["engine_cap"].as_u64().unwrap();
+    assert!(cap > 0 && cap <= (96 << 20) / 4, "cap {cap}");
+    assert!(r3["memory_estimate"].as_u64().unwrap() <= 96 << 20);
+    for p in ["prefix", "step"] {
+        for e in r3["programs"][p]["engines"].as_array().unwrap() {
+            assert!(e["over_cap"] == true || e["weight_bytes"].as_u64().unwrap() <= cap);
+        }
+    }
+
+    // 24 MiB: the conversion alone needs more; refused with the numbers, nothing created.
+    let out4 = s.0.join("out4");
+    let o = export_cmd(
+        &c,
+        &out4,
+        &["--backend", "tensorrt", "--memory-budget", "24MiB"],
+    )
+    .env("PETITE_TRTEXEC", &fake)
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("memory budget 24.0 MiB is too small") && err.contains("conversion"),
+        "{err}"
+    );
+    assert!(!out4.exists());
+
     // No trtexec: refused up front, nothing written (not even the mapping file).
     let out2 = s.0.join("out2");
     let o = export_cmd(&c, &out2, &["--backend", "tensorrt"])
