@@ -4,10 +4,13 @@
 //!
 //! Layout: the JSON header is padded with spaces so the data region starts on a page boundary.
 //! Tensors whose size is a multiple of the page size come first, so each starts on a page
-//! boundary; then small tensors (under [`LARGE`] bytes), largest element size first (keeps every
-//! tensor aligned to its element size); then large tensors of odd size, each moved to a page boundary by
-//! a zero-filled U8 padding tensor named `__petite_pad_<n>__` (safetensors readers require the
-//! data region to be contiguous, so a gap has to be a tensor). Readers in this crate hide them.
+//! boundary; then the rest, largest element size first (keeps every tensor aligned to its element
+//! size) and, within an element size, large tensors (at least [`LARGE`] bytes) before small ones,
+//! so the first odd-sized large tensor also starts on a page boundary (pi0.5 has exactly one: the
+//! patch embedding). The file holds exactly the caller's tensors: safetensors requires a
+//! contiguous data region, so any further alignment would need filler tensors, which strict
+//! loaders (lerobot's `load_state_dict`) reject as unexpected keys. A misaligned large tensor only
+//! costs its two partial edge pages when it is released.
 
 use std::fs::File;
 use std::io::Write;
@@ -112,37 +115,18 @@ impl SafetensorsWriter {
         }
         // Stable order within each class keeps the caller's order (deterministic output).
         let mut order: Vec<usize> = (0..sized.len()).collect();
-        let class = |len: u64| {
-            if len > 0 && len.is_multiple_of(page) {
-                0
-            } else if len < LARGE.max(page) {
-                1
-            } else {
-                2
-            }
-        };
         order.sort_by_key(|&i| {
             let (t, len) = sized[i];
-            let c = class(len);
-            (c, if c == 1 { 8 - t.dtype.size() } else { 0 })
+            if len > 0 && len.is_multiple_of(page) {
+                (0, 0, 0)
+            } else {
+                (1, 8 - t.dtype.size(), u8::from(len < LARGE.max(page)))
+            }
         });
         let mut rows: Vec<(String, Dtype, Vec<usize>, u64, bool)> = Vec::new();
         let mut pos = 0u64;
-        let mut pads = 0usize;
         for i in order {
             let (t, len) = sized[i];
-            if class(len) == 2 && !pos.is_multiple_of(page) {
-                let gap = page - pos % page;
-                rows.push((
-                    format!("{PAD_PREFIX}{pads}__"),
-                    Dtype::U8,
-                    vec![gap as usize],
-                    gap,
-                    true,
-                ));
-                pads += 1;
-                pos += gap;
-            }
             rows.push((t.name.clone(), t.dtype, t.shape.clone(), len, false));
             pos = pos
                 .checked_add(len)

@@ -14,24 +14,6 @@ const MEMCAP: &str = "/work/shared/tools/memcap";
 const SCRIPT: &str = "conformance/lerobot/bench_sample_actions.py";
 const REQUIREMENTS: &str = "conformance/lerobot/requirements.txt";
 
-/// Runs the script given as the first argument with `safe_open(...).keys()` hiding
-/// petite-weights' `__petite_pad_<n>__` alignment filler (U8 tensors the writer inserts so large
-/// tensors start on page boundaries; petite's own readers hide them, lerobot's loader rejects
-/// unknown keys). Every real tensor is still read by the unmodified script.
-const SKIP_PADS: &str = r#"
-import runpy, sys, safetensors
-_open = safetensors.safe_open
-class _NoPads:
-    def __init__(self, *a, **k): self._f = _open(*a, **k)
-    def __enter__(self): self._f.__enter__(); return self
-    def __exit__(self, *e): return self._f.__exit__(*e)
-    def keys(self): return [k for k in self._f.keys() if not k.startswith("__petite_pad_")]
-    def get_tensor(self, k): return self._f.get_tensor(k)
-safetensors.safe_open = _NoPads
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"#;
-
 /// Options of the pi0.5 run benchmark.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -180,7 +162,6 @@ pub fn run(a: &Args) -> Result<()> {
     }
     let l = memcap(
         Command::new(&python)
-            .args(["-c", SKIP_PADS])
             .arg(root.join(SCRIPT))
             .arg("--checkpoint")
             .arg(&checkpoint)

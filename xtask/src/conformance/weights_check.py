@@ -119,8 +119,8 @@ def cmd_check(src, out_bf16, out_f16):
                                (out_f16, "f16", np.float16)]:
         check_layout(path, None)
         got, meta = load_all(path)
-        pads = [k for k in got if k.startswith("__petite_pad_")]
-        names = set(got) - set(pads)
+        # Exactly the kept tensors: no filler or extra keys (strict loaders reject them).
+        names = set(got)
         assert names == set(kept), f"{path}: tensors {sorted(names)} != {sorted(kept)}"
         checked = 0
         for name, src_v in kept.items():
