@@ -25,7 +25,6 @@ from safetensors.numpy import save_file
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
 PAGE = 4096
-LARGE = 64 * 1024  # petite_weights::LARGE
 
 
 def special_f32_bits():
@@ -81,7 +80,8 @@ def cmd_make_source(path):
 
 
 def check_layout(path, name_to_bytes):
-    """Data region page-aligned; every large or page-multiple tensor starts on a page."""
+    """Data region page-aligned; every page-multiple tensor starts on a page; every tensor starts
+    on a multiple of its element size (the writer orders odd-sized tensors by element size)."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
@@ -90,8 +90,10 @@ def check_layout(path, name_to_bytes):
         if name == "__metadata__":
             continue
         b, end = e["data_offsets"]
-        if end - b >= LARGE or (end > b and (end - b) % PAGE == 0):
+        if end > b and (end - b) % PAGE == 0:
             assert (8 + n + b) % PAGE == 0, f"{path}: {name} starts at {8 + n + b}"
+        size = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "BF16": 2, "F16": 2}.get(e["dtype"], 1)
+        assert (8 + n + b) % size == 0, f"{path}: {name} starts at {8 + n + b}, not {size}-aligned"
     return header
 
 
