@@ -12,8 +12,6 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-const MEMCAP: &str = "/work/shared/tools/memcap";
-
 /// Options of `cargo xtask export-pi05`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -68,13 +66,15 @@ fn measured(limit: Option<&str>, cmd: &mut Command, json: &Path) -> Result<Run> 
             wall_s: t.elapsed().as_secs_f64(),
         });
     };
-    let mut c = Command::new(MEMCAP);
+    let mut c = Command::new(crate::util::memcap());
     c.args(["--limit", limit, "--drop-caches", "--json"])
         .arg(json)
         .arg("--");
     c.arg(cmd.get_program()).args(cmd.get_args());
     eprintln!("xtask: {c:?}");
-    let status = c.status().with_context(|| format!("starting {MEMCAP}"))?;
+    let status = c
+        .status()
+        .with_context(|| format!("starting {}", crate::util::memcap().display()))?;
     let v: serde_json::Value = serde_json::from_slice(
         &std::fs::read(json).with_context(|| format!("reading {}", json.display()))?,
     )?;

@@ -77,3 +77,20 @@ fn python312() -> Result<PathBuf> {
     }
     bail!("no Python 3.12 found: install it (pyenv install 3.12) or set PETITE_PYTHON312")
 }
+
+/// The `memcap` tool: `$PETITE_MEMCAP`, else `shared/tools/memcap` beside the workspace (where
+/// sessions and CI find `shared/`), else `/work/shared/tools/memcap`.
+pub fn memcap() -> PathBuf {
+    if let Ok(p) = std::env::var("PETITE_MEMCAP") {
+        return PathBuf::from(p);
+    }
+    let beside = root()
+        .join("..")
+        .join("shared")
+        .join("tools")
+        .join("memcap");
+    if beside.exists() {
+        return beside;
+    }
+    PathBuf::from("/work/shared/tools/memcap")
+}

@@ -16,8 +16,9 @@ use petite_weights::{
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Tensor table (name, shape, dtype per line); the checkpoint stores every tensor as f32.
-    #[arg(long, default_value = "/work/shared/reference/pi05-tensors.tsv")]
-    pub tsv: PathBuf,
+    /// Default: the repository's copy of pi0.5's 813-tensor table.
+    #[arg(long)]
+    pub tsv: Option<PathBuf>,
     /// Use only the first N tensors of the table (a quick run; the default is all of them).
     #[arg(long)]
     pub tensors: Option<usize>,
@@ -29,8 +30,6 @@ pub struct Args {
     pub keep_files: bool,
 }
 
-const MEMCAP: &str = "/work/shared/tools/memcap";
-
 /// One `memcap` run's figures.
 struct Run {
     exit: i64,
@@ -40,7 +39,7 @@ struct Run {
 }
 
 fn memcap(extra: &[&str], cmd: &mut Command, json: &Path) -> Result<Run> {
-    let mut c = Command::new(MEMCAP);
+    let mut c = Command::new(crate::util::memcap());
     c.args(extra)
         .arg("--json")
         .arg(json)
@@ -48,7 +47,9 @@ fn memcap(extra: &[&str], cmd: &mut Command, json: &Path) -> Result<Run> {
         .arg("--");
     c.arg(cmd.get_program()).args(cmd.get_args());
     eprintln!("xtask: {c:?}");
-    let status = c.status().with_context(|| format!("starting {MEMCAP}"))?;
+    let status = c
+        .status()
+        .with_context(|| format!("starting {}", crate::util::memcap().display()))?;
     let v: serde_json::Value = serde_json::from_slice(
         &std::fs::read(json).with_context(|| format!("reading {}", json.display()))?,
     )?;
@@ -197,7 +198,10 @@ pub fn run(a: &Args) -> Result<()> {
     let floor_out = dir.join("floor.bin");
     let json = dir.join("memcap.json");
 
-    let table = table(&a.tsv, a.tensors)?;
+    let tsv = a.tsv.clone().unwrap_or_else(|| {
+        crate::util::root().join("crates/petite-pi05/tests/data/pi05-tensors.tsv")
+    });
+    let table = table(&tsv, a.tensors)?;
     let dropped: Vec<String> = table
         .iter()
         .filter(|t| t.name.ends_with("lm_head.weight"))

@@ -29,7 +29,6 @@ pub struct Args {
     pub keep_files: bool,
 }
 
-const MEMCAP: &str = "/work/shared/tools/memcap";
 const MIB: f64 = 1048576.0;
 
 struct Run {
@@ -40,14 +39,16 @@ struct Run {
 }
 
 fn memcap(limit: &str, json: &Path, prog: &Path, args: &[String]) -> Result<Run> {
-    let mut c = Command::new(MEMCAP);
+    let mut c = Command::new(crate::util::memcap());
     c.args(["--limit", limit, "--drop-caches", "--quiet", "--json"])
         .arg(json)
         .arg("--")
         .arg(prog)
         .args(args);
     eprintln!("xtask: {c:?}");
-    let out = c.output().with_context(|| format!("starting {MEMCAP}"))?;
+    let out = c
+        .output()
+        .with_context(|| format!("starting {}", crate::util::memcap().display()))?;
     let v: serde_json::Value = serde_json::from_slice(
         &std::fs::read(json).with_context(|| format!("reading {}", json.display()))?,
     )?;

@@ -10,7 +10,6 @@ use std::process::Command;
 use anyhow::{Context, Result, bail, ensure};
 use petite_weights::{Dtype, SafetensorsWriter, TensorSpec};
 
-const MEMCAP: &str = "/work/shared/tools/memcap";
 const SCRIPT: &str = "conformance/lerobot/bench_sample_actions.py";
 const REQUIREMENTS: &str = "conformance/lerobot/requirements.txt";
 
@@ -39,11 +38,13 @@ struct Measured {
 }
 
 fn memcap(cmd: &mut Command, json: &Path) -> Result<Measured> {
-    let mut c = Command::new(MEMCAP);
+    let mut c = Command::new(crate::util::memcap());
     c.arg("--json").arg(json).arg("--quiet").arg("--");
     c.arg(cmd.get_program()).args(cmd.get_args());
     eprintln!("xtask: {c:?}");
-    let out = c.output().with_context(|| format!("starting {MEMCAP}"))?;
+    let out = c
+        .output()
+        .with_context(|| format!("starting {}", crate::util::memcap().display()))?;
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(
         &std::fs::read(json).with_context(|| format!("reading {}", json.display()))?,

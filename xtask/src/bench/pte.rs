@@ -39,7 +39,7 @@ struct Measured {
 }
 
 fn memcap(limit: &str, json: &Path, cmd: &[&std::ffi::OsStr]) -> Result<Measured> {
-    let out = Command::new("/work/shared/tools/memcap")
+    let out = Command::new(crate::util::memcap())
         .args(["--limit", limit, "--drop-caches", "--quiet", "--json"])
         .arg(json)
         .arg("--")

@@ -10,8 +10,6 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use petite_weights::{Dtype, MappedSafetensors, WeightSource};
 
-const MEMCAP: &str = "/work/shared/tools/memcap";
-
 /// Options of the synthetic-checkpoint benchmark.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -40,7 +38,7 @@ struct Run {
 }
 
 fn memcap(extra: &[&str], cmd: &mut Command, json: &Path) -> Result<Run> {
-    let mut c = Command::new(MEMCAP);
+    let mut c = Command::new(crate::util::memcap());
     c.args(extra)
         .arg("--json")
         .arg(json)
@@ -48,7 +46,9 @@ fn memcap(extra: &[&str], cmd: &mut Command, json: &Path) -> Result<Run> {
         .arg("--");
     c.arg(cmd.get_program()).args(cmd.get_args());
     eprintln!("xtask: {c:?}");
-    let status = c.status().with_context(|| format!("starting {MEMCAP}"))?;
+    let status = c
+        .status()
+        .with_context(|| format!("starting {}", crate::util::memcap().display()))?;
     let v: serde_json::Value = serde_json::from_slice(
         &std::fs::read(json).with_context(|| format!("reading {}", json.display()))?,
     )?;

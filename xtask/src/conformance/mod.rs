@@ -4,6 +4,8 @@
 
 use anyhow::Result;
 
+use crate::util;
+
 mod lerobot;
 mod onnx;
 mod portable;
@@ -28,5 +30,19 @@ pub fn run(args: &Args) -> Result<()> {
     weights::run()?;
     onnx::run()?;
     portable::run(args.full)?;
+    if args.full {
+        // The exporter's own .pte files (TensorRT-style delegates over named data), on a small
+        // golden, through ExecuTorch 1.5.1's deserialize_pte_binary (the pte tier made its venv).
+        util::cargo(&[
+            "run",
+            "-q",
+            "-p",
+            "xtask",
+            "--",
+            "export-pi05",
+            "--small",
+            "--executorch-check",
+        ])?;
+    }
     Ok(())
 }
