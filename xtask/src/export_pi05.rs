@@ -10,7 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use crate::util::MemcapRun;
+use anyhow::{Result, bail};
 
 /// Options of `cargo xtask export-pi05`.
 #[derive(clap::Args, Debug)]
@@ -49,44 +50,17 @@ pub struct Args {
     pub export_args: Vec<String>,
 }
 
-struct Run {
-    peak_rss: u64,
-    peak_cgroup: u64,
-    wall_s: f64,
-}
-
 /// Runs `cmd`, under memcap when `limit` is set; returns its figures (peaks 0 without memcap).
-fn measured(limit: Option<&str>, cmd: &mut Command, json: &Path) -> Result<Run> {
+fn measured(limit: Option<&str>, cmd: &mut Command, json: &Path) -> Result<MemcapRun> {
     let Some(limit) = limit else {
         let t = std::time::Instant::now();
         crate::util::run(cmd)?;
-        return Ok(Run {
-            peak_rss: 0,
-            peak_cgroup: 0,
+        return Ok(MemcapRun {
             wall_s: t.elapsed().as_secs_f64(),
+            ..MemcapRun::default()
         });
     };
-    let mut c = Command::new(crate::util::memcap());
-    c.args(["--limit", limit, "--drop-caches", "--json"])
-        .arg(json)
-        .arg("--");
-    c.arg(cmd.get_program()).args(cmd.get_args());
-    eprintln!("xtask: {c:?}");
-    let status = c
-        .status()
-        .with_context(|| format!("starting {}", crate::util::memcap().display()))?;
-    let v: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(json).with_context(|| format!("reading {}", json.display()))?,
-    )?;
-    let exit = v["exit"].as_i64().unwrap_or(-1);
-    if !status.success() || exit != 0 {
-        bail!("{c:?} failed (exit {exit}, oom_killed {})", v["oom_killed"]);
-    }
-    Ok(Run {
-        peak_rss: v["peak_rss_bytes"].as_u64().unwrap_or(0),
-        peak_cgroup: v["peak_cgroup_bytes"].as_u64().unwrap_or(0),
-        wall_s: v["wall_s"].as_f64().unwrap_or(f64::NAN),
-    })
+    crate::util::memcap_run(&["--limit", limit, "--drop-caches"], cmd, json)
 }
 
 fn gib(b: u64) -> f64 {

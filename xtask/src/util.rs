@@ -1,5 +1,5 @@
 //! Helpers shared by tasks: running cargo and other processes, workspace paths, Python venvs.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -93,4 +93,71 @@ pub fn memcap() -> PathBuf {
         return beside;
     }
     PathBuf::from("/work/shared/tools/memcap")
+}
+
+/// One command's figures from `memcap --json`, and what it printed on stdout.
+#[derive(Debug, Clone, Default)]
+pub struct MemcapRun {
+    /// The command's exit status (137 when the kernel killed it).
+    pub exit: i64,
+    /// The cap was hit and a process was killed.
+    pub oom_killed: bool,
+    /// Largest peak RSS of any single process.
+    pub peak_rss: u64,
+    /// The cgroup's peak charge (anonymous + page cache + kernel).
+    pub peak_cgroup: u64,
+    /// Wall-clock seconds.
+    pub wall_s: f64,
+    /// The command's stdout (also echoed); its stderr passes straight through.
+    pub stdout: String,
+}
+
+/// Runs `cmd` under `memcap OPTS` (e.g. `["--limit", "512MiB", "--drop-caches"]`), with memcap's
+/// report in `json`, and fails unless the command exited 0. Every benchmark measures through this.
+pub fn memcap_run(opts: &[&str], cmd: &Command, json: &Path) -> Result<MemcapRun> {
+    let r = memcap_measure(opts, cmd, json)?;
+    if r.exit != 0 {
+        bail!(
+            "{:?} failed under memcap (exit {}, oom_killed {})",
+            cmd,
+            r.exit,
+            r.oom_killed
+        );
+    }
+    Ok(r)
+}
+
+/// [`memcap_run`] without the exit check, for commands whose non-zero exit still carries figures.
+pub fn memcap_measure(opts: &[&str], cmd: &Command, json: &Path) -> Result<MemcapRun> {
+    let mut c = Command::new(memcap());
+    c.args(opts)
+        .arg("--quiet")
+        .arg("--json")
+        .arg(json)
+        .arg("--")
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    if let Some(dir) = cmd.get_current_dir() {
+        c.current_dir(dir);
+    }
+    eprintln!("xtask: {c:?}");
+    let out = c
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("starting {}", memcap().display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    print!("{stdout}");
+    let v: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(json)
+            .with_context(|| format!("reading memcap's report {}", json.display()))?,
+    )
+    .with_context(|| format!("parsing memcap's report {}", json.display()))?;
+    Ok(MemcapRun {
+        exit: v["exit"].as_i64().unwrap_or(-1),
+        oom_killed: v["oom_killed"].as_bool().unwrap_or(false),
+        peak_rss: v["peak_rss_bytes"].as_u64().unwrap_or(0),
+        peak_cgroup: v["peak_cgroup_bytes"].as_u64().unwrap_or(0),
+        wall_s: v["wall_s"].as_f64().unwrap_or(f64::NAN),
+        stdout,
+    })
 }

@@ -7,6 +7,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::util::memcap_run as memcap;
 use anyhow::{Context, Result, bail};
 use petite_weights::{
     Dtype, MappedSafetensors, SafetensorsWriter, TensorSpec, WeightSource, bf16_bits_from_f32,
@@ -28,45 +29,6 @@ pub struct Args {
     /// Keep the generated checkpoint and output (default: deleted after measuring).
     #[arg(long)]
     pub keep_files: bool,
-}
-
-/// One `memcap` run's figures.
-struct Run {
-    exit: i64,
-    peak_rss: u64,
-    peak_cgroup: u64,
-    wall_s: f64,
-}
-
-fn memcap(extra: &[&str], cmd: &mut Command, json: &Path) -> Result<Run> {
-    let mut c = Command::new(crate::util::memcap());
-    c.args(extra)
-        .arg("--json")
-        .arg(json)
-        .arg("--quiet")
-        .arg("--");
-    c.arg(cmd.get_program()).args(cmd.get_args());
-    eprintln!("xtask: {c:?}");
-    let status = c
-        .status()
-        .with_context(|| format!("starting {}", crate::util::memcap().display()))?;
-    let v: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(json).with_context(|| format!("reading {}", json.display()))?,
-    )?;
-    let r = Run {
-        exit: v["exit"].as_i64().unwrap_or(-1),
-        peak_rss: v["peak_rss_bytes"].as_u64().unwrap_or(0),
-        peak_cgroup: v["peak_cgroup_bytes"].as_u64().unwrap_or(0),
-        wall_s: v["wall_s"].as_f64().unwrap_or(f64::NAN),
-    };
-    if !status.success() || r.exit != 0 {
-        bail!(
-            "{c:?} failed (exit {}, oom_killed {})",
-            r.exit,
-            v["oom_killed"]
-        );
-    }
-    Ok(r)
 }
 
 /// Reads the tensor table: `name<TAB>[d0,d1,...]<TAB>dtype`.
@@ -233,7 +195,7 @@ pub fn run(a: &Args) -> Result<()> {
         if !dropped.is_empty() {
             conv.arg("--drop").arg(dropped.join(","));
         }
-        let c = memcap(&["--limit", &a.limit, "--drop-caches"], &mut conv, &json)?;
+        let c = memcap(&["--limit", &a.limit, "--drop-caches"], &conv, &json)?;
         let out_len = std::fs::metadata(&out)?.len();
 
         // The floor, same run, same cold cache: read the source once (the header and every

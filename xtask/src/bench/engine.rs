@@ -31,41 +31,10 @@ pub struct Args {
 
 const MIB: f64 = 1048576.0;
 
-struct Run {
-    stdout: String,
-    peak_rss: u64,
-    peak_cgroup: u64,
-    wall_s: f64,
-}
-
-fn memcap(limit: &str, json: &Path, prog: &Path, args: &[String]) -> Result<Run> {
-    let mut c = Command::new(crate::util::memcap());
-    c.args(["--limit", limit, "--drop-caches", "--quiet", "--json"])
-        .arg(json)
-        .arg("--")
-        .arg(prog)
-        .args(args);
-    eprintln!("xtask: {c:?}");
-    let out = c
-        .output()
-        .with_context(|| format!("starting {}", crate::util::memcap().display()))?;
-    let v: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(json).with_context(|| format!("reading {}", json.display()))?,
-    )?;
-    if !out.status.success() || v["exit"].as_i64() != Some(0) {
-        bail!(
-            "{c:?} failed (exit {}, oom_killed {}):\n{}",
-            v["exit"],
-            v["oom_killed"],
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(Run {
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        peak_rss: v["peak_rss_bytes"].as_u64().unwrap_or(0),
-        peak_cgroup: v["peak_cgroup_bytes"].as_u64().unwrap_or(0),
-        wall_s: v["wall_s"].as_f64().unwrap_or(f64::NAN),
-    })
+fn memcap(limit: &str, json: &Path, prog: &Path, args: &[String]) -> Result<util::MemcapRun> {
+    let mut c = Command::new(prog);
+    c.args(args);
+    util::memcap_run(&["--limit", limit, "--drop-caches"], &c, json)
 }
 
 fn summary(stdout: &str) -> Result<serde_json::Value> {

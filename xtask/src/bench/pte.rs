@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use crate::util;
 
@@ -31,40 +31,10 @@ pub struct Args {
     pub keep: bool,
 }
 
-struct Measured {
-    wall_s: f64,
-    peak_rss: u64,
-    peak_cgroup: u64,
-    stdout: String,
-}
-
-fn memcap(limit: &str, json: &Path, cmd: &[&std::ffi::OsStr]) -> Result<Measured> {
-    let out = Command::new(crate::util::memcap())
-        .args(["--limit", limit, "--drop-caches", "--quiet", "--json"])
-        .arg(json)
-        .arg("--")
-        .args(cmd)
-        .output()
-        .context("running memcap")?;
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    if !out.status.success() {
-        bail!(
-            "{:?} failed under memcap ({}):\n{}\n{}",
-            cmd,
-            out.status,
-            stdout,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(json)?)?;
-    Ok(Measured {
-        wall_s: v["wall_s"].as_f64().context("wall_s")?,
-        peak_rss: v["peak_rss_bytes"].as_u64().context("peak_rss_bytes")?,
-        peak_cgroup: v["peak_cgroup_bytes"]
-            .as_u64()
-            .context("peak_cgroup_bytes")?,
-        stdout,
-    })
+fn memcap(limit: &str, json: &Path, cmd: &[&std::ffi::OsStr]) -> Result<crate::util::MemcapRun> {
+    let mut c = Command::new(cmd[0]);
+    c.args(&cmd[1..]);
+    crate::util::memcap_run(&["--limit", limit, "--drop-caches"], &c, json)
 }
 
 fn mib(b: u64) -> f64 {
@@ -114,7 +84,7 @@ pub fn run(a: &Args) -> Result<()> {
 
         // Alternating rounds (cp, petite) x ROUNDS, each output deleted outside the timed
         // command, medians compared: the disk is shared, so single runs drift.
-        let cp_cmd = || -> Result<Measured> {
+        let cp_cmd = || -> Result<crate::util::MemcapRun> {
             let mut c: Vec<&std::ffi::OsStr> = vec!["cp".as_ref()];
             c.extend(srcs.iter().map(|p| p.as_os_str()));
             c.push(cp_dir.as_os_str());
@@ -124,7 +94,7 @@ pub fn run(a: &Args) -> Result<()> {
             }
             Ok(m)
         };
-        let petite_cmd = |keep: bool| -> Result<Measured> {
+        let petite_cmd = |keep: bool| -> Result<crate::util::MemcapRun> {
             let mut w: Vec<&std::ffi::OsStr> =
                 vec![bin.as_os_str(), "write".as_ref(), out.as_os_str()];
             w.extend(srcs.iter().map(|p| p.as_os_str()));
@@ -139,12 +109,12 @@ pub fn run(a: &Args) -> Result<()> {
             cps.push(cp_cmd()?);
             pws.push(petite_cmd(round + 1 == ROUNDS)?);
         }
-        let median = |v: &[Measured]| {
+        let median = |v: &[crate::util::MemcapRun]| {
             let mut t: Vec<f64> = v.iter().map(|m| m.wall_s).collect();
             t.sort_by(f64::total_cmp);
             t[t.len() / 2]
         };
-        let times = |v: &[Measured]| {
+        let times = |v: &[crate::util::MemcapRun]| {
             v.iter()
                 .map(|m| format!("{:.2}", m.wall_s))
                 .collect::<Vec<_>>()
@@ -152,8 +122,10 @@ pub fn run(a: &Args) -> Result<()> {
         };
         let (cp_med, pw_med) = (median(&cps), median(&pws));
         let pw = pws.last().expect("ROUNDS > 0");
-        let max_rss = |v: &[Measured]| v.iter().map(|m| m.peak_rss).max().unwrap_or(0);
-        let max_cg = |v: &[Measured]| v.iter().map(|m| m.peak_cgroup).max().unwrap_or(0);
+        let max_rss =
+            |v: &[crate::util::MemcapRun]| v.iter().map(|m| m.peak_rss).max().unwrap_or(0);
+        let max_cg =
+            |v: &[crate::util::MemcapRun]| v.iter().map(|m| m.peak_cgroup).max().unwrap_or(0);
         let file_len = std::fs::metadata(&out)?.len();
         let n = a.engines.to_string();
         let bytes = a.engine_bytes.to_string();

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::util::memcap_run as memcap;
 use anyhow::{Context, Result, bail};
 use petite_weights::{Dtype, MappedSafetensors, WeightSource};
 
@@ -28,39 +29,6 @@ pub struct Args {
     /// Write the checkpoint into DIR and keep it (default: a scratch dir under target/, deleted).
     #[arg(long, value_name = "DIR")]
     pub keep: Option<PathBuf>,
-}
-
-/// One `memcap` run's figures.
-struct Run {
-    peak_rss: u64,
-    peak_cgroup: u64,
-    wall_s: f64,
-}
-
-fn memcap(extra: &[&str], cmd: &mut Command, json: &Path) -> Result<Run> {
-    let mut c = Command::new(crate::util::memcap());
-    c.args(extra)
-        .arg("--json")
-        .arg(json)
-        .arg("--quiet")
-        .arg("--");
-    c.arg(cmd.get_program()).args(cmd.get_args());
-    eprintln!("xtask: {c:?}");
-    let status = c
-        .status()
-        .with_context(|| format!("starting {}", crate::util::memcap().display()))?;
-    let v: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(json).with_context(|| format!("reading {}", json.display()))?,
-    )?;
-    let exit = v["exit"].as_i64().unwrap_or(-1);
-    if !status.success() || exit != 0 {
-        bail!("{c:?} failed (exit {exit}, oom_killed {})", v["oom_killed"]);
-    }
-    Ok(Run {
-        peak_rss: v["peak_rss_bytes"].as_u64().unwrap_or(0),
-        peak_cgroup: v["peak_cgroup_bytes"].as_u64().unwrap_or(0),
-        wall_s: v["wall_s"].as_f64().unwrap_or(f64::NAN),
-    })
 }
 
 /// Tensor count and f32 data bytes of the real pi0.5 per layout (pi05-model.md §7).
