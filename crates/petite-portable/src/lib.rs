@@ -4,8 +4,13 @@
 //!
 //! * [`lower()`]: ops → kernel calls with full schema argument lists ([`lower::Lowered`]).
 //! * [`plan()`]: one planned buffer, memory reused by value lifetime (greedy by size).
-//! * [`export_portable`]: writes the `.pte`; weights go to the constant segment through a
-//!   temporary file, one tensor at a time from the mapped [`WeightSource`] (never all in memory).
+//! * [`export_portable`]: writes a one-method `.pte`; each weight is converted (and transposed
+//!   where the lowering stores it so) straight into the constant segment, in bounded chunks from
+//!   the mapped [`WeightSource`]: written once, never all in memory.
+//! * [`write_mapping`] + [`write_program`]: the exporter's two stages — every weight once in the
+//!   exact dtype and layout the `.pte` stores (a cacheable mapping file), then `.pte` files with
+//!   several methods whose constants are regions of that file, copied in-kernel
+//!   (`copy_file_range`).
 //!
 //! Knows nothing of pi0.5. Only operators registered by both `executorch-numpy-runtime` 1.4.0
 //! and the `executorch` 1.5.1 pybindings are emitted ([`OPERATORS`]).
@@ -14,14 +19,15 @@
 pub mod lower;
 pub mod plan;
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use petite_graph::{Dtype, Program};
-use petite_pte::model::{ScalarType, SubsegmentOffsets};
-use petite_pte::{MethodBuilder, ProgramBuilder, Segment, SegmentData, WriteOptions};
-use petite_weights::{Dtype as WDtype, WeightSource};
+use petite_pte::model::ScalarType;
+use petite_pte::{MethodBuilder, ProgramBuilder, SegmentData, WriteOptions, WriteSummary};
+use petite_weights::{
+    Dtype as WDtype, MappedSafetensors, SafetensorsWriter, TensorSpec, WeightSource,
+};
 use serde::Serialize;
 
 pub use lower::{Lowered, lower};
@@ -179,7 +185,7 @@ fn io_specs(l: &Lowered, v: &[(String, usize)]) -> Vec<IoSpec> {
         .collect()
 }
 
-fn report(l: &Lowered, p: &MemoryPlan) -> ExportReport {
+fn report(method: &str, l: &Lowered, p: &MemoryPlan) -> ExportReport {
     let mut constant_bytes = 0u64;
     for s in &l.slots {
         if !s.is_planned() {
@@ -187,7 +193,7 @@ fn report(l: &Lowered, p: &MemoryPlan) -> ExportReport {
         }
     }
     ExportReport {
-        method: "forward".into(),
+        method: method.into(),
         inputs: io_specs(l, &l.inputs),
         outputs: io_specs(l, &l.outputs),
         plan: p.stats,
@@ -197,30 +203,28 @@ fn report(l: &Lowered, p: &MemoryPlan) -> ExportReport {
     }
 }
 
+/// Name of the method [`export_portable`] writes.
+pub const METHOD: &str = "forward";
+
 /// Lowers and plans without touching weights: what [`export_portable`] would write.
 pub fn plan_portable(program: &Program) -> Result<ExportReport> {
     let l = lower(program)?;
     let p = plan(&l);
-    Ok(report(&l, &p))
+    Ok(report(METHOD, &l, &p))
 }
 
-/// Builds the `forward` method from a lowered program and its plan. Constant slots get
-/// `data_buffer_idx` 1, 2, … in slot order (the constant segment is written in that order).
-fn build_method(l: &Lowered, p: &MemoryPlan) -> MethodBuilder {
-    let mut m = MethodBuilder::new("forward");
+/// Builds method `name` from a lowered program and its plan; `constant[s]` is the
+/// `data_buffer_idx` of constant slot `s`.
+fn build_method(name: &str, l: &Lowered, p: &MemoryPlan, constant: &[u32]) -> MethodBuilder {
+    let mut m = MethodBuilder::new(name);
     m.set_planned_buffers(&[p.stats.planned_bytes.max(plan::ALIGN)]);
     let mut vi = vec![0i32; l.slots.len()];
-    let mut next_const = 1u32;
     for (s, slot) in l.slots.iter().enumerate() {
         let st = scalar_type(slot.dtype);
         let sizes: Vec<i32> = slot.shape.iter().map(|&d| d as i32).collect();
         vi[s] = match p.offsets[s] {
             Some(off) => m.planned_tensor_at(st, &sizes, 1, off),
-            None => {
-                let idx = next_const;
-                next_const += 1;
-                m.constant_tensor(st, &sizes, idx)
-            }
+            None => m.constant_tensor(st, &sizes, constant[s]),
         };
     }
     for c in &l.calls {
@@ -311,7 +315,7 @@ fn write_weight(
     to: Dtype,
     shape: &[usize],
     transpose: bool,
-    tmp: &Path,
+    dest: &Path,
 ) -> Result<()> {
     let view = weights.tensor(name)?;
     let stored: Vec<usize> = if transpose {
@@ -330,8 +334,8 @@ fn write_weight(
     }
     let es = view.dtype.size();
     let io = |e| Error::Io {
-        path: tmp.to_path_buf(),
-        op: "write constants",
+        path: dest.to_path_buf(),
+        op: "write weight",
         source: e,
     };
     let bad = || Error::Weight {
@@ -379,114 +383,289 @@ fn write_weight(
     Ok(())
 }
 
-/// Removes a file when dropped (the constants' temporary file).
-struct TempFile(PathBuf);
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+/// A weight as a `.pte` stores it: checkpoint tensor `name` converted to `dtype` and stored with
+/// `shape` (the checkpoint's shape reversed when `transpose`). `key` names it in a mapping file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredWeight {
+    /// Name in a mapping file ([`stored_key`]).
+    pub key: String,
+    /// Checkpoint tensor name.
+    pub name: String,
+    /// Stored as the transpose of the checkpoint tensor.
+    pub transpose: bool,
+    /// Stored dtype (the program's).
+    pub dtype: Dtype,
+    /// Stored shape.
+    pub shape: Vec<usize>,
+}
+
+impl StoredWeight {
+    /// Bytes stored.
+    pub fn nbytes(&self) -> u64 {
+        self.shape.iter().product::<usize>() as u64 * self.dtype.size() as u64
     }
 }
 
+/// Mapping-file name of a stored weight: the checkpoint name, the stored dtype and `T` when
+/// transposed (one checkpoint tensor may be stored in several ways).
+pub fn stored_key(name: &str, transpose: bool, dtype: Dtype) -> String {
+    format!("{name}#{dtype}{}", if transpose { "#T" } else { "" })
+}
+
+/// Every weight the methods read, once per stored form, in first-use order.
+pub fn stored_weights(methods: &[&Lowered]) -> Vec<StoredWeight> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for l in methods {
+        for s in &l.slots {
+            if let Storage::Weight { name, transpose } = &s.storage {
+                let key = stored_key(name, *transpose, s.dtype);
+                if seen.insert(key.clone()) {
+                    out.push(StoredWeight {
+                        key,
+                        name: name.clone(),
+                        transpose: *transpose,
+                        dtype: s.dtype,
+                        shape: s.shape.clone(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// petite-weights' dtype of a petite-graph dtype.
+fn weights_dtype(d: Dtype) -> WDtype {
+    match d {
+        Dtype::F32 => WDtype::F32,
+        Dtype::Bf16 => WDtype::Bf16,
+        Dtype::F16 => WDtype::F16,
+        Dtype::I64 => WDtype::I64,
+        Dtype::I32 => WDtype::I32,
+        Dtype::U8 => WDtype::U8,
+        Dtype::Bool => WDtype::Bool,
+    }
+}
+
+/// Checks from headers only (no tensor bytes read) that `weights` holds every stored weight
+/// with the right shape and a dtype that converts to the stored one.
+pub fn check_weights(table: &[StoredWeight], weights: &dyn WeightSource) -> Result<()> {
+    for w in table {
+        let info = weights.info(&w.name)?;
+        let mut want = w.shape.clone();
+        if w.transpose {
+            want.reverse();
+        }
+        if info.shape != want {
+            return Err(Error::Weight {
+                name: w.name.clone(),
+                reason: format!("expected shape {want:?}, found {:?}", info.shape),
+            });
+        }
+        let ok = info.dtype.is_float() && w.dtype.is_float() || same_dtype(info.dtype, w.dtype);
+        if !ok {
+            return Err(Error::Weight {
+                name: w.name.clone(),
+                reason: format!(
+                    "stored as {}, the program wants {}",
+                    info.dtype.safetensors_name(),
+                    w.dtype
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Writes every stored weight of `table` into a safetensors mapping file at `path` in the exact
+/// bytes a `.pte` stores (converted, transposed), one tensor at a time in bounded chunks, through
+/// petite-weights' streaming writer (temporary name, fsync, rename: the final name never holds a
+/// partial file). `progress(done, total)` is called after each tensor. Returns the file's size.
+pub fn write_mapping(
+    table: &[StoredWeight],
+    weights: &dyn WeightSource,
+    path: &Path,
+    metadata: &[(String, String)],
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<u64> {
+    check_weights(table, weights)?;
+    let specs: Vec<TensorSpec> = table
+        .iter()
+        .map(|w| TensorSpec::new(&w.key, weights_dtype(w.dtype), &w.shape))
+        .collect();
+    let writer = SafetensorsWriter::create(path, &specs, metadata)?;
+    let total: u64 = table.iter().map(StoredWeight::nbytes).sum();
+    let mut done = 0;
+    for w in table {
+        let mut sink = writer.tensor(&w.key)?;
+        write_weight(
+            &mut sink,
+            weights,
+            &w.name,
+            w.dtype,
+            &w.shape,
+            w.transpose,
+            path,
+        )?;
+        sink.finish()?;
+        done += w.nbytes();
+        progress(done, total);
+    }
+    let len = writer.total_len();
+    writer.finish()?;
+    Ok(len)
+}
+
+/// Where the weights' bytes come from when a `.pte` is written.
+#[derive(Clone, Copy)]
+pub enum Constants<'a> {
+    /// A mapping file from [`write_mapping`] with every stored weight: each is a region of it,
+    /// copied into the `.pte` in-kernel (`copy_file_range`).
+    Mapping(&'a MappedSafetensors),
+    /// Any source: each weight converted (and transposed) straight into the `.pte`.
+    Stream(&'a dyn WeightSource),
+}
+
+/// One method of a `.pte` to write.
+#[derive(Clone, Copy)]
+pub struct MethodSpec<'a> {
+    /// Method name.
+    pub name: &'a str,
+    /// The lowered program.
+    pub lowered: &'a Lowered,
+    /// Its memory plan.
+    pub plan: &'a MemoryPlan,
+}
+
+/// Writes a `.pte` with `methods` (each with its own planned buffer; constants shared: a weight
+/// read by two methods is stored once) to `out` (temporary name, then rename). Every weight is
+/// checked before the file is created; each is written into the `.pte` exactly once.
+pub fn write_program(
+    methods: &[MethodSpec<'_>],
+    constants: Constants<'_>,
+    out: &Path,
+    opts: WriteOptions,
+) -> Result<(Vec<ExportReport>, WriteSummary)> {
+    let lows: Vec<&Lowered> = methods.iter().map(|m| m.lowered).collect();
+    let table = stored_weights(&lows);
+    match constants {
+        Constants::Stream(w) => check_weights(&table, w)?,
+        Constants::Mapping(map) => {
+            for w in &table {
+                let info = map.info(&w.key)?;
+                if info.dtype != weights_dtype(w.dtype) || info.shape != w.shape {
+                    return Err(Error::Weight {
+                        name: w.key.clone(),
+                        reason: format!(
+                            "{} holds {} {:?}, the program stores {} {:?}",
+                            map.path().display(),
+                            info.dtype.safetensors_name(),
+                            info.shape,
+                            w.dtype,
+                            w.shape
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    let index: std::collections::HashMap<&str, usize> = table
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.key.as_str(), i))
+        .collect();
+    let mut pb = ProgramBuilder::new();
+    let mut stored_idx: Vec<Option<u32>> = vec![None; table.len()];
+    let mut reports = Vec::with_capacity(methods.len());
+    for m in methods {
+        let l = m.lowered;
+        let mut constant = vec![0u32; l.slots.len()];
+        for (s, slot) in l.slots.iter().enumerate() {
+            if m.plan.offsets[s].is_some() {
+                continue;
+            }
+            constant[s] = match &slot.storage {
+                Storage::Constant(bytes) => pb.add_constant(bytes),
+                Storage::Weight { name, transpose } => {
+                    let i = index[stored_key(name, *transpose, slot.dtype).as_str()];
+                    match stored_idx[i] {
+                        Some(c) => c,
+                        None => {
+                            let data = match constants {
+                                Constants::Mapping(map) => {
+                                    let r = map.file_range(&table[i].key)?;
+                                    SegmentData::file_region(
+                                        map.path(),
+                                        r.start as u64,
+                                        (r.end - r.start) as u64,
+                                    )
+                                }
+                                Constants::Stream(_) => SegmentData::Deferred {
+                                    id: i as u64,
+                                    len: table[i].nbytes(),
+                                },
+                            };
+                            let c = pb.add_constant_data(data);
+                            stored_idx[i] = Some(c);
+                            c
+                        }
+                    }
+                }
+                Storage::Input(_) | Storage::Activation => {
+                    unreachable!("planned slots have offsets")
+                }
+            };
+        }
+        pb.add_method(build_method(m.name, l, m.plan, &constant))?;
+        reports.push(report(m.name, l, m.plan));
+    }
+    let summary = match constants {
+        Constants::Mapping(_) => pb.write(out, opts)?,
+        Constants::Stream(weights) => {
+            let mut fill = |id: u64, mut dst: &mut dyn Write| -> std::io::Result<()> {
+                let w = &table[id as usize];
+                write_weight(
+                    &mut dst,
+                    weights,
+                    &w.name,
+                    w.dtype,
+                    &w.shape,
+                    w.transpose,
+                    out,
+                )
+                .map_err(std::io::Error::other)
+            };
+            pb.write_streamed(out, opts, &mut fill)?
+        }
+    };
+    for r in &mut reports {
+        r.file_bytes = summary.file_len;
+    }
+    Ok((reports, summary))
+}
+
 /// Lowers `program`, plans its memory and writes a `.pte` with one method, `forward`, to
-/// `out_path` (temporary name, then rename). Weights are read from `weights` by name, converted to
-/// the program's dtypes and streamed through a temporary constants file next to the output.
-/// Every error (unsupported op or dtype, missing or mis-shaped weight) is raised before
+/// `out_path` (temporary name, then rename). Weights are read from `weights` by name and
+/// converted (and transposed where stored so) straight into the constant segment, each written
+/// once. Every error (unsupported op or dtype, missing or mis-shaped weight) is raised before
 /// `out_path` is touched.
 pub fn export_portable(
     program: &Program,
     weights: &dyn WeightSource,
     out_path: impl AsRef<Path>,
 ) -> Result<ExportReport> {
-    let out_path = out_path.as_ref();
     let l = lower(program)?;
     let p = plan(&l);
-    // Check every weight before writing anything.
-    for s in &l.slots {
-        if let Storage::Weight { name, transpose } = &s.storage {
-            let info = weights.info(name)?;
-            let mut want = s.shape.clone();
-            if *transpose {
-                want.reverse();
-            }
-            if info.shape != want {
-                return Err(Error::Weight {
-                    name: name.clone(),
-                    reason: format!("expected shape {want:?}, found {:?}", info.shape),
-                });
-            }
-            let ok = info.dtype.is_float() && s.dtype.is_float() || same_dtype(info.dtype, s.dtype);
-            if !ok {
-                return Err(Error::Weight {
-                    name: name.clone(),
-                    reason: format!(
-                        "stored as {}, the program wants {}",
-                        info.dtype.safetensors_name(),
-                        s.dtype
-                    ),
-                });
-            }
-        }
-    }
-    let dir = out_path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let fname = out_path
-        .file_name()
-        .map(|f| f.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "out.pte".into());
-    let tmp = TempFile(dir.join(format!(".{fname}.constants.{}", std::process::id())));
-    let io = |op, e| Error::Io {
-        path: tmp.0.clone(),
-        op,
-        source: e,
-    };
-    let file = File::create(&tmp.0).map_err(|e| io("create", e))?;
-    let mut w = BufWriter::with_capacity(1 << 20, file);
-    let mut offsets = vec![0u64];
-    let mut len = 0u64;
-    for s in &l.slots {
-        if s.is_planned() {
-            continue;
-        }
-        if offsets.len() > 1 {
-            let pad = len.div_ceil(16) * 16 - len;
-            w.write_all(&vec![0u8; pad as usize])
-                .map_err(|e| io("write", e))?;
-            len += pad;
-        }
-        offsets.push(len);
-        match &s.storage {
-            Storage::Constant(bytes) => w.write_all(bytes).map_err(|e| io("write", e))?,
-            Storage::Weight { name, transpose } => {
-                write_weight(&mut w, weights, name, s.dtype, &s.shape, *transpose, &tmp.0)?
-            }
-            _ => unreachable!("planned slots are skipped"),
-        }
-        len += s.nbytes();
-    }
-    w.flush().map_err(|e| io("flush", e))?;
-    drop(w);
-
-    let mut pb = ProgramBuilder::new();
-    pb.add_method(build_method(&l, &p))?;
-    let (mut prog, mut segments) = pb.build()?;
-    if offsets.len() > 1 {
-        // The builder added no constants, so it wrote no constant segment: ours goes first.
-        segments.insert(
-            0,
-            Segment {
-                data: SegmentData::file_region(&tmp.0, 0, len),
-                alignment: 1,
-            },
-        );
-        prog.constant_segment = Some(SubsegmentOffsets {
-            segment_index: 0,
-            offsets,
-        });
-    }
-    let summary = petite_pte::write_pte(out_path, &prog, &segments, WriteOptions::default())?;
-    let mut r = report(&l, &p);
-    r.file_bytes = summary.file_len;
-    Ok(r)
+    let (mut reports, _) = write_program(
+        &[MethodSpec {
+            name: METHOD,
+            lowered: &l,
+            plan: &p,
+        }],
+        Constants::Stream(weights),
+        out_path.as_ref(),
+        WriteOptions::default(),
+    )?;
+    Ok(reports.remove(0))
 }

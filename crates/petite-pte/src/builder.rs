@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::model::*;
-use crate::writer::{Segment, SegmentData, WriteOptions, WriteSummary, write_pte};
+use crate::writer::{
+    FillFn, Segment, SegmentData, WriteOptions, WriteSummary, write_pte, write_pte_streamed,
+};
 use crate::{Error, Result};
 
 /// Alignment of tensors inside the constant segment (EXIR's `ALIGNMENT`).
@@ -47,7 +49,12 @@ pub struct DelegateSpec {
 #[derive(Debug, Default)]
 pub struct ProgramBuilder {
     methods: Vec<MethodBuilder>,
+    /// Constant bytes not yet moved into `constant_parts`.
     constants: Vec<u8>,
+    /// Earlier constant-segment pieces (in-memory runs and file regions), in order.
+    constant_parts: Vec<SegmentData>,
+    /// Bytes in `constant_parts`.
+    constant_parts_len: u64,
     constant_offsets: Vec<u64>,
     segments: Vec<Segment>,
     named: BTreeMap<String, SegmentId>,
@@ -66,15 +73,40 @@ impl ProgramBuilder {
 
     /// Adds constant tensor bytes to the constant segment; returns the `data_buffer_idx` for
     /// [`MethodBuilder::constant_tensor`]. Constants are held in memory until written: they are
-    /// meant for small tensors; large data goes into segments.
+    /// meant for small tensors; large ones go in with [`ProgramBuilder::add_constant_data`].
     pub fn add_constant(&mut self, bytes: &[u8]) -> u32 {
-        if self.constant_offsets.len() > 1 {
-            let padded = self.constants.len().div_ceil(CONSTANT_ALIGNMENT) * CONSTANT_ALIGNMENT;
-            self.constants.resize(padded, 0);
-        }
-        self.constant_offsets.push(self.constants.len() as u64);
+        self.pad_constants();
+        self.constant_offsets
+            .push(self.constant_parts_len + self.constants.len() as u64);
         self.constants.extend_from_slice(bytes);
         (self.constant_offsets.len() - 1) as u32
+    }
+
+    /// Adds a constant tensor whose bytes come from `data` (a file region, or deferred data
+    /// streamed by [`crate::write_pte_streamed`]'s callback), so a large weight goes into the
+    /// constant segment without passing through memory. Returns the `data_buffer_idx`.
+    pub fn add_constant_data(&mut self, data: SegmentData) -> u32 {
+        self.pad_constants();
+        if !self.constants.is_empty() {
+            let run = std::mem::take(&mut self.constants);
+            self.constant_parts_len += run.len() as u64;
+            self.constant_parts.push(SegmentData::bytes(run));
+        }
+        self.constant_offsets.push(self.constant_parts_len);
+        self.constant_parts_len += data.len();
+        self.constant_parts.push(data);
+        (self.constant_offsets.len() - 1) as u32
+    }
+
+    /// Pads the constant segment to [`CONSTANT_ALIGNMENT`] before the next constant (EXIR pads
+    /// between tensors, not before the first).
+    fn pad_constants(&mut self) {
+        if self.constant_offsets.len() > 1 {
+            let total = self.constant_parts_len + self.constants.len() as u64;
+            let pad = total.next_multiple_of(CONSTANT_ALIGNMENT as u64) - total;
+            self.constants
+                .resize(self.constants.len() + pad as usize, 0);
+        }
     }
 
     /// Adds a segment (e.g. an engine file region); usable by delegates and named data.
@@ -154,10 +186,16 @@ impl ProgramBuilder {
         let shift = usize::from(has_constants);
         let mut segments = Vec::with_capacity(self.segments.len() + shift);
         if has_constants {
-            segments.push(Segment {
-                data: SegmentData::bytes(self.constants),
-                alignment: 1,
-            });
+            let mut parts = self.constant_parts;
+            if !self.constants.is_empty() {
+                parts.push(SegmentData::bytes(self.constants));
+            }
+            let data = if parts.len() == 1 {
+                parts.pop().expect("one part")
+            } else {
+                SegmentData::Parts(parts.into())
+            };
+            segments.push(Segment { data, alignment: 1 });
         }
         segments.extend(self.segments);
         let seg_index = |id: SegmentId| (id.0 + shift) as u32;
@@ -220,6 +258,17 @@ impl ProgramBuilder {
     pub fn write(self, path: impl AsRef<Path>, opts: WriteOptions) -> Result<WriteSummary> {
         let (program, segments) = self.build()?;
         write_pte(path, &program, &segments, opts)
+    }
+
+    /// [`ProgramBuilder::write`] with the callback that produces deferred constant data.
+    pub fn write_streamed(
+        self,
+        path: impl AsRef<Path>,
+        opts: WriteOptions,
+        fill: &mut FillFn<'_>,
+    ) -> Result<WriteSummary> {
+        let (program, segments) = self.build()?;
+        write_pte_streamed(path, &program, &segments, opts, fill)
     }
 }
 

@@ -35,4 +35,7 @@ pub use builder::{DelegateSpec, MethodBuilder, Processed, ProgramBuilder, Segmen
 pub use error::{Error, Result};
 pub use model::Program;
 pub use reader::{PteFile, read_bytes};
-pub use writer::{Segment, SegmentData, WriteOptions, WriteSummary, to_bytes, write_pte};
+pub use writer::{
+    FillFn, Segment, SegmentData, WriteOptions, WriteSummary, to_bytes, write_pte,
+    write_pte_streamed,
+};

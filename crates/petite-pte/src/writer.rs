@@ -5,6 +5,7 @@
 //! destination directory and renamed into place only when complete.
 
 use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -31,6 +32,17 @@ pub enum SegmentData {
         /// Start of the region.
         offset: u64,
         /// Length of the region.
+        len: u64,
+    },
+    /// Several sources back to back (a constant segment gathered from many file regions).
+    Parts(Arc<[SegmentData]>),
+    /// `len` bytes produced at write time by the `fill` callback of [`write_pte_streamed`],
+    /// which gets `id` and writes straight into the file (a weight converted on the fly is
+    /// written once, never staged in a temporary file).
+    Deferred {
+        /// Passed to the callback.
+        id: u64,
+        /// Exact number of bytes the callback must write.
         len: u64,
     },
 }
@@ -68,6 +80,8 @@ impl SegmentData {
         match self {
             SegmentData::Bytes(b) => b.len() as u64,
             SegmentData::File { len, .. } => *len,
+            SegmentData::Parts(p) => p.iter().map(SegmentData::len).sum(),
+            SegmentData::Deferred { len, .. } => *len,
         }
     }
 
@@ -182,6 +196,25 @@ pub fn write_pte(
     segments: &[Segment],
     opts: WriteOptions,
 ) -> Result<WriteSummary> {
+    write_pte_streamed(path, program, segments, opts, &mut |id, _| {
+        Err(std::io::Error::other(format!(
+            "deferred segment data {id} needs write_pte_streamed"
+        )))
+    })
+}
+
+/// The callback of [`write_pte_streamed`]: writes the bytes of deferred part `id`.
+pub type FillFn<'a> = dyn FnMut(u64, &mut dyn Write) -> std::io::Result<()> + 'a;
+
+/// [`write_pte`] for segments with [`SegmentData::Deferred`] parts: `fill(id, w)` writes each
+/// such part's bytes (exactly its `len`, checked) through a bounded buffer into the file.
+pub fn write_pte_streamed(
+    path: impl AsRef<Path>,
+    program: &Program,
+    segments: &[Segment],
+    opts: WriteOptions,
+    fill: &mut FillFn<'_>,
+) -> Result<WriteSummary> {
     let path = path.as_ref();
     let (head, _program, base, data_size) = prepare(program, segments)?;
     let tmp = TempFile::create(path)?;
@@ -207,23 +240,16 @@ pub fn write_pte(
         let start = base + at.offset;
         write_zeros(out, &tmp.path, pos, start - pos)?;
         pos = start;
-        match &seg.data {
-            SegmentData::Bytes(b) => {
-                out.write_all_at(b, pos)
-                    .map_err(|e| Error::io(&tmp.path, "write segment", e))?;
-                summary.bytes_copied_buffered += b.len() as u64;
-            }
-            SegmentData::File {
-                path: src,
-                offset,
-                len,
-            } => {
-                let (k, u) =
-                    copy_region(i, src, *offset, *len, out, &tmp.path, pos, opts, &mut buf)?;
-                summary.bytes_copied_in_kernel += k;
-                summary.bytes_copied_buffered += u;
-            }
-        }
+        let mut w = SegWriter {
+            index: i,
+            out,
+            out_path: &tmp.path,
+            opts,
+            buf: &mut buf,
+            fill: &mut *fill,
+            summary: &mut summary,
+        };
+        w.write(&seg.data, pos)?;
         pos += seg.data.len();
     }
     summary.file_len = pos;
@@ -234,6 +260,107 @@ pub fn write_pte(
     }
     tmp.commit(path)?;
     Ok(summary)
+}
+
+/// Writes one segment's data (recursively for parts) at a file position.
+struct SegWriter<'a, 'f> {
+    index: usize,
+    out: &'a File,
+    out_path: &'a Path,
+    opts: WriteOptions,
+    buf: &'a mut Vec<u8>,
+    fill: &'a mut FillFn<'f>,
+    summary: &'a mut WriteSummary,
+}
+
+impl SegWriter<'_, '_> {
+    fn write(&mut self, data: &SegmentData, pos: u64) -> Result<()> {
+        match data {
+            SegmentData::Bytes(b) => {
+                self.out
+                    .write_all_at(b, pos)
+                    .map_err(|e| Error::io(self.out_path, "write segment", e))?;
+                self.summary.bytes_copied_buffered += b.len() as u64;
+            }
+            SegmentData::File {
+                path: src,
+                offset,
+                len,
+            } => {
+                let (k, u) = copy_region(
+                    self.index,
+                    src,
+                    *offset,
+                    *len,
+                    self.out,
+                    self.out_path,
+                    pos,
+                    self.opts,
+                    self.buf,
+                )?;
+                self.summary.bytes_copied_in_kernel += k;
+                self.summary.bytes_copied_buffered += u;
+            }
+            SegmentData::Parts(parts) => {
+                let mut at = pos;
+                for p in parts.iter() {
+                    self.write(p, at)?;
+                    at += p.len();
+                }
+            }
+            SegmentData::Deferred { id, len } => {
+                let mut w = std::io::BufWriter::with_capacity(
+                    COPY_BUF,
+                    PositionedWriter {
+                        file: self.out,
+                        pos,
+                        end: pos + len,
+                    },
+                );
+                let r = (self.fill)(*id, &mut w).and_then(|()| w.flush());
+                let written = w.get_ref().pos - pos;
+                r.map_err(|e| Error::Source {
+                    index: self.index,
+                    path: self.out_path.to_path_buf(),
+                    msg: format!("deferred data {id}: {e}"),
+                })?;
+                if written != *len {
+                    return Err(Error::Source {
+                        index: self.index,
+                        path: self.out_path.to_path_buf(),
+                        msg: format!("deferred data {id}: {written} bytes written, {len} declared"),
+                    });
+                }
+                self.summary.bytes_copied_buffered += len;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A `Write` at a file position that refuses to run past `end` (a fill callback cannot
+/// overwrite the next segment).
+struct PositionedWriter<'a> {
+    file: &'a File,
+    pos: u64,
+    end: u64,
+}
+
+impl Write for PositionedWriter<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.pos + b.len() as u64 > self.end {
+            return Err(std::io::Error::other(format!(
+                "{} bytes more than declared",
+                self.pos + b.len() as u64 - self.end
+            )));
+        }
+        self.file.write_all_at(b, self.pos)?;
+        self.pos += b.len() as u64;
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The bytes of a program with only in-memory segments (tests, small programs). Identical to
