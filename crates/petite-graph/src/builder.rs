@@ -85,6 +85,14 @@ impl Builder {
         Ok(v)
     }
 
+    /// Marks `v` as recomputed per engine ([`crate::Node::recompute`]): for masks and rotary
+    /// tables, which should never cross an engine boundary however small they are.
+    pub fn mark_recompute(&mut self, v: ValueId) -> Result<ValueId> {
+        self.check_id("mark_recompute", v)?;
+        self.prog.nodes[v.index()].recompute = true;
+        Ok(v)
+    }
+
     // ----- inspection ---------------------------------------------------------------------
 
     /// The program built so far.
@@ -218,6 +226,7 @@ impl Builder {
             inputs,
             ty,
             label,
+            recompute: false,
         });
         id
     }

@@ -45,6 +45,12 @@ pub struct Node {
     /// Human label for messages and debugging (e.g. `language.layers.3.attn.q_proj`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+    /// Partitioning hint: when this value is input-only (computed from program inputs and
+    /// constants alone, like an attention mask or a rotary table), every engine that reads it
+    /// recomputes it instead of receiving it across an engine boundary, whatever its size.
+    /// Ignored on values that read weights. Absent from JSON when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recompute: bool,
 }
 
 impl Node {
@@ -538,6 +544,7 @@ impl Program {
                     inputs: Vec::new(),
                     ty: p.ty.clone(),
                     label: p.label.clone(),
+                    recompute: false,
                 };
                 let new = push(&mut sub, &mut original, input, v);
                 sub.inputs.push(new);
@@ -550,6 +557,7 @@ impl Program {
                 inputs: ins,
                 ty: n.ty.clone(),
                 label: n.label.clone(),
+                recompute: n.recompute,
             };
             let new = push(&mut sub, &mut original, node, id);
             if let Op::Input { .. } = n.op {

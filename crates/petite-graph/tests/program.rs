@@ -16,6 +16,7 @@ fn input(name: &str, ty: ValueType) -> Node {
         inputs: vec![],
         ty,
         label: None,
+        recompute: false,
     }
 }
 
@@ -25,6 +26,7 @@ fn neg(x: u32, ty: ValueType) -> Node {
         inputs: vec![NodeId(x)],
         ty,
         label: Some(format!("neg_of_{x}")),
+        recompute: false,
     }
 }
 
@@ -172,6 +174,7 @@ fn every_op_round_trips_through_json() {
             inputs: vec![NodeId(7)],
             ty: t(Dtype::F16, &[2]),
             label: None,
+            recompute: false,
         };
         let s = serde_json::to_string(&node).unwrap();
         let back: Node = serde_json::from_str(&s).unwrap();
@@ -290,6 +293,7 @@ fn validation_rejects_wrong_shapes_and_dtypes() {
                 inputs: vec![NodeId(0), NodeId(1)],
                 ty: t(Dtype::F32, &[2]),
                 label: Some("resid".into()),
+                recompute: false,
             },
         ],
         inputs: vec![NodeId(0), NodeId(1)],
@@ -308,6 +312,7 @@ fn validation_rejects_wrong_shapes_and_dtypes() {
             inputs: vec![],
             ty: t(Dtype::F32, &[2]),
             label: None,
+            recompute: false,
         }],
         inputs: vec![],
         outputs: vec![],
@@ -327,6 +332,7 @@ fn validation_rejects_wrong_shapes_and_dtypes() {
                 inputs: vec![NodeId(0)],
                 ty: t(Dtype::F32, &[2]),
                 label: None,
+                recompute: false,
             },
         ],
         inputs: vec![NodeId(0)],
@@ -353,6 +359,7 @@ fn validation_rejects_tuple_without_getitem() {
                 inputs: vec![NodeId(0)],
                 ty: tuple.clone(),
                 label: None,
+                recompute: false,
             },
             neg(1, t(Dtype::F32, &[1])),
         ],
@@ -392,6 +399,7 @@ fn validation_rejects_tuple_without_getitem() {
         inputs: vec![NodeId(1)],
         ty: t(Dtype::F32, &[1]),
         label: None,
+        recompute: false,
     });
     p3.outputs.push(GraphOutput {
         name: "s1".into(),
@@ -494,6 +502,7 @@ fn validation_rejects_duplicate_names_and_bad_input_lists() {
         inputs: vec![],
         ty: t(Dtype::F32, &[2]),
         label: None,
+        recompute: false,
     };
     let p = Program {
         nodes: vec![w("a"), w("a")],
@@ -755,6 +764,7 @@ fn overflowing_shapes_are_rejected_without_panicking() {
                     inputs: vec![NodeId(0), NodeId(0), NodeId(0)],
                     ty: t(Dtype::U8, &[1]),
                     label: None,
+                    recompute: false,
                 },
             ],
             "overflows",
@@ -767,6 +777,7 @@ fn overflowing_shapes_are_rejected_without_panicking() {
                     inputs: vec![],
                     ty: t(Dtype::F32, &[1, 1, 2, 2]),
                     label: None,
+                    recompute: false,
                 },
                 Node {
                     op: Op::Conv2d {
@@ -776,6 +787,7 @@ fn overflowing_shapes_are_rejected_without_panicking() {
                     inputs: vec![NodeId(0), NodeId(1)],
                     ty: t(Dtype::F32, &[1]),
                     label: None,
+                    recompute: false,
                 },
             ],
             "overflows",
@@ -791,6 +803,7 @@ fn overflowing_shapes_are_rejected_without_panicking() {
                     inputs: vec![NodeId(0)],
                     ty: t(Dtype::F32, &[1]),
                     label: None,
+                    recompute: false,
                 },
             ],
             "sum to dim 4",
@@ -805,6 +818,7 @@ fn overflowing_shapes_are_rejected_without_panicking() {
                     inputs: vec![NodeId(0)],
                     ty: t(Dtype::F32, &[1]),
                     label: None,
+                    recompute: false,
                 },
             ],
             "cannot reshape",
@@ -819,6 +833,7 @@ fn overflowing_shapes_are_rejected_without_panicking() {
                     inputs: vec![NodeId(0)],
                     ty: t(Dtype::F32, &[1]),
                     label: None,
+                    recompute: false,
                 },
             ],
             "too large",

@@ -60,6 +60,7 @@ fn permute_storage(p: &Program, perm: &[usize]) -> Program {
                     inputs: n.inputs.iter().map(|&v| map(v)).collect(),
                     ty: n.ty.clone(),
                     label: n.label.clone(),
+                    recompute: n.recompute,
                 }
             })
             .collect(),

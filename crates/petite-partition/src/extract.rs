@@ -58,6 +58,7 @@ impl Plan {
                 inputs: Vec::new(),
                 ty: p.ty.clone(),
                 label: p.label.clone(),
+                recompute: false,
             });
             sub.inputs.push(id);
             input_values.push(inp.value);
@@ -92,6 +93,7 @@ impl Plan {
                 inputs,
                 ty: n.ty.clone(),
                 label: n.label.clone(),
+                recompute: n.recompute,
             });
             map[id.index()] = Some(m);
         }

@@ -71,6 +71,14 @@ pub struct PartitionOptions<C = DefaultCost> {
     /// Input-only values larger than this are recomputed in each engine that reads them; smaller
     /// ones cross. Any value is accepted (`u64::MAX` disables recompute, `0` recomputes all).
     pub crossing_limit: u64,
+    /// Positional operands — input-only values the program marks
+    /// [`petite_graph::Node::recompute`], or reads as a fused `rope`'s cos/sin tables or an
+    /// `attention` mask — are recomputed in every engine that reads them whatever their size.
+    /// They are what Torch-TensorRT's recompute fix was for (crossing masks broke engine
+    /// builds), they read no weights and cost a few elementwise ops, and small ones (pi0.5's
+    /// step rotary tables are 25 KiB) would otherwise cross under the 64 KiB default.
+    /// Default `true`; `false` leaves them to `crossing_limit` alone.
+    pub recompute_positional: bool,
     /// What one more engine costs, in crossing bytes: the planner minimises
     /// `engines × engine_overhead + Σ bytes crossing the cuts`. `u64::MAX` means "fewest engines
     /// first"; `0` means "least crossing, however many engines".
@@ -85,6 +93,7 @@ impl PartitionOptions<DefaultCost> {
         PartitionOptions {
             engine_cap,
             crossing_limit: DEFAULT_CROSSING_LIMIT,
+            recompute_positional: true,
             engine_overhead: DEFAULT_ENGINE_OVERHEAD,
             cost: DefaultCost,
         }
@@ -95,6 +104,13 @@ impl<C> PartitionOptions<C> {
     /// The same options with another crossing limit.
     pub fn crossing_limit(mut self, bytes: u64) -> Self {
         self.crossing_limit = bytes;
+        self
+    }
+
+    /// The same options with positional-operand recompute on or off (see
+    /// [`PartitionOptions::recompute_positional`]).
+    pub fn recompute_positional(mut self, on: bool) -> Self {
+        self.recompute_positional = on;
         self
     }
 
@@ -109,6 +125,7 @@ impl<C> PartitionOptions<C> {
         PartitionOptions {
             engine_cap: self.engine_cap,
             crossing_limit: self.crossing_limit,
+            recompute_positional: self.recompute_positional,
             engine_overhead: self.engine_overhead,
             cost,
         }

@@ -113,6 +113,8 @@ pub struct Plan {
     pub engine_cap: u64,
     /// The crossing limit the plan was made for.
     pub crossing_limit: u64,
+    /// Whether positional operands (rope tables, attention masks) were always recomputed.
+    pub recompute_positional: bool,
     /// The engine overhead the plan was made for.
     pub engine_overhead: u64,
     /// Node count of the program (a cheap check that a plan fits its program).
@@ -175,7 +177,8 @@ const NONE: u32 = u32::MAX;
 ///    values are recomputed, small ones are at most `crossing_limit` each).
 /// 3. Each input-only node goes to the first engine that reads it (a multi-output one with its
 ///    getitems). An engine reading an input-only value larger than `crossing_limit` from
-///    elsewhere recomputes that value's whole producer cone itself; smaller ones cross.
+///    elsewhere — or, with `recompute_positional`, one it reads as a rope table or attention
+///    mask — recomputes that value's whole producer cone itself; other ones cross.
 /// 4. Inputs, outputs, boundaries, weights and last uses are derived from the assignment.
 pub fn plan<C: CostModel>(program: &Program, options: &PartitionOptions<C>) -> Result<Plan> {
     options.check()?;
@@ -213,6 +216,30 @@ pub fn plan<C: CostModel>(program: &Program, options: &PartitionOptions<C>) -> R
                 }
             }
         };
+    }
+
+    // ---- Positional operands: input-only values the program marks `recompute` or that are
+    // read as a fused rope's cos/sin or an attention mask.
+    let mut positional = vec![false; n];
+    if options.recompute_positional {
+        for id in program.ids() {
+            let node = program.node(id);
+            if node.recompute && kind[id.index()] == Kind::InputOnly {
+                positional[id.index()] = true;
+            }
+            let slots: &[usize] = match node.op {
+                Op::Rope => &[1, 2],
+                Op::Attention { .. } => &[3],
+                _ => &[],
+            };
+            for &i in slots {
+                if let Some(&v) = node.inputs.get(i)
+                    && kind[v.index()] == Kind::InputOnly
+                {
+                    positional[v.index()] = true;
+                }
+            }
+        }
     }
 
     // ---- Weight table (node order).
@@ -387,7 +414,8 @@ pub fn plan<C: CostModel>(program: &Program, options: &PartitionOptions<C>) -> R
             for &v in &program.node(id).inputs {
                 if kind[v.index()] != Kind::InputOnly
                     || member[v.index()] == tag
-                    || cost.value_bytes(program, v) <= options.crossing_limit
+                    || (!positional[v.index()]
+                        && cost.value_bytes(program, v) <= options.crossing_limit)
                 {
                     continue;
                 }
@@ -567,6 +595,7 @@ pub fn plan<C: CostModel>(program: &Program, options: &PartitionOptions<C>) -> R
     Ok(Plan {
         engine_cap: cap,
         crossing_limit: options.crossing_limit,
+        recompute_positional: options.recompute_positional,
         engine_overhead: options.engine_overhead,
         program_nodes: n,
         weight_bytes: weight_bytes.iter().fold(0u64, |a, &b| a.saturating_add(b)),

@@ -331,3 +331,58 @@ fn million_node_chain_plans_without_recursion() {
         .join()
         .unwrap();
 }
+
+#[test]
+fn marked_and_rope_table_operands_are_recomputed_whatever_their_size() {
+    // Two small input-only values (128 B, under a 1 KiB limit): `row` marked `recompute`, and
+    // `cos`/`sin` read by fused rope ops. Both are recomputed, not received; unmarked, with
+    // positional recompute off, they cross like any small value.
+    let mut b = Builder::new();
+    let x = b.input("x", F, &[1, 1, 4, 32]).unwrap();
+    let pos = b.input("pos", Dtype::I64, &[4]).unwrap();
+    b.push_scope("masks");
+    let pf = b.cast(pos, F).unwrap();
+    let pf = b.reshape(pf, &[1, 1, 4, 1]).unwrap();
+    let emb = b.expand(pf, &[1, 1, 4, 32]).unwrap();
+    let cos = b.cos(emb).unwrap();
+    let sin = b.sin(emb).unwrap();
+    let row = b.arange_i64(32).unwrap();
+    let row = b.cast(row, F).unwrap();
+    let row = b.mark_recompute(row).unwrap();
+    b.pop_scope();
+    let mut h = x;
+    for i in 0..3 {
+        let w = b.weight(&format!("w{i}"), F, &[32, 32]).unwrap();
+        h = b.linear(h, w, None).unwrap();
+        h = b.rope(h, cos, sin).unwrap();
+        h = b.add(h, row).unwrap();
+    }
+    b.output("y", h).unwrap();
+    let p = b.finish().unwrap();
+    assert!(p.node(row).recompute && !p.node(cos).recompute);
+    // The hint survives JSON, and is absent from it when false.
+    let json = p.to_json().unwrap();
+    assert_eq!(json.matches("\"recompute\"").count(), 1);
+    assert!(Program::from_json(&json).unwrap().node(row).recompute);
+
+    let marked = plan_checked(&p, 4096, 1024);
+    assert_eq!(marked.engines.len(), 3);
+    for e in &marked.engines[1..] {
+        for v in [cos, sin, row] {
+            assert!(e.recomputed_values.contains(&v), "engine {}: {v}", e.index);
+            assert!(e.inputs.iter().all(|i| i.value != v));
+        }
+    }
+    let off = PartitionOptions::new(4096)
+        .crossing_limit(1024)
+        .recompute_positional(false);
+    let unmarked = plan(&p, &off).unwrap();
+    check(&p, &unmarked, 4096, 1024);
+    assert!(!unmarked.recompute_positional);
+    for e in &unmarked.engines[1..] {
+        assert!(e.recomputed_values.is_empty(), "engine {}", e.index);
+        for v in [cos, sin, row] {
+            assert!(e.inputs.iter().any(|i| i.value == v && i.from == Some(0)));
+        }
+    }
+}

@@ -243,7 +243,9 @@ impl Ctx {
                 self.b.sin(emb)?
             };
             let t = self.cast(t, self.act())?;
-            *o = self.b.reshape(t, &[1, 1, s, d])?;
+            let t = self.b.reshape(t, &[1, 1, s, d])?;
+            // Never crosses an engine boundary: each engine rebuilds it from the positions.
+            *o = self.b.mark_recompute(t)?;
         }
         Ok((out[0], out[1]))
     }
@@ -254,7 +256,9 @@ impl Ctx {
         let zero = self.b.scalar(Dtype::F32, 0.0)?;
         let fill = self.b.scalar(Dtype::F32, MASK_FILL)?;
         let m = self.b.select(allowed, zero, fill)?;
-        Ok(self.b.reshape(m, &[1, 1, sh[0], sh[1]])?)
+        let m = self.b.reshape(m, &[1, 1, sh[0], sh[1]])?;
+        // Never crosses an engine boundary: each engine rebuilds it from the inputs.
+        Ok(self.b.mark_recompute(m)?)
     }
 
     /// Rotary embedding. bf16 activations follow torch's eager op order

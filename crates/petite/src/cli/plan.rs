@@ -41,9 +41,14 @@ pub struct PlanArgs {
     /// Maximum weight bytes per engine, e.g. 512MiB, 1GiB, 268435456.
     #[arg(long, default_value = "512MiB", value_parser = parse_size)]
     pub engine_cap: u64,
-    /// Input-only values (masks, rotary tables) above this are recomputed in each engine.
+    /// Other input-only values above this are recomputed in each engine that reads them;
+    /// smaller ones cross between engines.
     #[arg(long, default_value_t = DEFAULT_CROSSING_LIMIT, value_parser = parse_size)]
     pub crossing_limit: u64,
+    /// Let masks and rotary tables cross like other values when they are at most
+    /// --crossing-limit (by default they are always recomputed in each engine that reads them).
+    #[arg(long)]
+    pub let_tables_cross: bool,
     /// Crossing bytes one more engine is worth (trades engine count for cheap cuts).
     #[arg(long, default_value_t = DEFAULT_ENGINE_OVERHEAD, value_parser = parse_size)]
     pub engine_overhead: u64,
@@ -113,7 +118,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ProgramArg::Step => ("step", build_step(&cfg, precision)),
     };
     let program = program.with_context(|| format!("building the {name} program"))?;
-    let mut opts = PartitionOptions::new(a.engine_cap).crossing_limit(a.crossing_limit);
+    let mut opts = PartitionOptions::new(a.engine_cap)
+        .crossing_limit(a.crossing_limit)
+        .recompute_positional(!a.let_tables_cross);
     opts.engine_overhead = a.engine_overhead;
     let t0 = Instant::now();
     let plan = plan(&program, &opts).with_context(|| format!("planning the {name} program"))?;
