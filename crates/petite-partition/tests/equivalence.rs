@@ -184,7 +184,13 @@ type Step = (u8, usize, usize, usize);
 
 /// Builds a random DAG of `[2, 4]` f32 values: linears reading (possibly shared) weights,
 /// binary and unary ops, split + getitems (+ concat/expand), constants, ops on inputs only.
-fn random_program(steps: &[Step], weights: usize, extra_outputs: &[usize]) -> Program {
+/// `marks` picks values to mark `recompute` (the hint only acts on input-only ones).
+fn random_program(
+    steps: &[Step],
+    weights: usize,
+    extra_outputs: &[usize],
+    marks: &[usize],
+) -> Program {
     let mut b = Builder::new();
     let mut pool = vec![
         b.input("x0", Dtype::F32, &[2, 4]).unwrap(),
@@ -214,6 +220,9 @@ fn random_program(steps: &[Step], weights: usize, extra_outputs: &[usize]) -> Pr
         b.pop_scope();
         pool.push(v);
     }
+    for &m in marks {
+        b.mark_recompute(pool[m % pool.len()]).unwrap();
+    }
     let last = *pool.last().unwrap();
     b.output("out", last).unwrap();
     let mut used = vec![last];
@@ -235,12 +244,13 @@ proptest! {
         steps in prop::collection::vec((0u8..6, 0usize..64, 0usize..64, 0usize..8), 1..40),
         weights in 1usize..6,
         extra in prop::collection::vec(0usize..64, 0..3),
+        marks in prop::collection::vec(0usize..64, 0..4),
         cap_weights in 1u64..5,
         limit in prop::sample::select(vec![0u64, 16, 32, 1 << 20]),
         overhead in prop::sample::select(vec![0u64, 64, u64::MAX]),
         seed in 1u64..1000,
     ) {
-        let p = random_program(&steps, weights, &extra);
+        let p = random_program(&steps, weights, &extra, &marks);
         // Each weight is 64 bytes: caps of one to four weights per engine.
         let mut opts = PartitionOptions::new(cap_weights * 64).crossing_limit(limit);
         opts.engine_overhead = overhead;

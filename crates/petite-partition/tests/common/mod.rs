@@ -104,6 +104,10 @@ pub fn check(p: &Program, plan: &Plan, cap: u64, limit: u64) {
                                 "engine {e}: input-only {v} of {} bytes crosses (limit {limit})",
                                 p.node(v).ty.nbytes()
                             );
+                            assert!(
+                                !(plan.recompute_positional && p.node(v).recompute),
+                                "engine {e}: input-only {v} is marked recompute but crosses"
+                            );
                         }
                     }
                 }
