@@ -1,5 +1,6 @@
-"""The ExecuTorch runtime driver both portable conformance scripts use: one method of a .pte in
-executorch-numpy-runtime ("numpy") or executorch 1.5.1 ("torch"), with bf16 as uint16 bits."""
+"""The ExecuTorch runtime driver every portable script uses (the conformance scripts and, embedded
+in the binary, `petite verify`): one method of a .pte in executorch-numpy-runtime ("numpy") or
+executorch 1.5.1 ("torch"), with bf16 as uint16 bits."""
 import sys
 
 import numpy as np
@@ -8,16 +9,16 @@ import numpy as np
 class Runner:
     """One method of a .pte in executorch-numpy-runtime ("numpy") or executorch 1.5.1 ("torch")."""
 
-    def __init__(self, path, runtime):
+    def __init__(self, path, runtime, method="forward"):
         self.runtime = runtime
         if runtime == "numpy":
             import executorch_numpy_runtime as et
-            self.m = et.Runtime.get().load_program(path).load_method("forward")
+            self.m = et.Runtime.get().load_program(path).load_method(method)
         else:
             import torch  # noqa: F401  (executorch's pybindings need it loaded first)
             from executorch.runtime import Runtime, Verification
             prog = Runtime.get().load_program(path, verification=Verification.InternalConsistency)
-            self.m = prog.load_method("forward")
+            self.m = prog.load_method(method)
 
     def __call__(self, arrays, bf16=None):
         if self.runtime == "numpy":

@@ -17,6 +17,9 @@ pub enum Backend {
     Reference,
     /// TensorRT engines (ONNX + `trtexec` in a child process); needs TensorRT on this machine.
     TensorRt,
+    /// No engines: every op as an ExecuTorch portable kernel call (petite-portable), runnable by
+    /// any ExecuTorch runtime on any CPU. The export takes its own path ([`crate::export`]).
+    Portable,
 }
 
 impl std::str::FromStr for Backend {
@@ -25,8 +28,9 @@ impl std::str::FromStr for Backend {
         match s {
             "reference" => Ok(Backend::Reference),
             "tensorrt" => Ok(Backend::TensorRt),
+            "portable" => Ok(Backend::Portable),
             other => Err(format!(
-                "expected `reference` or `tensorrt`, found `{other}`"
+                "expected `reference` or `tensorrt` (engines), or `portable`, found `{other}`"
             )),
         }
     }
@@ -38,6 +42,7 @@ impl Backend {
         match self {
             Backend::Reference => "reference",
             Backend::TensorRt => "tensorrt",
+            Backend::Portable => "portable",
         }
     }
 
@@ -49,6 +54,9 @@ impl Backend {
     pub fn build_bytes(self, weight_bytes: u64) -> u64 {
         match self {
             Backend::Reference => 16 << 20,
+            // Converting/transposing one weight at a time in 8 MiB chunks (source block,
+            // gathered copy, converted copy), whatever the weight's size.
+            Backend::Portable => 32 << 20,
             Backend::TensorRt => {
                 weight_bytes.saturating_mul(petite_partition::TORCH_TRT_BUILD_MULTIPLIER)
             }
@@ -59,7 +67,7 @@ impl Backend {
     /// cost grows with the engine (`None`: any cap fits).
     pub fn cap_for(self, available: u64) -> Option<u64> {
         match self {
-            Backend::Reference => None,
+            Backend::Reference | Backend::Portable => None,
             Backend::TensorRt => Some(available / petite_partition::TORCH_TRT_BUILD_MULTIPLIER),
         }
     }
@@ -69,6 +77,7 @@ impl Backend {
         match self {
             Backend::Reference => format!("{}|{}", reference::BACKEND_ID, reference::FORMAT),
             Backend::TensorRt => format!("{}|TR01", petite_engine::tensorrt::BACKEND_ID),
+            Backend::Portable => "portable".to_string(),
         }
     }
 
@@ -77,6 +86,7 @@ impl Backend {
         match self {
             Backend::Reference => format!("{name}{}", reference::SUFFIX),
             Backend::TensorRt => format!("{name}.tr01"),
+            Backend::Portable => format!("{name}.portable"),
         }
     }
 
@@ -84,7 +94,7 @@ impl Backend {
     /// `$PETITE_TRTEXEC` or `PATH`).
     pub fn check_available(self) -> Result<()> {
         match self {
-            Backend::Reference => Ok(()),
+            Backend::Reference | Backend::Portable => Ok(()),
             Backend::TensorRt => {
                 petite_engine::tensorrt::find_trtexec()?;
                 Ok(())
@@ -110,6 +120,9 @@ impl Backend {
                 })?;
                 Ok(Box::new(petite_engine::tensorrt::TensorRtBuilder::new(m)?))
             }
+            Backend::Portable => Err(Error::Usage(
+                "the portable backend builds no engines".into(),
+            )),
         }
     }
 }
@@ -173,6 +186,7 @@ pub fn reuse(backend: Backend, path: &Path, job: &EngineJob<'_>) -> Option<Built
                 output_values: job.output_values.to_vec(),
             })
         }
+        Backend::Portable => None,
     }
 }
 

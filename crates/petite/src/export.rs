@@ -521,6 +521,32 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
         }
     }
     let base = status().map(|s| s.rss).unwrap_or(0);
+    let layout_name = match layout {
+        Some(petite_pi05::names::Layout::Lerobot) => "lerobot".to_string(),
+        Some(petite_pi05::names::Layout::Hub { prefixed }) => {
+            format!("hub{}", if prefixed { " (model. prefix)" } else { "" })
+        }
+        None => "unknown".to_string(),
+    };
+    let checkpoint_desc = json!({
+        "path": opts.checkpoint.display().to_string(),
+        "layout": layout_name,
+        "shards": shards,
+        "files": ck_files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+    });
+    if opts.backend == Backend::Portable {
+        return export_portable(
+            opts,
+            rec,
+            st,
+            &cfg,
+            ck,
+            &progs,
+            &ck_files,
+            base,
+            checkpoint_desc,
+        );
+    }
     let engine_cap = match (opts.engine_cap, opts.memory_budget) {
         (Some(c), _) => c,
         (None, Some(b)) => opts
@@ -698,22 +724,10 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     let pte_bytes = prefix_sum.file_len + step_sum.file_len;
     let mapping_written = if mapping_reused { 0 } else { mapping_bytes };
     let written_logical = mapping_written + pte_bytes + engine_bytes;
-    let layout_name = match layout {
-        Some(petite_pi05::names::Layout::Lerobot) => "lerobot".to_string(),
-        Some(petite_pi05::names::Layout::Hub { prefixed }) => {
-            format!("hub{}", if prefixed { " (model. prefix)" } else { "" })
-        }
-        None => "unknown".to_string(),
-    };
     let table_text = crate::report::table(&stages, total);
     let report = json!({
         "petite_version": env!("CARGO_PKG_VERSION"),
-        "checkpoint": {
-            "path": opts.checkpoint.display().to_string(),
-            "layout": layout_name,
-            "shards": shards,
-            "files": ck_files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
-        },
+        "checkpoint": checkpoint_desc,
         "config": opts.config.as_ref().map(|p| p.display().to_string()),
         "backend": opts.backend.name(),
         "dtype": match opts.precision { Precision::Bf16 => "bf16", Precision::F32 => "f32" },
@@ -761,5 +775,247 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
         table: table_text,
         engines_reused: reused,
         engines_built: built,
+    })
+}
+
+/// File next to a portable `.pte` describing its methods' inputs, outputs and memory plans
+/// (what a driver needs to feed it; `petite verify` and the conformance driver read it).
+pub fn spec_path(pte: &Path) -> PathBuf {
+    let mut s = pte.as_os_str().to_owned();
+    s.push(".json");
+    PathBuf::from(s)
+}
+
+/// `--backend portable`: the same stages and bounds as the engine backends, without engines.
+/// load (checks, programs, lowering of prefix and step to portable kernel calls, memory plans:
+/// every refusal happens here, before any file) → convert (the mapping file: every weight once,
+/// in the program's dtype and the layout the `.pte` stores, streamed tensor by tensor; reused
+/// while the checkpoint is unchanged) → timestep table (once, on the reference executor, as the
+/// engine backends do: the adaRMS weights it reads, 0.44 GiB at full size, stay out of the
+/// `.pte`) → save (`prefix.pte` = method `forward`; `step.pte` = `forward` + `timestep_table`,
+/// a kernel call returning the table; constants are regions of the mapping file copied
+/// in-kernel, so each weight byte is written into the `.pte` once and never passes through
+/// memory).
+#[allow(clippy::too_many_arguments)]
+fn export_portable(
+    opts: &ExportOptions,
+    rec: Recorder,
+    st: crate::memory::Stage,
+    cfg: &Pi05Config,
+    ck: CanonicalCheckpoint,
+    progs: &petite_pi05::Programs,
+    ck_files: &[PathBuf],
+    base: u64,
+    checkpoint_desc: serde_json::Value,
+) -> Result<ExportResult> {
+    let build_need = opts.backend.build_bytes(0).max(CONVERT_BYTES);
+    let need = base + build_need;
+    if let Some(b) = opts.memory_budget
+        && need > b
+    {
+        return Err(Error::Budget(format!(
+            "memory budget {} is too small: the process base is {} and converting the weights \
+             one at a time needs {} more, {} in all; nothing was done",
+            human(b),
+            human(base),
+            human(build_need),
+            human(need)
+        )));
+    }
+    if opts.engine_cap.is_some() {
+        return Err(Error::Usage(
+            "--engine-cap does not apply to --backend portable (it builds no engines)".into(),
+        ));
+    }
+    let lower = |what: &str, p: &Program| {
+        petite_portable::lower(p).map_err(|e| {
+            Error::Usage(format!(
+                "{what} program: {e}; --backend portable cannot export it (nothing was written)"
+            ))
+        })
+    };
+    let l_prefix = lower("prefix", &progs.prefix)?;
+    let l_step = lower("step", &progs.step)?;
+    let (p_prefix, p_step) = (
+        petite_portable::plan(&l_prefix),
+        petite_portable::plan(&l_step),
+    );
+    let table = petite_portable::stored_weights(&[&l_prefix, &l_step]);
+    petite_portable::check_weights(&table, &ck)?;
+    check_writable(&opts.out)?;
+    let identity = format!("{}|{:?}", source_key(ck_files)?, opts.precision);
+    rec.end(st, false);
+    check_interrupt()?;
+
+    // --- convert: every stored weight once, in the .pte's dtype and layout -----------------
+    let st = rec.begin("convert");
+    let mut h = Sha256::new();
+    h.update(identity.as_bytes());
+    h.update(b"|portable|");
+    for w in &table {
+        h.update(format!("{}|{:?}|", w.key, w.shape).as_bytes());
+    }
+    let key = hex(&h.finalize());
+    let cache = opts.out.join("cache");
+    let path = cache.join(format!("mapping-{}.safetensors", &key[..16]));
+    let reuse = MappedSafetensors::open(&path).ok().filter(|m| {
+        m.header()
+            .metadata
+            .iter()
+            .any(|(k, v)| k == "petite.mapping_key" && v == &key)
+            && table.iter().all(|w| m.info(&w.key).is_ok())
+    });
+    let mapping_reused = reuse.is_some();
+    let mapping = match reuse {
+        Some(m) => m,
+        None => {
+            std::fs::create_dir_all(&cache)
+                .map_err(|e| Error::io(&cache, "create cache directory", e))?;
+            if let Ok(rd) = std::fs::read_dir(&cache) {
+                for e in rd.flatten() {
+                    if e.file_name().to_string_lossy().starts_with("mapping-") && e.path() != path {
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                }
+            }
+            let total: u64 = table.iter().map(|w| w.nbytes()).sum();
+            let pb = bar(opts.progress, total, "convert");
+            petite_portable::write_mapping(
+                &table,
+                &ck,
+                &path,
+                &[("petite.mapping_key".to_string(), key.clone())],
+                &mut |done, _| {
+                    pb.set_position(done);
+                },
+            )?;
+            pb.finish_and_clear();
+            MappedSafetensors::open(&path)?
+        }
+    };
+    let mapping_bytes = mapping.mapped_len() as u64;
+    rec.end(st, mapping_reused);
+    check_interrupt()?;
+
+    // --- timestep table (reference executor, once) -----------------------------------------
+    let st = rec.begin("timestep");
+    let outs = Executor::new(&progs.timestep_table, &ck)?.run(BTreeMap::new())?;
+    let steps_table = outs
+        .get(io::TIMESTEP_TABLE)
+        .and_then(|t| t.float_values())
+        .map(|v| v.into_owned())
+        .ok_or_else(|| Error::Usage("timestep table program produced no f32 table".into()))?;
+    let r = petite_pi05::programs::time_row_len(cfg);
+    let mut b = petite_graph::Builder::new();
+    let c = b.constant_f32(&[cfg.steps, r], &steps_table)?;
+    b.output(io::TIMESTEP_TABLE, c)?;
+    let l_table = petite_portable::lower(&b.finish()?)?;
+    let p_table = petite_portable::plan(&l_table);
+    rec.end(st, false);
+    check_interrupt()?;
+
+    // --- save: prefix.pte, step.pte (+ their method descriptions) ------------------------------
+    let st = rec.begin("save");
+    let pb = bar(opts.progress, 2, "save");
+    let wopts = WriteOptions {
+        fsync: true,
+        ..WriteOptions::default()
+    };
+    let constants = petite_portable::Constants::Mapping(&mapping);
+    let prefix_pte = opts.out.join("prefix.pte");
+    let step_pte = opts.out.join("step.pte");
+    let (prefix_rep, prefix_sum) = petite_portable::write_program(
+        &[petite_portable::MethodSpec {
+            name: METHOD,
+            lowered: &l_prefix,
+            plan: &p_prefix,
+        }],
+        constants,
+        &prefix_pte,
+        wopts,
+    )?;
+    pb.inc(1);
+    let (step_rep, step_sum) = petite_portable::write_program(
+        &[
+            petite_portable::MethodSpec {
+                name: METHOD,
+                lowered: &l_step,
+                plan: &p_step,
+            },
+            petite_portable::MethodSpec {
+                name: TABLE_METHOD,
+                lowered: &l_table,
+                plan: &p_table,
+            },
+        ],
+        constants,
+        &step_pte,
+        wopts,
+    )?;
+    for (pte, reps) in [(&prefix_pte, &prefix_rep), (&step_pte, &step_rep)] {
+        crate::report::write_json(&spec_path(pte), &json!({ "methods": reps }))?;
+    }
+    pb.finish_and_clear();
+    rec.end(st, false);
+    drop(mapping);
+
+    // --- report ------------------------------------------------------------------------------
+    let stages = rec.stages();
+    let total = rec.elapsed();
+    let weight_bytes: u64 = table.iter().map(|w| w.nbytes()).sum();
+    let pte_bytes = prefix_sum.file_len + step_sum.file_len;
+    let mapping_written = if mapping_reused { 0 } else { mapping_bytes };
+    let in_kernel = prefix_sum.bytes_copied_in_kernel + step_sum.bytes_copied_in_kernel;
+    let table_text = crate::report::table(&stages, total);
+    let program_json =
+        |pte: &Path, sum: &petite_pte::WriteSummary, reps: &[petite_portable::ExportReport]| {
+            json!({"pte": pte.display().to_string(), "bytes": sum.file_len,
+               "bytes_copied_in_kernel": sum.bytes_copied_in_kernel,
+               "methods": reps})
+        };
+    let report = json!({
+        "petite_version": env!("CARGO_PKG_VERSION"),
+        "checkpoint": checkpoint_desc,
+        "config": opts.config.as_ref().map(|p| p.display().to_string()),
+        "backend": opts.backend.name(),
+        "dtype": match opts.precision { Precision::Bf16 => "bf16", Precision::F32 => "f32" },
+        "memory_budget": opts.memory_budget,
+        "memory_estimate": need,
+        "mapping": {
+            "path": path.display().to_string(),
+            "reused": mapping_reused,
+            "bytes": mapping_bytes,
+            "tensors": table.len(),
+        },
+        "programs": {
+            "prefix": program_json(&prefix_pte, &prefix_sum, &prefix_rep),
+            "step": program_json(&step_pte, &step_sum, &step_rep),
+            "timestep_table": [cfg.steps, r],
+        },
+        "stages": stages,
+        "totals": {
+            "seconds": total,
+            "weight_bytes": weight_bytes,
+            "weight_bytes_copied_in_kernel": in_kernel,
+            "bytes_written_files": mapping_written + pte_bytes,
+            "bytes_written_storage": stages.iter().map(|s| s.bytes_written).sum::<u64>(),
+            "bytes_read_storage": stages.iter().map(|s| s.bytes_read).sum::<u64>(),
+            "written_per_weight_byte_mapping_plus_pte":
+                (mapping_written + pte_bytes) as f64 / weight_bytes.max(1) as f64,
+            "written_per_weight_byte_pte": pte_bytes as f64 / weight_bytes.max(1) as f64,
+            "peak_rss": stages.iter().map(|s| s.peak_rss).max(),
+            "peak_anon": stages.iter().map(|s| s.peak_anon).max(),
+        },
+    });
+    let report_path = opts.out.join("report.json");
+    crate::report::write_json(&report_path, &report)?;
+    Ok(ExportResult {
+        prefix_pte,
+        step_pte,
+        report: report_path,
+        report_json: report,
+        table: table_text,
+        engines_reused: 0,
+        engines_built: 0,
     })
 }

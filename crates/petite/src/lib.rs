@@ -57,6 +57,9 @@ pub enum Error {
     /// Writing or reading a `.pte` failed.
     #[error(transparent)]
     Pte(#[from] petite_pte::Error),
+    /// Portable lowering or writing failed (names the node and op, or the weight).
+    #[error(transparent)]
+    Portable(#[from] petite_portable::Error),
     /// The reference executor failed (names the node).
     #[error(transparent)]
     Reference(#[from] petite_reference::Error),

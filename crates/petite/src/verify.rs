@@ -4,7 +4,9 @@
 //! reports the max abs action error.
 //!
 //! Only the reference backend's engines run here; a `.pte` with another backend's delegates is
-//! refused by name.
+//! refused by name. Portable `.pte` files (plain kernel calls, `--backend portable`) run in
+//! ExecuTorch's own runtime instead: a separate Python process with executorch-numpy-runtime,
+//! driven by the script embedded in this binary ([`run_portable`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -40,6 +42,8 @@ pub struct VerifyOptions {
     pub inputs: Option<PathBuf>,
     /// Seed of the generated inputs.
     pub seed: u64,
+    /// Python with executorch-numpy-runtime for portable `.pte` files (`None`: [`find_python`]).
+    pub python: Option<PathBuf>,
 }
 
 /// What a verification measured.
@@ -506,8 +510,27 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     )?;
     drop(f32_progs);
 
+    let prefix_path = opts.pte_dir.join("prefix.pte");
+    let portable = is_portable(&PteFile::open(&prefix_path)?);
+    let python = if portable {
+        Some(find_python(opts.python.as_deref())?)
+    } else {
+        None
+    };
     let st = rec.begin("pte");
-    let actions = run_pte(&opts.pte_dir, &cfg, &inputs)?;
+    let (actions, runtime) = match &python {
+        Some(py) => {
+            let (a, j) = run_portable(&opts.pte_dir, &cfg, &inputs, opts.inputs.as_deref(), py)?;
+            (
+                a,
+                json!({"runtime": "executorch-numpy-runtime (separate process)", "driver": j}),
+            )
+        }
+        None => (
+            run_pte(&opts.pte_dir, &cfg, &inputs)?,
+            json!({"runtime": "petite reference engines"}),
+        ),
+    };
     let pte_rec = rec.end(st, false);
     let st = rec.begin("reference");
     let reference = petite_pi05::run::run_model(&cfg, &ck, &inputs, Precision::F32)?.actions;
@@ -522,6 +545,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         "pte_dir": opts.pte_dir.display().to_string(),
         "checkpoint": opts.checkpoint.display().to_string(),
         "inputs": inputs_desc,
+        "backend": if portable { "portable" } else { "engines" },
+        "run": runtime,
         "max_abs_action_error": max_abs_error,
         "max_abs_reference_action": max_abs_reference,
         "stages": [pte_rec, ref_rec],
@@ -539,4 +564,204 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         max_abs_reference,
         json: j,
     })
+}
+
+/// Environment variable naming the Python that runs portable `.pte` files.
+pub const PYTHON_ENV: &str = "PETITE_PYTHON";
+
+/// The runner every portable driver shares (conformance/executorch is the one source).
+const ET_RUNNER_PY: &str = include_str!("../../../conformance/executorch/et_runner.py");
+/// The driver: timestep table, prefix once, step `steps` times, in ExecuTorch's runtime.
+const DRIVER_PY: &str = include_str!("../../../conformance/executorch/run_pi05_portable.py");
+
+/// Whether `pte`'s `forward` is portable kernel calls (operators, no delegates).
+pub fn is_portable(pte: &PteFile) -> bool {
+    method(pte, METHOD).is_ok_and(|p| p.delegates.is_empty() && !p.operators.is_empty())
+}
+
+fn no_python(detail: &str) -> Error {
+    Error::Usage(format!(
+        "{detail}: portable .pte files run in ExecuTorch's runtime, which needs a Python 3.12 \
+         with executorch-numpy-runtime 1.4.0 and numpy. Pass --python PATH or set \
+         ${PYTHON_ENV}; `cargo xtask conformance` builds one at target/venv-pte, or by hand: \
+         python3.12 -m venv V && V/bin/pip install executorch-numpy-runtime==1.4.0"
+    ))
+}
+
+/// The Python to run portable programs with: `explicit`, else `$PETITE_PYTHON`, else the venv
+/// `cargo xtask conformance` builds in this workspace (if present). Checked: it must import
+/// executorch-numpy-runtime.
+pub fn find_python(explicit: Option<&Path>) -> Result<PathBuf> {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/venv-pte/bin/python");
+    let python = match (explicit, std::env::var_os(PYTHON_ENV)) {
+        (Some(p), _) => p.to_path_buf(),
+        (None, Some(p)) => PathBuf::from(p),
+        (None, None) if venv.exists() => venv,
+        (None, None) => return Err(no_python("no Python given")),
+    };
+    let out = std::process::Command::new(&python)
+        .args(["-c", "import executorch_numpy_runtime, numpy"])
+        .output()
+        .map_err(|e| no_python(&format!("{}: cannot start: {e}", python.display())))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or("").to_string();
+        return Err(no_python(&format!(
+            "{}: cannot import executorch_numpy_runtime ({last})",
+            python.display()
+        )));
+    }
+    Ok(python)
+}
+
+/// A directory removed when dropped (the driver scripts, seeded inputs).
+struct ScratchDir(PathBuf);
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes `inputs` as the safetensors file the driver reads (`petite pi05 run`'s format).
+fn write_inputs(path: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<()> {
+    use petite_weights::{Dtype as W, SafetensorsWriter, TensorSpec};
+    let s = cfg.vision.image_size;
+    let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let i64b = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let rows: Vec<(&str, W, Vec<usize>, Vec<u8>)> = vec![
+        (
+            io::IMAGES,
+            W::F32,
+            vec![cfg.cameras, 3, s, s],
+            f32b(&inputs.images),
+        ),
+        (
+            io::IMAGE_MASKS,
+            W::U8,
+            vec![cfg.cameras],
+            inputs.image_masks.clone(),
+        ),
+        (io::TOKENS, W::I64, vec![cfg.tokens], i64b(&inputs.tokens)),
+        (
+            io::TOKEN_MASK,
+            W::U8,
+            vec![cfg.tokens],
+            inputs.token_mask.clone(),
+        ),
+        (
+            "noise",
+            W::F32,
+            vec![cfg.chunk, cfg.action_dim],
+            f32b(&inputs.noise),
+        ),
+    ];
+    let specs: Vec<TensorSpec> = rows
+        .iter()
+        .map(|(n, d, s, _)| TensorSpec::new(*n, *d, s))
+        .collect();
+    let w = SafetensorsWriter::create(path, &specs, &[])?;
+    for (n, _, _, b) in &rows {
+        w.write_at(n, 0, b)?;
+    }
+    w.finish()?;
+    Ok(())
+}
+
+/// Runs portable `prefix.pte`/`step.pte` in ExecuTorch's runtime: a separate Python process
+/// (`python`) running the driver embedded in this binary. Returns the actions and the driver's
+/// JSON line (without the actions).
+pub fn run_portable(
+    pte_dir: &Path,
+    cfg: &Pi05Config,
+    inputs: &Inputs,
+    inputs_file: Option<&Path>,
+    python: &Path,
+) -> Result<(Vec<f32>, serde_json::Value)> {
+    for f in ["prefix.pte.json", "step.pte.json"] {
+        let p = pte_dir.join(f);
+        if !p.exists() {
+            return Err(bad(
+                &p,
+                "missing: portable .pte files are described by the .pte.json files \
+                 `petite export --backend portable` writes next to them",
+            ));
+        }
+    }
+    let dir = ScratchDir(std::env::temp_dir().join(format!(
+        "petite-verify-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    )));
+    std::fs::create_dir_all(&dir.0).map_err(|e| Error::io(&dir.0, "create", e))?;
+    for (name, text) in [
+        ("et_runner.py", ET_RUNNER_PY),
+        ("run_pi05_portable.py", DRIVER_PY),
+    ] {
+        let p = dir.0.join(name);
+        std::fs::write(&p, text).map_err(|e| Error::io(&p, "write driver", e))?;
+    }
+    let inputs_path = match inputs_file {
+        Some(p) => p.to_path_buf(),
+        None => {
+            let p = dir.0.join("inputs.safetensors");
+            write_inputs(&p, cfg, inputs)?;
+            p
+        }
+    };
+    let out = std::process::Command::new(python)
+        .arg(dir.0.join("run_pi05_portable.py"))
+        .arg(pte_dir)
+        .arg("--inputs")
+        .arg(&inputs_path)
+        .arg("--print-actions")
+        .output()
+        .map_err(|e| Error::io(python, "start the ExecuTorch driver", e))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: String = err
+            .lines()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        return Err(bad(
+            &pte_dir.join("prefix.pte"),
+            format!(
+                "ExecuTorch's runtime failed ({}; {}): {tail}",
+                out.status,
+                python.display()
+            ),
+        ));
+    }
+    let line = stdout.lines().last().unwrap_or("");
+    let mut j: serde_json::Value = serde_json::from_str(line)?;
+    let actions: Vec<f32> = j["actions"]
+        .as_array()
+        .ok_or_else(|| bad(&pte_dir.join("step.pte"), "the driver returned no actions"))?
+        .iter()
+        .map(|v| v.as_f64().unwrap_or(f64::NAN) as f32)
+        .collect();
+    if actions.len() != cfg.chunk * cfg.action_dim {
+        return Err(bad(
+            &pte_dir.join("step.pte"),
+            format!(
+                "{} actions, the config has chunk {} x action_dim {}",
+                actions.len(),
+                cfg.chunk,
+                cfg.action_dim
+            ),
+        ));
+    }
+    if let Some(o) = j.as_object_mut() {
+        o.remove("actions");
+        o.insert("python".into(), python.display().to_string().into());
+    }
+    Ok((actions, j))
 }

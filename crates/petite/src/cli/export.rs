@@ -18,20 +18,24 @@ pub struct ExportArgs {
     /// pi0.5 config JSON (default: the real pi0.5).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Output directory: prefix.pte, step.pte, report.json, cache/ (mapping file).
+    /// Output directory: prefix.pte, step.pte, report.json, cache/ (mapping file); portable:
+    /// also prefix.pte.json, step.pte.json (the methods' inputs and outputs).
     #[arg(long)]
     pub out: PathBuf,
-    /// Engine backend: reference | tensorrt.
+    /// Backend: reference | tensorrt (engines as delegates) | portable (no engines: every op an
+    /// ExecuTorch portable kernel call, runs in any ExecuTorch runtime; check with `petite verify`).
     #[arg(long, default_value = "reference")]
     pub backend: Backend,
-    /// Weight bytes per engine, e.g. 512MiB (default: from --memory-budget, else 512MiB).
+    /// Weight bytes per engine, e.g. 512MiB (default: from --memory-budget, else 512MiB; not
+    /// with --backend portable).
     #[arg(long, value_parser = parse_size)]
     pub engine_cap: Option<u64>,
     /// Memory budget of the whole export, e.g. 8GiB: picks the engine cap for the backend and
     /// refuses up front, with the numbers, when the plan cannot fit.
     #[arg(long, value_parser = parse_size)]
     pub memory_budget: Option<u64>,
-    /// Numerics: bf16 (lerobot's bfloat16 mode) or f32.
+    /// Numerics: bf16 (lerobot's bfloat16 mode) or f32. With --backend portable the kernels
+    /// compute in the weights' dtype (bf16 matmuls accumulate and round in bf16; see README).
     #[arg(long, default_value = "bf16")]
     pub dtype: Precision,
     /// Keep the engine files under OUT/engines after writing the .pte files.
@@ -56,6 +60,19 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         .map(std::time::Duration::from_millis);
     let r = export(&o).with_context(|| format!("export of {}", a.checkpoint.display()))?;
     print!("{}", r.table);
+    if a.backend == Backend::Portable {
+        let m =
+            |p: &str| r.report_json["programs"][p]["methods"][0]["plan"]["planned_bytes"].clone();
+        println!(
+            "portable: wrote {} and {} (planned buffers: prefix {} B, step {} B; report: {})",
+            r.prefix_pte.display(),
+            r.step_pte.display(),
+            m("prefix"),
+            m("step"),
+            r.report.display()
+        );
+        return Ok(());
+    }
     println!(
         "engines: {} built, {} reused; wrote {} and {} (report: {})",
         r.engines_built,

@@ -1,4 +1,5 @@
-//! `petite verify`: run an export's .pte files and compare with the f32 reference.
+//! `petite verify`: run an export's .pte files (engines here; portable ones in ExecuTorch's
+//! runtime) and compare with the f32 reference.
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -23,6 +24,11 @@ pub struct VerifyArgs {
     /// Seed of the generated inputs.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Python 3.12 with executorch-numpy-runtime, for portable .pte files (`--backend
+    /// portable`), which run in ExecuTorch's runtime in a separate process (default:
+    /// $PETITE_PYTHON, else the workspace's target/venv-pte built by `cargo xtask conformance`).
+    #[arg(long)]
+    pub python: Option<PathBuf>,
     /// Fail (exit 1) when the max abs action error exceeds this.
     #[arg(long)]
     pub max_error: Option<f32>,
@@ -36,6 +42,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         config: a.config,
         inputs: a.inputs,
         seed: a.seed,
+        python: a.python,
     })
     .with_context(|| format!("verify of {}", a.pte_dir.display()))?;
     println!(

@@ -1,0 +1,223 @@
+//! `petite export --backend portable` end to end on the lerobot golden cases, as separate
+//! processes: what the files hold (kernel calls only, both methods of `step.pte`, planned memory,
+//! every weight copied once from the mapping file), a re-run reusing the mapping file with
+//! identical bytes, and the bad-input contract. Running the files in ExecuTorch's runtime (and
+//! comparing with lerobot's goldens) needs a Python venv, so it lives where the repo's other
+//! runtime checks live: the portable tier of `cargo xtask conformance`
+//! (`xtask/src/conformance/portable.rs`), which CI runs after these tests.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use petite_pte::PteFile;
+
+fn petite() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_petite"));
+    c.env("RUST_BACKTRACE", "0");
+    c
+}
+
+fn case(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/pi05")
+        .join(name)
+}
+
+struct Scratch(PathBuf);
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("petite-portable-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+}
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn export_cmd(c: &Path, out: &Path, extra: &[&str]) -> Command {
+    let mut cmd = petite();
+    cmd.arg("export")
+        .arg("--checkpoint")
+        .arg(c.join("model.safetensors"))
+        .arg("--config")
+        .arg(c.join("config.json"))
+        .arg("--out")
+        .arg(out)
+        .args(["--backend", "portable"])
+        .args(extra);
+    cmd
+}
+
+fn ok(o: Output) -> Output {
+    assert!(
+        o.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    o
+}
+
+fn report(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn portable_export_writes_kernel_calls_and_copies_each_weight_once() {
+    for dtype in ["f32", "bf16"] {
+        for name in ["two_cams_mqa", "three_cams_masked_gqa"] {
+            let s = Scratch::new(&format!("ok-{dtype}-{name}"));
+            let c = case(name);
+            ok(export_cmd(&c, &s.0, &["--dtype", dtype]).output().unwrap());
+            let r = report(&s.0);
+            assert_eq!(r["backend"], "portable");
+            assert_eq!(r["dtype"], dtype);
+            for (file, methods) in [
+                ("prefix.pte", &["forward"][..]),
+                ("step.pte", &["forward", "timestep_table"][..]),
+            ] {
+                let pte = PteFile::open(s.0.join(file)).unwrap();
+                let plans = &pte.program().execution_plan;
+                let names: Vec<&str> = plans.iter().map(|p| p.name.as_str()).collect();
+                assert_eq!(names, methods, "{file}");
+                for p in plans {
+                    assert!(p.delegates.is_empty(), "{file} {}: delegates", p.name);
+                    assert!(!p.operators.is_empty(), "{file} {}", p.name);
+                    for op in &p.operators {
+                        let full = format!("{}.{}", op.name, op.overload);
+                        assert!(
+                            petite_portable::OPERATORS.contains(&full.as_str()),
+                            "{file}: {full} is not a registered portable operator"
+                        );
+                    }
+                }
+                // The description a driver feeds the methods by.
+                let spec: serde_json::Value = serde_json::from_str(
+                    &std::fs::read_to_string(s.0.join(format!("{file}.json"))).unwrap(),
+                )
+                .unwrap();
+                let described: Vec<&str> = spec["methods"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| m["method"].as_str().unwrap())
+                    .collect();
+                assert_eq!(described, methods);
+                for m in spec["methods"].as_array().unwrap() {
+                    let plan = &m["plan"];
+                    let (planned, live) = (
+                        plan["planned_bytes"].as_u64().unwrap(),
+                        plan["max_live_bytes"].as_u64().unwrap(),
+                    );
+                    assert!(
+                        planned >= live && planned as f64 <= 1.5 * live as f64,
+                        "{plan}"
+                    );
+                }
+            }
+            // Every weight byte went from the mapping file into a .pte once, in-kernel.
+            let t = &r["totals"];
+            let weights = t["weight_bytes"].as_u64().unwrap();
+            assert!(weights > 0);
+            assert_eq!(
+                t["weight_bytes_copied_in_kernel"].as_u64().unwrap(),
+                weights
+            );
+            let mapping = PathBuf::from(r["mapping"]["path"].as_str().unwrap());
+            assert!(mapping.starts_with(s.0.join("cache")) && mapping.exists());
+            assert_eq!(r["mapping"]["reused"], false);
+            // f32 and bf16 store different bytes.
+            let prefix_bytes = r["programs"]["prefix"]["bytes"].as_u64().unwrap();
+            assert_eq!(
+                prefix_bytes,
+                std::fs::metadata(s.0.join("prefix.pte")).unwrap().len()
+            );
+        }
+    }
+}
+
+#[test]
+fn rerun_reuses_the_mapping_file_and_gives_identical_bytes() {
+    let s = Scratch::new("rerun");
+    let c = case("one_cam_mha_unpadded");
+    ok(export_cmd(&c, &s.0, &["--dtype", "f32"]).output().unwrap());
+    let first = (
+        std::fs::read(s.0.join("prefix.pte")).unwrap(),
+        std::fs::read(s.0.join("step.pte")).unwrap(),
+    );
+    ok(export_cmd(&c, &s.0, &["--dtype", "f32"]).output().unwrap());
+    let r = report(&s.0);
+    assert_eq!(r["mapping"]["reused"], true);
+    assert_eq!(
+        first,
+        (
+            std::fs::read(s.0.join("prefix.pte")).unwrap(),
+            std::fs::read(s.0.join("step.pte")).unwrap(),
+        )
+    );
+    // Another dtype is another mapping file (the old one is replaced, not kept beside it).
+    ok(export_cmd(&c, &s.0, &["--dtype", "bf16"]).output().unwrap());
+    let r = report(&s.0);
+    assert_eq!(r["mapping"]["reused"], false);
+    assert_eq!(std::fs::read_dir(s.0.join("cache")).unwrap().count(), 1);
+    assert_ne!(first.0, std::fs::read(s.0.join("prefix.pte")).unwrap());
+}
+
+#[test]
+fn bad_input_is_refused_before_any_file_is_written() {
+    let s = Scratch::new("bad");
+    let c = case("two_cams_mqa");
+    let out = s.0.join("out");
+    let refused = |extra: &[&str], expect: &[&str]| {
+        let o = export_cmd(&c, &out, extra).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(!o.status.success(), "should fail");
+        for e in expect {
+            assert!(err.contains(e), "expected `{e}` in:\n{err}");
+        }
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!out.exists(), "{} created: {err}", out.display());
+    };
+    // Engines do not exist here: an engine cap is a mistake, said so.
+    refused(&["--engine-cap", "1MiB"], &["--engine-cap", "portable"]);
+    // A budget below the conversion's working set: refused with the numbers.
+    refused(
+        &["--memory-budget", "1MiB"],
+        &["memory budget 1.0 MiB is too small", "process base"],
+    );
+}
+
+#[test]
+fn verify_without_a_runtime_python_says_how_to_get_one() {
+    let s = Scratch::new("nopython");
+    let c = case("two_cams_mqa");
+    ok(export_cmd(&c, &s.0, &["--dtype", "f32"]).output().unwrap());
+    let o = petite()
+        .arg("verify")
+        .arg("--pte-dir")
+        .arg(&s.0)
+        .arg("--checkpoint")
+        .arg(c.join("model.safetensors"))
+        .arg("--config")
+        .arg(c.join("config.json"))
+        .arg("--python")
+        .arg(s.0.join("no-such-python"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    for e in [
+        "no-such-python",
+        "executorch-numpy-runtime",
+        "--python",
+        "PETITE_PYTHON",
+        "cargo xtask conformance",
+    ] {
+        assert!(err.contains(e), "expected `{e}` in:\n{err}");
+    }
+    // Nothing was recorded for a verification that did not run.
+    assert!(report(&s.0).get("verify").is_none());
+}
