@@ -513,6 +513,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     let prefix_path = opts.pte_dir.join("prefix.pte");
     let portable = is_portable(&PteFile::open(&prefix_path)?);
     let python = if portable {
+        check_specs(&opts.pte_dir, &cfg)?;
         Some(find_python(opts.python.as_deref())?)
     } else {
         None
@@ -667,6 +668,57 @@ fn write_inputs(path: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<()> {
     Ok(())
 }
 
+/// Checks the `.pte.json` descriptions of portable files against `cfg` (inputs the config fixes),
+/// so a mismatch is named here rather than as a reshape error deep in the driver.
+pub fn check_specs(pte_dir: &Path, cfg: &Pi05Config) -> Result<()> {
+    let s = cfg.vision.image_size;
+    let r = petite_pi05::programs::time_row_len(cfg);
+    let want: HashMap<&str, Vec<usize>> = [
+        (io::IMAGES, vec![cfg.cameras, 3, s, s]),
+        (io::IMAGE_MASKS, vec![cfg.cameras]),
+        (io::TOKENS, vec![cfg.tokens]),
+        (io::TOKEN_MASK, vec![cfg.tokens]),
+        (io::X_T, vec![cfg.chunk, cfg.action_dim]),
+        (io::TIME_ROW, vec![r]),
+    ]
+    .into_iter()
+    .collect();
+    for f in ["prefix.pte.json", "step.pte.json"] {
+        let p = pte_dir.join(f);
+        if !p.exists() {
+            return Err(bad(
+                &p,
+                "missing: portable .pte files are described by the .pte.json files \
+                 `petite export --backend portable` writes next to them",
+            ));
+        }
+        let spec = crate::report::read_json(&p)?;
+        for m in spec["methods"].as_array().into_iter().flatten() {
+            for i in m["inputs"].as_array().into_iter().flatten() {
+                let name = i["name"].as_str().unwrap_or_default();
+                let shape: Vec<usize> = i["shape"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|d| d.as_u64().map(|d| d as usize))
+                    .collect();
+                if let Some(w) = want.get(name)
+                    && *w != shape
+                {
+                    return Err(bad(
+                        &p,
+                        format!(
+                            "input `{name}` is {shape:?}, the config gives {w:?} (was it \
+                             exported with another config?)"
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Runs portable `prefix.pte`/`step.pte` in ExecuTorch's runtime: a separate Python process
 /// (`python`) running the driver embedded in this binary. Returns the actions and the driver's
 /// JSON line (without the actions).
@@ -677,16 +729,7 @@ pub fn run_portable(
     inputs_file: Option<&Path>,
     python: &Path,
 ) -> Result<(Vec<f32>, serde_json::Value)> {
-    for f in ["prefix.pte.json", "step.pte.json"] {
-        let p = pte_dir.join(f);
-        if !p.exists() {
-            return Err(bad(
-                &p,
-                "missing: portable .pte files are described by the .pte.json files \
-                 `petite export --backend portable` writes next to them",
-            ));
-        }
-    }
+    check_specs(pte_dir, cfg)?;
     let dir = ScratchDir(std::env::temp_dir().join(format!(
         "petite-verify-{}-{}",
         std::process::id(),

@@ -221,3 +221,30 @@ fn verify_without_a_runtime_python_says_how_to_get_one() {
     // Nothing was recorded for a verification that did not run.
     assert!(report(&s.0).get("verify").is_none());
 }
+
+#[test]
+fn verify_names_a_config_the_files_were_not_exported_with() {
+    let s = Scratch::new("otherconfig");
+    let c = case("two_cams_mqa");
+    ok(export_cmd(&c, &s.0, &["--dtype", "f32"]).output().unwrap());
+    // The checkpoint matches the other config, so only the .pte files disagree.
+    let other = case("one_cam_mha_unpadded");
+    let o = petite()
+        .arg("verify")
+        .arg("--pte-dir")
+        .arg(&s.0)
+        .arg("--checkpoint")
+        .arg(other.join("model.safetensors"))
+        .arg("--config")
+        .arg(other.join("config.json"))
+        .arg("--python")
+        .arg(s.0.join("no-such-python"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("exported with another config") && err.contains("pte.json"),
+        "{err}"
+    );
+}

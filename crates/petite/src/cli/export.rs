@@ -35,7 +35,7 @@ pub struct ExportArgs {
     #[arg(long, value_parser = parse_size)]
     pub memory_budget: Option<u64>,
     /// Numerics: bf16 (lerobot's bfloat16 mode) or f32. With --backend portable the kernels
-    /// compute in the weights' dtype (bf16 matmuls accumulate and round in bf16; see README).
+    /// compute in the weights' dtype (bf16 matmuls round inside the kernel; see README).
     #[arg(long, default_value = "bf16")]
     pub dtype: Precision,
     /// Keep the engine files under OUT/engines after writing the .pte files.
