@@ -18,15 +18,18 @@
 
 pub mod lower;
 pub mod plan;
+#[cfg(test)]
+mod stream_tests;
 
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use petite_graph::{Dtype, Program};
 use petite_pte::model::ScalarType;
 use petite_pte::{MethodBuilder, ProgramBuilder, SegmentData, WriteOptions, WriteSummary};
 use petite_weights::{
-    Dtype as WDtype, MappedSafetensors, SafetensorsWriter, TensorSpec, WeightSource,
+    Dtype as WDtype, MappedSafetensors, SafetensorsWriter, TensorSpec, TensorView, WeightSource,
 };
 use serde::Serialize;
 
@@ -275,111 +278,444 @@ fn same_dtype(from: WDtype, to: Dtype) -> bool {
     )
 }
 
-/// Converts `src` elements (dtype `from`) to `to`, appending little-endian bytes to `out`.
-/// Same dtype copies bytes; float ↔ float converts (f32 → bf16/f16 round to nearest even).
-fn convert_into(src: &[u8], from: WDtype, to: Dtype, out: &mut Vec<u8>) -> bool {
-    let same = same_dtype(from, to);
-    if same {
-        out.extend_from_slice(src);
-        return true;
-    }
-    if !from.is_float() || !to.is_float() {
-        return false;
-    }
-    let f = |c: &[u8]| -> f32 {
-        match from {
-            WDtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
-            WDtype::Bf16 => f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16),
-            _ => half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
-        }
-    };
-    for c in src.chunks_exact(from.size()) {
-        let x = f(c);
-        match to {
-            Dtype::F32 => out.extend_from_slice(&x.to_le_bytes()),
-            Dtype::Bf16 => out.extend_from_slice(&half::bf16::from_f32(x).to_bits().to_le_bytes()),
-            _ => out.extend_from_slice(&half::f16::from_f32(x).to_bits().to_le_bytes()),
-        }
-    }
-    true
+/// One element conversion, monomorphised so the band kernels inline it: `I` source bytes in,
+/// `O` stored bytes out (little-endian).
+trait Elem {
+    const I: usize;
+    const O: usize;
+    fn conv(s: &[u8], d: &mut [u8]);
 }
 
-/// Chunk of source bytes converted at a time.
-const CHUNK: usize = 8 << 20;
+/// Same dtype: the bytes are copied.
+struct Same<const N: usize>;
+impl<const N: usize> Elem for Same<N> {
+    const I: usize = N;
+    const O: usize = N;
+    #[inline(always)]
+    fn conv(s: &[u8], d: &mut [u8]) {
+        d.copy_from_slice(s);
+    }
+}
 
-/// Writes one weight (converted, optionally transposed) to `w`, in bounded chunks.
-fn write_weight(
-    w: &mut impl Write,
-    weights: &dyn WeightSource,
-    name: &str,
-    to: Dtype,
-    shape: &[usize],
-    transpose: bool,
-    dest: &Path,
-) -> Result<()> {
-    let view = weights.tensor(name)?;
-    let stored: Vec<usize> = if transpose {
-        shape.iter().rev().copied().collect()
+#[inline(always)]
+fn f32_of(s: &[u8]) -> f32 {
+    f32::from_le_bytes([s[0], s[1], s[2], s[3]])
+}
+#[inline(always)]
+fn bf16_of(s: &[u8]) -> f32 {
+    // By bits: `half`'s widening quiets signalling NaNs, and the stored bytes keep them.
+    f32::from_bits((u16::from_le_bytes([s[0], s[1]]) as u32) << 16)
+}
+#[inline(always)]
+fn f16_of(s: &[u8]) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32()
+}
+
+/// `half::bf16::from_f32(x).to_bits()` without branches (round to nearest even; a NaN keeps
+/// its sign and upper payload with the quiet bit set), so the tile loops stay tight.
+#[inline(always)]
+fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    let nan = ((b >> 16) as u16) | 0x0040;
+    if b & 0x7fff_ffff > 0x7f80_0000 {
+        nan
     } else {
-        shape.to_vec()
+        rounded
+    }
+}
+
+macro_rules! float_elem {
+    ($name:ident, $i:expr, $o:expr, |$s:ident, $d:ident| $body:expr) => {
+        struct $name;
+        impl Elem for $name {
+            const I: usize = $i;
+            const O: usize = $o;
+            #[inline(always)]
+            fn conv($s: &[u8], $d: &mut [u8]) {
+                $body
+            }
+        }
     };
-    if view.shape != stored.as_slice() {
-        return Err(Error::Weight {
-            name: name.into(),
+}
+// f32 → bf16/f16 round to nearest even (`half`'s conversions, as since the crate's first
+// version); narrow → wide is exact.
+float_elem!(F32Bf16, 4, 2, |s, d| d
+    .copy_from_slice(&bf16_bits(f32_of(s)).to_le_bytes()));
+float_elem!(F32F16, 4, 2, |s, d| d.copy_from_slice(
+    &half::f16::from_f32(f32_of(s)).to_bits().to_le_bytes()
+));
+float_elem!(Bf16F32, 2, 4, |s, d| d
+    .copy_from_slice(&bf16_of(s).to_le_bytes()));
+float_elem!(F16F32, 2, 4, |s, d| d
+    .copy_from_slice(&f16_of(s).to_le_bytes()));
+float_elem!(Bf16F16, 2, 2, |s, d| d.copy_from_slice(
+    &half::f16::from_f32(bf16_of(s)).to_bits().to_le_bytes()
+));
+float_elem!(F16Bf16, 2, 2, |s, d| d.copy_from_slice(
+    &half::bf16::from_f32(f16_of(s)).to_bits().to_le_bytes()
+));
+
+/// Which [`Elem`] a (source, stored) dtype pair uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Conv {
+    Same1,
+    Same2,
+    Same4,
+    Same8,
+    F32Bf16,
+    F32F16,
+    Bf16F32,
+    F16F32,
+    Bf16F16,
+    F16Bf16,
+}
+
+impl Conv {
+    /// Same dtype copies bytes; float ↔ float converts; anything else does not convert.
+    fn of(from: WDtype, to: Dtype) -> Option<Conv> {
+        if same_dtype(from, to) {
+            return Some(match from.size() {
+                1 => Conv::Same1,
+                2 => Conv::Same2,
+                4 => Conv::Same4,
+                _ => Conv::Same8,
+            });
+        }
+        Some(match (from, to) {
+            (WDtype::F32, Dtype::Bf16) => Conv::F32Bf16,
+            (WDtype::F32, Dtype::F16) => Conv::F32F16,
+            (WDtype::Bf16, Dtype::F32) => Conv::Bf16F32,
+            (WDtype::F16, Dtype::F32) => Conv::F16F32,
+            (WDtype::Bf16, Dtype::F16) => Conv::Bf16F16,
+            (WDtype::F16, Dtype::Bf16) => Conv::F16Bf16,
+            _ => return None,
+        })
+    }
+}
+
+/// Calls generic `$f::<E>(args)` with the [`Elem`] of `$conv`.
+macro_rules! with_elem {
+    ($conv:expr, $f:ident($($a:expr),*)) => {
+        match $conv {
+            Conv::Same1 => $f::<Same<1>>($($a),*),
+            Conv::Same2 => $f::<Same<2>>($($a),*),
+            Conv::Same4 => $f::<Same<4>>($($a),*),
+            Conv::Same8 => $f::<Same<8>>($($a),*),
+            Conv::F32Bf16 => $f::<F32Bf16>($($a),*),
+            Conv::F32F16 => $f::<F32F16>($($a),*),
+            Conv::Bf16F32 => $f::<Bf16F32>($($a),*),
+            Conv::F16F32 => $f::<F16F32>($($a),*),
+            Conv::Bf16F16 => $f::<Bf16F16>($($a),*),
+            Conv::F16Bf16 => $f::<F16Bf16>($($a),*),
+        }
+    };
+}
+
+fn convert_plain<E: Elem>(src: &[u8], out: &mut [u8]) {
+    for (s, d) in src.chunks_exact(E::I).zip(out.chunks_exact_mut(E::O)) {
+        E::conv(s, d);
+    }
+}
+
+/// Side of the square tiles the transposing kernel walks: a tile's source rows and stored rows
+/// (64 cache lines each at most) stay in L1 while it is converted.
+const TILE: usize = 16;
+
+/// Converts rows `i0..i1` × columns `j0..j1` of the row-major `[_, c]` tensor `src` into `out`,
+/// transposed: source element `(i, j)` goes to element `(j - j0) * h + i` of `out`.
+/// Tiled so reads and writes both stay in cache (a column-by-column gather misses on every
+/// element).
+fn transpose_block<E: Elem>(
+    src: &[u8],
+    c: usize,
+    (i0, i1): (usize, usize),
+    (j0, j1): (usize, usize),
+    out: &mut [u8],
+    h: usize,
+) {
+    // One tile converted into `tmp` (stored-row-major, in L1), then copied out row by row.
+    let mut tmp = [0u8; TILE * TILE * 8];
+    for ib in (i0..i1).step_by(TILE) {
+        let n = (ib + TILE).min(i1) - ib;
+        for jb in (j0..j1).step_by(TILE) {
+            let m = (jb + TILE).min(j1) - jb;
+            for ii in 0..n {
+                let at = ((ib + ii) * c + jb) * E::I;
+                let row = &src[at..at + m * E::I];
+                for (jj, s) in row.chunks_exact(E::I).enumerate() {
+                    let t = (jj * TILE + ii) * E::O;
+                    E::conv(s, &mut tmp[t..t + E::O]);
+                }
+            }
+            for jj in 0..m {
+                let o = ((jb + jj - j0) * h + ib) * E::O;
+                let t = jj * TILE * E::O;
+                out[o..o + n * E::O].copy_from_slice(&tmp[t..t + n * E::O]);
+            }
+        }
+    }
+}
+
+/// Source bytes one band (one unit of work) reads: bounds the output buffer a band holds,
+/// whatever the tensor's size.
+const BAND: usize = 8 << 20;
+
+/// Source bytes of whole rows a column band reads before unmapping them: bounds the mapped
+/// source pages.
+const UNMAP: usize = 2 << 20;
+
+/// One band of a stored weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Band {
+    /// Elements `start..end` of an untransposed tensor.
+    Plain { start: usize, end: usize },
+    /// Source columns `j0..j1` of a transposed `[r, c]` tensor: stored rows `j0..j1`, one
+    /// contiguous run of the output, read as one segment of every source row. (Cutting by source
+    /// rows instead reads contiguously but scatters the output into `c` short writes per band:
+    /// measured slower at full size, 46 s vs 17 s.)
+    Cols { j0: usize, j1: usize },
+}
+
+/// How a stored weight is read, converted and placed.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    conv: Conv,
+    /// Source `[r, c]` when transposed (the stored shape is `[c, r]`); `(1, numel)` otherwise.
+    r: usize,
+    c: usize,
+    transpose: bool,
+}
+
+impl Layout {
+    fn new(w: &StoredWeight, from: WDtype) -> Result<Layout> {
+        let conv = Conv::of(from, w.dtype).ok_or_else(|| Error::Weight {
+            name: w.name.clone(),
             reason: format!(
-                "expected shape {stored:?} (as the program declares), found {:?}",
+                "stored as {}, which does not convert to {}",
+                from.safetensors_name(),
+                w.dtype
+            ),
+        })?;
+        let (r, c) = if w.transpose {
+            match w.shape.as_slice() {
+                [c, r] => (*r, *c),
+                s => {
+                    return Err(Error::Weight {
+                        name: w.name.clone(),
+                        reason: format!("stored transposed, so 2-D, but its shape is {s:?}"),
+                    });
+                }
+            }
+        } else {
+            (1, w.shape.iter().product())
+        };
+        Ok(Layout {
+            conv,
+            r,
+            c,
+            transpose: w.transpose,
+        })
+    }
+
+    fn src_size(&self) -> usize {
+        with_elem!(self.conv, in_size())
+    }
+
+    fn out_size(&self) -> usize {
+        with_elem!(self.conv, out_size())
+    }
+
+    /// The bands of this weight, each about `band` source bytes, in output order.
+    fn bands(&self, band: usize) -> Vec<Band> {
+        let es = self.src_size();
+        let (r, c) = (self.r, self.c);
+        let mut out = Vec::new();
+        if r == 0 || c == 0 {
+            return out;
+        }
+        let per = if self.transpose {
+            (band / (r * es)).clamp(1, c)
+        } else {
+            (band / es).max(1)
+        };
+        let mut s = 0;
+        while s < c {
+            let e = (s + per).min(c);
+            out.push(if self.transpose {
+                Band::Cols { j0: s, j1: e }
+            } else {
+                Band::Plain { start: s, end: e }
+            });
+            s = e;
+        }
+        out
+    }
+
+    /// Converts `b` of `src` into `buf` (cleared) and hands the stored bytes to `emit` as
+    /// (offset within the stored tensor, bytes). Column bands read a slice of every source row,
+    /// and each fault also maps the cached pages around it (fault-around, large folios: a
+    /// whole row and more), so rows are unmapped from `unmap` a group at a time as the band moves
+    /// down; they stay in the page cache for the next band.
+    fn run(
+        &self,
+        src: &[u8],
+        b: Band,
+        buf: &mut Vec<u8>,
+        unmap: (&dyn WeightSource, &str),
+        emit: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let (es, os) = (self.src_size(), self.out_size());
+        let (r, c) = (self.r, self.c);
+        buf.clear();
+        match b {
+            Band::Plain { start, end } => {
+                buf.resize((end - start) * os, 0);
+                with_elem!(
+                    self.conv,
+                    convert_plain(&src[start * es..end * es], buf.as_mut_slice())
+                );
+                emit((start * os) as u64, buf)
+            }
+            Band::Cols { j0, j1 } => {
+                buf.resize((j1 - j0) * r * os, 0);
+                let group = (UNMAP / (c * es)).max(1).div_ceil(TILE) * TILE;
+                let (weights, name) = unmap;
+                for g0 in (0..r).step_by(group) {
+                    let g1 = (g0 + group).min(r);
+                    with_elem!(
+                        self.conv,
+                        transpose_block(src, c, (g0, g1), (j0, j1), buf.as_mut_slice(), r)
+                    );
+                    if j1 - j0 < c {
+                        weights.unmap_range(name, g0 * c * es, g1 * c * es)?;
+                    }
+                }
+                emit((j0 * r * os) as u64, buf)
+            }
+        }
+    }
+
+    /// Gives back the source pages band `b` has finished with. Plain bands round by address
+    /// (the mapping is page-aligned with the file): the page shared with the next band or a
+    /// neighbouring tensor is kept, the one shared with the previous band dropped, so no page is
+    /// read from disk twice. A column band's rows were unmapped as it went and stay cached for
+    /// the next band; the whole tensor is released after its last band.
+    fn release(
+        &self,
+        weights: &dyn WeightSource,
+        name: &str,
+        src: &[u8],
+        b: Band,
+        page: usize,
+    ) -> Result<()> {
+        let es = self.src_size();
+        let base = src.as_ptr() as usize;
+        let (s, e) = match b {
+            Band::Plain { start, end } => (start * es, end * es),
+            Band::Cols { j0, j1 } if j0 == 0 && j1 == self.c => (0, src.len()),
+            Band::Cols { .. } => return Ok(()),
+        };
+        let a = if s > 0 {
+            (base + s) / page * page
+        } else {
+            (base + s).div_ceil(page) * page
+        }
+        .saturating_sub(base);
+        let z = if e == src.len() {
+            e
+        } else {
+            ((base + e) / page * page).saturating_sub(base)
+        };
+        if z > a {
+            weights.release_range(name, a, z)?;
+        }
+        Ok(())
+    }
+
+    /// The source bytes to ask for ahead of band `b` (readahead, `MADV_WILLNEED`): a plain
+    /// band's own bytes; for the first column band the whole tensor, which every column band
+    /// reads a slice of (faulted in row by row it would be read synchronously).
+    fn lead(&self, b: Band) -> std::ops::Range<usize> {
+        let es = self.src_size();
+        match b {
+            Band::Plain { start, end } => start * es..end * es,
+            Band::Cols { j0: 0, .. } => 0..self.r * self.c * es,
+            Band::Cols { .. } => 0..0,
+        }
+    }
+}
+
+fn in_size<E: Elem>() -> usize {
+    E::I
+}
+
+fn out_size<E: Elem>() -> usize {
+    E::O
+}
+
+fn ahead(weights: &dyn WeightSource, name: &str, r: std::ops::Range<usize>) -> Result<()> {
+    if r.end > r.start {
+        weights.prefetch_range(name, r.start, r.end)?;
+    }
+    Ok(())
+}
+
+/// Checks `view` against the stored weight `w` (shape as the program declares it).
+fn checked_view<'a>(weights: &'a dyn WeightSource, w: &StoredWeight) -> Result<TensorView<'a>> {
+    let view = weights.tensor(&w.name)?;
+    let mut want = w.shape.clone();
+    if w.transpose {
+        want.reverse();
+    }
+    if view.shape != want.as_slice() {
+        return Err(Error::Weight {
+            name: w.name.clone(),
+            reason: format!(
+                "expected shape {want:?} (as the program declares), found {:?}",
                 view.shape
             ),
         });
     }
-    let es = view.dtype.size();
-    let io = |e| Error::Io {
-        path: dest.to_path_buf(),
-        op: "write weight",
-        source: e,
-    };
-    let bad = || Error::Weight {
-        name: name.into(),
-        reason: format!(
-            "stored as {}, which does not convert to {to}",
-            view.dtype.safetensors_name()
-        ),
-    };
-    let mut buf = Vec::with_capacity(CHUNK.min(view.bytes.len()) * 2 + 16);
-    if !transpose {
-        for (i, c) in view.bytes.chunks(CHUNK).enumerate() {
-            buf.clear();
-            if !convert_into(c, view.dtype, to, &mut buf) {
-                return Err(bad());
-            }
-            w.write_all(&buf).map_err(io)?;
-            let start = i * CHUNK;
-            weights.release_range(name, start, start + c.len())?;
+    Ok(view)
+}
+
+/// Writes one weight (converted, transposed where stored so) to the sequential writer `w`, a
+/// band at a time, releasing the source pages behind itself.
+fn write_weight(
+    w: &mut impl Write,
+    weights: &dyn WeightSource,
+    sw: &StoredWeight,
+    dest: &Path,
+) -> Result<()> {
+    let view = checked_view(weights, sw)?;
+    let lay = Layout::new(sw, view.dtype)?;
+    let page = petite_weights::page_size();
+    let mut buf = Vec::new();
+    let bands = lay.bands(BAND);
+    for (k, &b) in bands.iter().enumerate() {
+        if k == 0 {
+            ahead(weights, &sw.name, lay.lead(b))?;
         }
-    } else {
-        // [r, c] stored → [c, r] written, a block of output rows at a time.
-        let (r, c) = (stored[0], stored[1]);
-        let block = (CHUNK / (r * es).max(1)).clamp(1, c.max(1));
-        let mut gathered = Vec::with_capacity(block * r * es);
-        let mut c0 = 0;
-        while c0 < c {
-            let c1 = (c0 + block).min(c);
-            gathered.clear();
-            for j in c0..c1 {
-                for i in 0..r {
-                    let at = (i * c + j) * es;
-                    gathered.extend_from_slice(&view.bytes[at..at + es]);
-                }
-            }
-            buf.clear();
-            if !convert_into(&gathered, view.dtype, to, &mut buf) {
-                return Err(bad());
-            }
-            w.write_all(&buf).map_err(io)?;
-            c0 = c1;
+        if let Some(&n) = bands.get(k + 1) {
+            ahead(weights, &sw.name, lay.lead(n))?;
         }
+        lay.run(
+            view.bytes,
+            b,
+            &mut buf,
+            (weights, &sw.name),
+            &mut |_, bytes| {
+                w.write_all(bytes).map_err(|e| Error::Io {
+                    path: dest.to_path_buf(),
+                    op: "write weight",
+                    source: e,
+                })
+            },
+        )?;
+        lay.release(weights, &sw.name, view.bytes, b, page)?;
     }
-    weights.release(&[name])?;
+    weights.release(&[&sw.name])?;
     Ok(())
 }
 
@@ -478,10 +814,72 @@ pub fn check_weights(table: &[StoredWeight], weights: &dyn WeightSource) -> Resu
     Ok(())
 }
 
+/// Output ranges written but not yet on disk: writeback starts as soon as a band is written
+/// (`sync_file_range`), and once a few newer bands follow it is awaited and the pages dropped from
+/// the page cache, so dirty and cached output stay a few bands (as petite-weights' converter).
+struct Flusher {
+    fd: std::os::fd::RawFd,
+    pending: std::collections::VecDeque<(u64, u64)>,
+}
+
+impl Flusher {
+    const DEPTH: usize = 4;
+
+    fn new(fd: std::os::fd::RawFd) -> Flusher {
+        Flusher {
+            fd,
+            pending: Default::default(),
+        }
+    }
+
+    fn push(&mut self, off: u64, len: u64) {
+        // SAFETY: plain syscalls on an fd the writer keeps open until after the workers end;
+        // failures only cost memory, and the writer's final fsync reports real I/O errors.
+        unsafe {
+            libc::sync_file_range(self.fd, off as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
+        }
+        self.pending.push_back((off, len));
+        while self.pending.len() > Self::DEPTH {
+            self.retire();
+        }
+    }
+
+    fn retire(&mut self) {
+        if let Some((off, len)) = self.pending.pop_front() {
+            // SAFETY: as in `push`.
+            unsafe {
+                libc::sync_file_range(
+                    self.fd,
+                    off as i64,
+                    len as i64,
+                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                        | libc::SYNC_FILE_RANGE_WRITE
+                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+                );
+                libc::posix_fadvise(self.fd, off as i64, len as i64, libc::POSIX_FADV_DONTNEED);
+            }
+        }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        while !self.pending.is_empty() {
+            self.retire();
+        }
+    }
+}
+
+/// Threads converting bands of the mapping file (the target has 2 cores).
+const MAPPING_THREADS: usize = 2;
+
 /// Writes every stored weight of `table` into a safetensors mapping file at `path` in the exact
-/// bytes a `.pte` stores (converted, transposed), one tensor at a time in bounded chunks, through
-/// petite-weights' streaming writer (temporary name, fsync, rename: the final name never holds a
-/// partial file). `progress(done, total)` is called after each tensor. Returns the file's size.
+/// bytes a `.pte` stores (converted, transposed), through petite-weights' streaming writer
+/// (temporary name, fsync, rename: the final name never holds a partial file). Work is cut into
+/// bands of about 8 MiB of source, converted by two threads and written at their final
+/// offsets; each band gives its source pages back behind itself, so memory stays a few bands
+/// whatever the tensor's size. `progress(done, total)` is called as bands finish. Returns the
+/// file's size.
 pub fn write_mapping(
     table: &[StoredWeight],
     weights: &dyn WeightSource,
@@ -489,29 +887,118 @@ pub fn write_mapping(
     metadata: &[(String, String)],
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<u64> {
+    write_mapping_with(
+        table,
+        weights,
+        path,
+        metadata,
+        progress,
+        BAND,
+        MAPPING_THREADS,
+    )
+}
+
+fn write_mapping_with(
+    table: &[StoredWeight],
+    weights: &dyn WeightSource,
+    path: &Path,
+    metadata: &[(String, String)],
+    progress: &mut dyn FnMut(u64, u64),
+    band: usize,
+    threads: usize,
+) -> Result<u64> {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
     check_weights(table, weights)?;
     let specs: Vec<TensorSpec> = table
         .iter()
         .map(|w| TensorSpec::new(&w.key, weights_dtype(w.dtype), &w.shape))
         .collect();
     let writer = SafetensorsWriter::create(path, &specs, metadata)?;
-    let total: u64 = table.iter().map(StoredWeight::nbytes).sum();
-    let mut done = 0;
+    let index: std::collections::HashMap<&str, usize> = table
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.key.as_str(), i))
+        .collect();
+    // Bands in file order, so the output is written (nearly) sequentially.
+    let mut layouts = Vec::with_capacity(table.len());
     for w in table {
-        let mut sink = writer.tensor(&w.key)?;
-        write_weight(
-            &mut sink,
-            weights,
-            &w.name,
-            w.dtype,
-            &w.shape,
-            w.transpose,
-            path,
-        )?;
-        sink.finish()?;
-        done += w.nbytes();
-        progress(done, total);
+        layouts.push(Layout::new(w, weights.info(&w.name)?.dtype)?);
     }
+    let mut items: Vec<(usize, Band)> = Vec::new();
+    for key in writer.order() {
+        let t = index[key];
+        items.extend(layouts[t].bands(band).into_iter().map(|b| (t, b)));
+    }
+    let left: Vec<AtomicUsize> = (0..table.len()).map(|_| AtomicUsize::new(0)).collect();
+    for (t, _) in &items {
+        left[*t].fetch_add(1, Ordering::Relaxed);
+    }
+    let total: u64 = table.iter().map(StoredWeight::nbytes).sum();
+    let page = petite_weights::page_size();
+    let next = AtomicUsize::new(0);
+    let done = AtomicU64::new(0);
+    let failed = AtomicBool::new(false);
+    let first_err: Mutex<Option<Error>> = Mutex::new(None);
+    // Takes bands until none is left or a thread failed; returns after each band when `once`.
+    let fd = writer.file().as_raw_fd();
+    let work = |buf: &mut Vec<u8>, flusher: &mut Flusher, once: bool| {
+        while !failed.load(Ordering::Relaxed) {
+            let k = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&(t, b)) = items.get(k) else {
+                return false;
+            };
+            let (w, lay) = (&table[t], &layouts[t]);
+            let res = (|| -> Result<()> {
+                if k == 0 {
+                    ahead(weights, &w.name, lay.lead(b))?;
+                }
+                // Readahead for the next band (of this tensor or the next one).
+                if let Some(&(t2, b2)) = items.get(k + 1) {
+                    ahead(weights, &table[t2].name, layouts[t2].lead(b2))?;
+                }
+                let view = checked_view(weights, w)?;
+                let (at, _) = writer.placement(&w.key)?;
+                let mut bytes = 0u64;
+                lay.run(view.bytes, b, buf, (weights, &w.name), &mut |off, seg| {
+                    bytes += seg.len() as u64;
+                    writer.write_at(&w.key, off, seg)?;
+                    flusher.push(at + off, seg.len() as u64);
+                    Ok(())
+                })?;
+                lay.release(weights, &w.name, view.bytes, b, page)?;
+                if left[t].fetch_sub(1, Ordering::AcqRel) == 1 {
+                    weights.release(&[&w.name])?;
+                }
+                done.fetch_add(bytes, Ordering::Relaxed);
+                Ok(())
+            })();
+            if let Err(e) = res {
+                failed.store(true, Ordering::Relaxed);
+                first_err.lock().expect("no panics").get_or_insert(e);
+                return false;
+            }
+            if once {
+                return true;
+            }
+        }
+        false
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..threads.max(1) {
+            scope.spawn(|| work(&mut Vec::new(), &mut Flusher::new(fd), false));
+        }
+        // This thread converts too, reporting progress between its bands.
+        let (mut buf, mut flusher) = (Vec::new(), Flusher::new(fd));
+        while work(&mut buf, &mut flusher, true) {
+            progress(done.load(Ordering::Relaxed), total);
+        }
+    });
+    if let Some(e) = first_err.into_inner().expect("no panics") {
+        return Err(e);
+    }
+    progress(done.load(Ordering::Relaxed), total);
     let len = writer.total_len();
     writer.finish()?;
     Ok(len)
@@ -625,16 +1112,7 @@ pub fn write_program(
         Constants::Stream(weights) => {
             let mut fill = |id: u64, mut dst: &mut dyn Write| -> std::io::Result<()> {
                 let w = &table[id as usize];
-                write_weight(
-                    &mut dst,
-                    weights,
-                    &w.name,
-                    w.dtype,
-                    &w.shape,
-                    w.transpose,
-                    out,
-                )
-                .map_err(std::io::Error::other)
+                write_weight(&mut dst, weights, w, out).map_err(std::io::Error::other)
             };
             pb.write_streamed(out, opts, &mut fill)?
         }

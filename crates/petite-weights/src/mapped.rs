@@ -217,6 +217,23 @@ impl WeightSource for MappedSafetensors {
         self.drop_pages(s / page * page, e)
     }
 
+    fn unmap_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
+        let page = page_size();
+        let r = self.file_range(name)?;
+        let s = (r.start + start.min(r.len())) / page * page;
+        let e = ((r.start + end.min(r.len())).div_ceil(page) * page).min(self.map.len());
+        if s >= e {
+            return Ok(());
+        }
+        // SAFETY: read-only MAP_SHARED file mapping: DONTNEED only unmaps the pages, a later read
+        // faults in the same bytes from the page cache or the file.
+        unsafe {
+            self.map
+                .unchecked_advise_range(UncheckedAdvice::DontNeed, s, e - s)
+        }
+        .map_err(|e| Error::io(&self.path, "madvise(DONTNEED)", e))
+    }
+
     fn files(&self) -> Vec<PathBuf> {
         vec![self.path.clone()]
     }

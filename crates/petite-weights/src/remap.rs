@@ -123,6 +123,9 @@ impl<S: WeightSource> WeightSource for Remapped<S> {
         self.inner
             .prefetch_range(self.stored_name(name)?, start, end)
     }
+    fn unmap_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
+        self.inner.unmap_range(self.stored_name(name)?, start, end)
+    }
     fn files(&self) -> Vec<std::path::PathBuf> {
         self.inner.files()
     }

@@ -136,6 +136,9 @@ impl WeightSource for Checkpoint {
     fn prefetch_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
         self.shard(name)?.prefetch_range(name, start, end)
     }
+    fn unmap_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
+        self.shard(name)?.unmap_range(name, start, end)
+    }
     fn files(&self) -> Vec<PathBuf> {
         self.shards.iter().map(|s| s.path().to_path_buf()).collect()
     }

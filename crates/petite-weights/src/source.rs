@@ -165,6 +165,15 @@ pub trait WeightSource: Sync {
         Ok(())
     }
 
+    /// Unmaps the pages of `name` within bytes `start..end` from this process (rounding outward
+    /// to whole pages) but leaves them in the page cache: for readers that come back to them soon,
+    /// such as a transposing reader walking a weight column band by column band, whose faults
+    /// also map neighbouring cached pages. The default does nothing.
+    fn unmap_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
+        let _ = (name, start, end);
+        Ok(())
+    }
+
     /// The files this source reads (so writers can refuse to replace one). Default: none known.
     fn files(&self) -> Vec<std::path::PathBuf> {
         Vec::new()
