@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use petite_graph::Program;
-use petite_partition::Plan;
+use petite_partition::{Plan, WeightUse};
 use petite_weights::WeightSource;
 use petite_weights::residency::{Rss, rss};
 use serde::Serialize;
@@ -100,6 +100,44 @@ pub fn engine_name(i: usize) -> String {
     format!("engine_{i:03}")
 }
 
+/// For each engine of `plan`, the weights (whole tensors and row ranges) whose last reader it is.
+pub fn last_uses(plan: &Plan) -> Vec<Vec<&WeightUse>> {
+    let mut last_use: Vec<Vec<&WeightUse>> = vec![Vec::new(); plan.engines.len()];
+    for w in &plan.weights {
+        if let Some(e) = w.last_engine
+            && e < last_use.len()
+        {
+            last_use[e].push(w);
+        }
+    }
+    last_use
+}
+
+/// Gives back the pages of `uses` in `source`: whole tensors by name, row ranges by their byte
+/// range only (another range of the same tensor may still have a later reader; the source rounds
+/// outward to pages, and a shared edge page simply faults back in when read).
+pub fn release_weights(
+    source: &dyn WeightSource,
+    uses: &[&WeightUse],
+) -> petite_weights::Result<()> {
+    let whole: Vec<&str> = uses
+        .iter()
+        .filter(|w| w.rows.is_none())
+        .map(|w| w.name.as_str())
+        .collect();
+    if !whole.is_empty() {
+        source.release(&whole)?;
+    }
+    for w in uses {
+        if let Some([a, b]) = w.rows {
+            let info = source.info(&w.name)?;
+            let row = info.shape.iter().skip(1).product::<usize>() * info.dtype.size();
+            source.release_range(&w.name, a * row, b * row)?;
+        }
+    }
+    Ok(())
+}
+
 /// Builds every engine of `plan` (made for `program`) with `builder`, in plan order, into files
 /// under `dir` (created if missing). After each engine, the weights whose last reader it was are
 /// released from `weights`. On error, engines already built stay (their files are complete and
@@ -115,14 +153,7 @@ pub fn build_plan(
     let t0 = Instant::now();
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create engine directory", e))?;
     // Weights to release after engine i.
-    let mut last_use: Vec<Vec<&str>> = vec![Vec::new(); plan.engines.len()];
-    for w in &plan.weights {
-        if let Some(e) = w.last_engine
-            && e < last_use.len()
-        {
-            last_use[e].push(w.name.as_str());
-        }
-    }
+    let last_use = last_uses(plan);
     let mut engines = Vec::with_capacity(plan.engines.len());
     let mut reports = Vec::with_capacity(plan.engines.len());
     let mut bytes_written = 0;
@@ -148,8 +179,7 @@ pub fn build_plan(
         let peak_rss = rss().map(|r| r.peak);
         drop(sub);
         if options.release_after_last_use && !last_use[i].is_empty() {
-            weights
-                .release(&last_use[i])
+            release_weights(weights, &last_use[i])
                 .map_err(|err| Error::from(err).in_engine(i, &name))?;
         }
         bytes_written += built.file_bytes;
@@ -159,7 +189,10 @@ pub fn build_plan(
             seconds,
             file_bytes: built.file_bytes,
             weight_bytes: e.weight_bytes,
-            released: last_use[i].iter().map(|s| s.to_string()).collect(),
+            released: last_use[i]
+                .iter()
+                .map(|w| petite_graph::weight_display(&w.name, w.rows))
+                .collect(),
             peak_rss,
             peak_is_per_engine: reset,
             rss_after: rss().map(RssFigures::from),

@@ -25,7 +25,10 @@ pub mod tensorrt;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub use build::{BuildOptions, BuildReport, EngineReport, RssFigures, build_plan, engine_name};
+pub use build::{
+    BuildOptions, BuildReport, EngineReport, RssFigures, build_plan, engine_name, last_uses,
+    release_weights,
+};
 pub use petite_graph::Dtype;
 use petite_graph::{Program, ValueId};
 use petite_reference::Tensor;

@@ -12,10 +12,10 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use petite_graph::{Dtype, Program, ShapeDisplay, WeightInfo};
+use petite_graph::{Dtype, Op, Program, ShapeDisplay, WeightInfo};
 use petite_reference::{Executor, Tensor};
 use petite_weights::{
-    Dtype as WDtype, MappedSafetensors, SafetensorsWriter, TensorSpec, WeightSource,
+    Dtype as WDtype, MappedSafetensors, RowSlices, SafetensorsWriter, TensorSpec, WeightSource,
 };
 
 use crate::{BuiltEngine, EngineBuilder, EngineJob, EngineRuntime, Error, IoBinding, Result};
@@ -47,10 +47,18 @@ pub fn weights_dtype(d: Dtype) -> WDtype {
     }
 }
 
-/// Checks that `source` holds weight `w` with its shape and a dtype convertible to its declared
-/// one (any float for a float declaration, the same dtype otherwise); returns the stored dtype.
+/// Checks that `source` holds weight `w` with its shape (for a row range: the rows exist and the
+/// row shape agrees) and a dtype convertible to its declared one (any float for a float
+/// declaration, the same dtype otherwise); returns the stored dtype.
 pub fn check_weight(source: &dyn WeightSource, w: &WeightInfo) -> Result<WDtype> {
-    let expected = format!("{}{}", w.dtype.name(), ShapeDisplay(&w.shape));
+    let expected = match w.rows {
+        None => format!("{}{}", w.dtype.name(), ShapeDisplay(&w.shape)),
+        Some([a, b]) => format!(
+            "rows [{a}, {b}) as {}{}",
+            w.dtype.name(),
+            ShapeDisplay(&w.shape)
+        ),
+    };
     let info = source.info(&w.name).map_err(|e| Error::Weight {
         tensor: w.name.clone(),
         expected: expected.clone(),
@@ -61,7 +69,15 @@ pub fn check_weight(source: &dyn WeightSource, w: &WeightInfo) -> Result<WDtype>
     } else {
         info.dtype == weights_dtype(w.dtype)
     };
-    if info.shape != w.shape || !dtype_ok {
+    let shape_ok = match w.rows {
+        None => info.shape == w.shape,
+        Some([a, b]) => {
+            info.shape.first().is_some_and(|&n| a < b && b <= n)
+                && w.shape.first() == Some(&(b - a))
+                && info.shape[1..] == w.shape[1..]
+        }
+    };
+    if !shape_ok || !dtype_ok {
         return Err(Error::Weight {
             tensor: w.name.clone(),
             expected,
@@ -176,7 +192,23 @@ impl ReferenceBuilder {
         dir: &Path,
     ) -> Result<BuiltEngine> {
         job.program.validate()?;
-        let weights = job.program.weights();
+        // The file stores only the rows a row-range weight reads, as a tensor of its own named
+        // `name[start..end]`; the subgraph it carries reads that tensor whole.
+        let mut program = job.program.clone();
+        let mut sliced = RowSlices::new(source);
+        for w in job.program.weights() {
+            if w.rows.is_some() {
+                check_weight(source, &w)?;
+                let key = w.display_name();
+                sliced.add(&key, &w.name, w.rows.expect("checked"))?;
+                program.nodes[w.node.index()].op = Op::Weight {
+                    name: key,
+                    rows: None,
+                };
+            }
+        }
+        let source: &dyn WeightSource = &sliced;
+        let weights = program.weights();
         let mut stored = BTreeMap::new();
         let mut table = Vec::with_capacity(weights.len());
         for w in &weights {
@@ -186,7 +218,7 @@ impl ReferenceBuilder {
         let path = dir.join(format!("{}{SUFFIX}", job.name));
         let meta = vec![
             (META_FORMAT.to_string(), FORMAT.to_string()),
-            (META_PROGRAM.to_string(), job.program.to_json()?),
+            (META_PROGRAM.to_string(), program.to_json()?),
         ];
         let writer = SafetensorsWriter::create(&path, &table, &meta)?;
         let mut flushed = (writer.data_start(), writer.data_start());
@@ -199,7 +231,7 @@ impl ReferenceBuilder {
         let file_bytes = std::fs::metadata(&path)
             .map_err(|e| Error::io(&path, "stat", e))?
             .len();
-        let (inputs, outputs) = crate::bindings(job.program);
+        let (inputs, outputs) = crate::bindings(&program);
         Ok(BuiltEngine {
             index: job.index,
             name: job.name.to_string(),

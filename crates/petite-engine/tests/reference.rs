@@ -287,11 +287,11 @@ fn a_missing_or_misshapen_weight_names_the_engine_and_keeps_finished_engines() {
     let bad_engine = pl
         .engines
         .iter()
-        .position(|e| e.weights.iter().any(|&w| matches!(&program.node(w).op, petite_graph::Op::Weight { name } if name == "w1")))
+        .position(|e| e.weights.iter().any(|&w| matches!(&program.node(w).op, petite_graph::Op::Weight { name, .. } if name == "w1")))
         .unwrap();
     let mut missing = program.clone();
     for n in &mut missing.nodes {
-        if let petite_graph::Op::Weight { name } = &mut n.op
+        if let petite_graph::Op::Weight { name, .. } = &mut n.op
             && name == "w1"
         {
             *name = "w1_missing".into();

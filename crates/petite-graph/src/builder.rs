@@ -31,6 +31,7 @@ use std::collections::BTreeMap;
 pub struct Builder {
     prog: Program,
     weights: BTreeMap<String, NodeId>,
+    weight_rows: BTreeMap<(String, [usize; 2]), NodeId>,
     inputs: BTreeMap<String, NodeId>,
     outputs: BTreeMap<String, NodeId>,
     scope: Vec<String>,
@@ -274,12 +275,146 @@ impl Builder {
         let id = self.push(
             Op::Weight {
                 name: name.to_string(),
+                rows: None,
             },
             Vec::new(),
             requested.into(),
         );
         self.weights.insert(name.to_string(), id);
         Ok(id)
+    }
+
+    /// Declares rows `start..end` of checkpoint tensor `name`, whose full shape is `full_shape`
+    /// (the node's shape is the slice's). Declaring the same range again returns the same value;
+    /// overlapping ranges of one name are rejected by [`Builder::finish`] (validation).
+    pub fn weight_rows(
+        &mut self,
+        name: &str,
+        dtype: Dtype,
+        full_shape: &[usize],
+        rows: [usize; 2],
+    ) -> Result<ValueId> {
+        let [start, end] = rows;
+        let Some(&full_rows) = full_shape.first() else {
+            return Err(self.err(
+                "weight",
+                format!("weight {name:?}: a row range needs rank >= 1, the tensor is a scalar"),
+            ));
+        };
+        if start >= end || end > full_rows {
+            return Err(self.err(
+                "weight",
+                format!(
+                    "weight {name:?}: rows [{start}, {end}) must be non-empty and within the {full_rows} rows of {}",
+                    crate::ShapeDisplay(full_shape)
+                ),
+            ));
+        }
+        let mut shape = full_shape.to_vec();
+        shape[0] = end - start;
+        let requested = TensorType::new(dtype, &shape);
+        let key = (name.to_string(), rows);
+        if let Some(&id) = self.weight_rows.get(&key) {
+            let existing = self.prog.node(id).tensor().expect("weights are tensors");
+            if *existing != requested {
+                return Err(Error::WeightConflict {
+                    name: crate::weight_display(name, Some(rows)),
+                    existing: existing.clone(),
+                    requested,
+                });
+            }
+            return Ok(id);
+        }
+        let id = self.push(
+            Op::Weight {
+                name: name.to_string(),
+                rows: Some(rows),
+            },
+            Vec::new(),
+            requested.into(),
+        );
+        self.weight_rows.insert(key, id);
+        Ok(id)
+    }
+
+    /// `table[indices]` for checkpoint table `name` (`full_shape = [V, D]`, read as `dtype`),
+    /// split into row shards of at most `max_shard_bytes` each (in `dtype`) so no engine has to
+    /// hold the whole table. A table that fits is one plain [`Op::Embedding`] of the whole weight
+    /// (the program is exactly what [`Builder::embedding`] makes).
+    ///
+    /// Otherwise `K = ⌈V / max_rows⌉` shards of (as equal as possible) contiguous rows; shard `k`
+    /// with rows `[lo, hi)` adds `in_k = (ids >= lo) & (ids < hi)`,
+    /// `local_k = where(in_k, ids − lo, 0)`, `g_k = embedding(W[lo..hi], local_k)` and
+    /// `acc = where(in_k[…, None], g_k, acc)` (acc starts as `g_0`). Every step selects whole
+    /// rows, so the result is bit-identical to the unsharded gather for ids in `0..V`; only
+    /// existing ops are used, so every executor and lowering runs it unchanged. Unlike the plain
+    /// gather, an id outside `0..V` is not an error: it yields row 0.
+    pub fn embedding_sharded(
+        &mut self,
+        name: &str,
+        dtype: Dtype,
+        full_shape: &[usize],
+        indices: ValueId,
+        max_shard_bytes: usize,
+    ) -> Result<ValueId> {
+        let &[rows, d] = full_shape else {
+            return Err(self.err(
+                "embedding",
+                format!(
+                    "table {name:?}: expected a [V, D] table, found {}",
+                    crate::ShapeDisplay(full_shape)
+                ),
+            ));
+        };
+        let row_bytes = d.saturating_mul(dtype.size());
+        if rows.saturating_mul(row_bytes) <= max_shard_bytes || rows == 0 {
+            let w = self.weight(name, dtype, full_shape)?;
+            return self.embedding(w, indices);
+        }
+        let max_rows = max_shard_bytes / row_bytes;
+        if max_rows == 0 {
+            return Err(self.err(
+                "embedding",
+                format!(
+                    "table {name:?}: one row is {row_bytes} bytes, more than the shard size {max_shard_bytes}"
+                ),
+            ));
+        }
+        let shards = rows.div_ceil(max_rows);
+        let per = rows.div_ceil(shards);
+        let idt = self.dtype(indices)?;
+        if !matches!(idt, Dtype::I64 | Dtype::I32) {
+            return Err(self.err(
+                "embedding",
+                format!("indices must be i64 or i32, found {idt}"),
+            ));
+        }
+        let zero = self.scalar(idt, 0.0)?;
+        let mut acc = None;
+        for k in 0..shards {
+            let (lo, hi) = (k * per, ((k + 1) * per).min(rows));
+            let w = self.weight_rows(name, dtype, full_shape, [lo, hi])?;
+            let lo_c = self.scalar(idt, lo as f64)?;
+            let hi_c = self.scalar(idt, hi as f64)?;
+            let ge = self.ge(indices, lo_c)?;
+            let lt = self.lt(indices, hi_c)?;
+            let inside = self.and(ge, lt)?;
+            let shifted = if lo == 0 {
+                indices
+            } else {
+                self.sub_scalar(indices, lo as f64)?
+            };
+            let local = self.select(inside, shifted, zero)?;
+            let g = self.embedding(w, local)?;
+            acc = Some(match acc {
+                None => g,
+                Some(prev) => {
+                    let cond = self.unsqueeze(inside, -1)?;
+                    self.select(cond, g, prev)?
+                }
+            });
+        }
+        Ok(acc.expect("at least two shards"))
     }
 
     /// An inline constant from raw little-endian bytes (see [`Dtype`] for the layout).

@@ -107,9 +107,9 @@ pub enum Error {
     /// The program's input/output lists are inconsistent with its nodes.
     #[error("graph {kind} {name:?}: {reason}")]
     Interface {
-        /// `"input"` or `"output"`.
+        /// `"input"`, `"output"` or `"weight"` (overlapping row ranges of one weight).
         kind: &'static str,
-        /// The input/output name (or id when unnamed).
+        /// The input/output/weight name (or id when unnamed).
         name: String,
         /// What is wrong.
         reason: String,

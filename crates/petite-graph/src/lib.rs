@@ -29,4 +29,6 @@ pub use error::{Error, NodeDesc, Result};
 pub use op::{
     BinaryOp, CompareOp, LogicalOp, Op, ReduceOp, UnaryOp, broadcast_shapes, broadcasts_to,
 };
-pub use program::{GraphOutput, Node, NodeId, Program, SubProgram, ValueId, WeightInfo};
+pub use program::{
+    GraphOutput, Node, NodeId, Program, SubProgram, ValueId, WeightInfo, weight_display,
+};

@@ -112,9 +112,20 @@ pub enum Op {
     /// A weight referenced by its checkpoint tensor name. The declared dtype is the dtype the
     /// program consumes (a weight source converts if the checkpoint stores another); the shape
     /// must equal the checkpoint's. No bytes are held: planning never reads weights.
+    ///
+    /// With `rows = Some([start, end])` the node is rows `start..end` of axis 0 of the checkpoint
+    /// tensor and its declared shape is the slice's (`[end − start, rest…]`, `rest` as stored).
+    /// Row-major storage makes those rows one contiguous byte range, so a source hands out a
+    /// sub-view without copying and an engine holds only those bytes: this is how a weight
+    /// larger than an engine cap (pi0.5's 1 GiB token embedding) is split across engines.
     Weight {
-        /// Checkpoint tensor name (unique within a program).
+        /// Checkpoint tensor name. Unique within a program unless `rows` is set; row ranges of
+        /// one name must not overlap.
         name: String,
+        /// Row range `[start, end)` of axis 0 (non-empty), or `None` for the whole tensor.
+        /// Omitted from JSON when `None`, so whole-tensor programs serialise as before.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rows: Option<[usize; 2]>,
     },
     /// A small inline tensor (e.g. an `inv_freq` table, an `arange`, a scalar). `data` holds
     /// exactly `numel × dtype size` bytes in the layout of [`Dtype`]. Serialised as hex.

@@ -78,10 +78,50 @@ pub struct WeightInfo {
     pub name: String,
     /// Declared dtype.
     pub dtype: Dtype,
-    /// Declared shape.
+    /// Declared shape (the slice's when `rows` is set).
     pub shape: Vec<usize>,
-    /// `numel × dtype size`.
+    /// `numel × dtype size` of the declared shape: only the slice's bytes for a row range.
     pub bytes: usize,
+    /// Row range `[start, end)` of the checkpoint tensor's axis 0, or `None` for all of it.
+    pub rows: Option<[usize; 2]>,
+}
+
+impl WeightInfo {
+    /// The byte range of this weight inside the checkpoint tensor's data when the checkpoint
+    /// stores `stored_elem_size`-byte elements: everything for a whole weight (given the
+    /// checkpoint's element count, which equals the declared one), the rows' contiguous bytes
+    /// for a row range (row-major). `None` if it overflows.
+    pub fn stored_range(&self, stored_elem_size: usize) -> Option<std::ops::Range<usize>> {
+        let row: usize = self
+            .shape
+            .iter()
+            .skip(1)
+            .try_fold(1usize, |a, &d| a.checked_mul(d))?;
+        let row_bytes = row.checked_mul(stored_elem_size)?;
+        match self.rows {
+            None => {
+                let n = self
+                    .shape
+                    .iter()
+                    .try_fold(1usize, |a, &d| a.checked_mul(d))?;
+                Some(0..n.checked_mul(stored_elem_size)?)
+            }
+            Some([a, b]) => Some(a.checked_mul(row_bytes)?..b.checked_mul(row_bytes)?),
+        }
+    }
+
+    /// `name` or `name[start..end]`, for messages and reports.
+    pub fn display_name(&self) -> String {
+        weight_display(&self.name, self.rows)
+    }
+}
+
+/// `name` or `name[start..end]`: how messages name a (row range of a) weight.
+pub fn weight_display(name: &str, rows: Option<[usize; 2]>) -> String {
+    match rows {
+        None => name.to_string(),
+        Some([a, b]) => format!("{name}[{a}..{b}]"),
+    }
 }
 
 /// A dataflow program: nodes (each producing one value), the ordered graph inputs and the named
@@ -208,12 +248,13 @@ impl Program {
             .filter_map(|id| {
                 let n = self.node(id);
                 match (&n.op, n.tensor()) {
-                    (Op::Weight { name }, Some(t)) => Some(WeightInfo {
+                    (Op::Weight { name, rows }, Some(t)) => Some(WeightInfo {
                         node: id,
                         name: name.clone(),
                         dtype: t.dtype,
                         shape: t.shape.clone(),
                         bytes: t.nbytes(),
+                        rows: *rows,
                     }),
                     _ => None,
                 }
@@ -382,6 +423,61 @@ impl Program {
         Ok(())
     }
 
+    /// Several `Weight` nodes share `name`: each must be a row range, the ranges disjoint, and
+    /// all of one dtype and row shape (they are pieces of one checkpoint tensor).
+    fn check_weight_rows(
+        &self,
+        name: &str,
+        uses: &mut [(Option<[usize; 2]>, NodeId)],
+    ) -> Result<()> {
+        uses.sort_by_key(|&(r, id)| (r.map(|[a, b]| (a, b)), id));
+        let row_type = |id: NodeId| {
+            self.node(id)
+                .tensor()
+                .map(|t| (t.dtype, t.shape.get(1..).map(<[usize]>::to_vec)))
+        };
+        for w in uses.windows(2) {
+            let ((r0, first), (r1, second)) = (w[0], w[1]);
+            if r0 == r1 {
+                return Err(Error::DuplicateName {
+                    kind: "weight",
+                    name: name.to_string(),
+                    first,
+                    second,
+                });
+            }
+            let overlap = match (r0, r1) {
+                (Some([_, e0]), Some([s1, _])) => s1 < e0,
+                _ => true,
+            };
+            if overlap {
+                return Err(Error::Interface {
+                    kind: "weight",
+                    name: name.to_string(),
+                    reason: format!(
+                        "{} ({}) and {} ({}) read overlapping rows; row ranges of one weight must be disjoint",
+                        self.describe(first),
+                        weight_display(name, r0),
+                        self.describe(second),
+                        weight_display(name, r1)
+                    ),
+                });
+            }
+            if row_type(first) != row_type(second) {
+                return Err(Error::Interface {
+                    kind: "weight",
+                    name: name.to_string(),
+                    reason: format!(
+                        "{} and {} are row ranges of one tensor but declare different dtypes or row shapes",
+                        self.describe(first),
+                        self.describe(second)
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn check_interface(&self) -> Result<()> {
         let mut listed: BTreeMap<&str, NodeId> = BTreeMap::new();
         let mut seen = vec![false; self.nodes.len()];
@@ -410,7 +506,7 @@ impl Program {
             listed.insert(name, i);
             seen[i.index()] = true;
         }
-        let mut weights: BTreeMap<&str, NodeId> = BTreeMap::new();
+        let mut weights: BTreeMap<&str, Vec<(Option<[usize; 2]>, NodeId)>> = BTreeMap::new();
         for id in self.ids() {
             match &self.node(id).op {
                 Op::Input { name } if !seen[id.index()] => {
@@ -423,18 +519,15 @@ impl Program {
                         ),
                     });
                 }
-                Op::Weight { name } => {
-                    if let Some(&first) = weights.get(name.as_str()) {
-                        return Err(Error::DuplicateName {
-                            kind: "weight",
-                            name: name.clone(),
-                            first,
-                            second: id,
-                        });
-                    }
-                    weights.insert(name, id);
+                Op::Weight { name, rows } => {
+                    weights.entry(name).or_default().push((*rows, id));
                 }
                 _ => {}
+            }
+        }
+        for (name, mut uses) in weights {
+            if uses.len() > 1 {
+                self.check_weight_rows(name, &mut uses)?;
             }
         }
         let mut outs: BTreeMap<&str, NodeId> = BTreeMap::new();
@@ -644,7 +737,11 @@ impl fmt::Display for Program {
             write!(f, "%{i} = {}", n.op.name())?;
             let attrs = match &n.op {
                 Op::Constant { data } => format!(" <{} bytes>", data.len()),
-                Op::Input { name } | Op::Weight { name } => format!(" {name:?}"),
+                Op::Input { name } | Op::Weight { name, rows: None } => format!(" {name:?}"),
+                Op::Weight {
+                    name,
+                    rows: Some([a, b]),
+                } => format!(" {name:?}[{a}..{b}]"),
                 op => match serde_json::to_value(op) {
                     Ok(serde_json::Value::Object(m)) => {
                         let parts: Vec<String> = m
@@ -694,6 +791,22 @@ pub(crate) fn check_source(op: &Op, ty: &ValueType) -> std::result::Result<(), S
         return Err(format!(
             "declared type {t} is too large (its byte size overflows)"
         ));
+    }
+    if let Op::Weight {
+        rows: Some([a, b]), ..
+    } = op
+    {
+        if a >= b {
+            return Err(format!(
+                "weight row range [{a}, {b}) is empty or reversed; expected start < end"
+            ));
+        }
+        if t.shape.first() != Some(&(b - a)) {
+            return Err(format!(
+                "weight rows [{a}, {b}) declare {t}; expected {} rows on axis 0",
+                b - a
+            ));
+        }
     }
     if let Op::Constant { data } = op {
         let expected = t.numel().checked_mul(t.dtype.size());

@@ -104,7 +104,10 @@ fn every_op_round_trips_through_json() {
     use petite_graph::{BinaryOp, CompareOp, LogicalOp, ReduceOp};
     let ops = vec![
         Op::Input { name: "a".into() },
-        Op::Weight { name: "w".into() },
+        Op::Weight {
+            name: "w".into(),
+            rows: None,
+        },
         Op::Constant {
             data: vec![0, 1, 254, 255],
         },
@@ -270,7 +273,7 @@ fn validation_rejects_wrong_shapes_and_dtypes() {
     let mut p = sample();
     let w = p
         .ids()
-        .find(|&i| matches!(&p.node(i).op, Op::Weight { name } if name == "layer0.qkv.weight"))
+        .find(|&i| matches!(&p.node(i).op, Op::Weight { name, .. } if name == "layer0.qkv.weight"))
         .unwrap();
     p.nodes[w.index()].ty = t(Dtype::F32, &[24, 9]);
     let e = p.validate().unwrap_err();
@@ -498,7 +501,10 @@ fn validation_rejects_duplicate_names_and_bad_input_lists() {
     assert!(msg.contains("not an input node"), "{msg}");
 
     let w = |name: &str| Node {
-        op: Op::Weight { name: name.into() },
+        op: Op::Weight {
+            name: name.into(),
+            rows: None,
+        },
         inputs: vec![],
         ty: t(Dtype::F32, &[2]),
         label: None,
@@ -773,7 +779,10 @@ fn overflowing_shapes_are_rejected_without_panicking() {
             vec![
                 input("x", t(Dtype::F32, &[1, 1, 4, 4])),
                 Node {
-                    op: Op::Weight { name: "w".into() },
+                    op: Op::Weight {
+                        name: "w".into(),
+                        rows: None,
+                    },
                     inputs: vec![],
                     ty: t(Dtype::F32, &[1, 1, 2, 2]),
                     label: None,

@@ -92,7 +92,12 @@ pub struct WeightUse {
     pub node: NodeId,
     /// Checkpoint tensor name.
     pub name: String,
-    /// Size (cost model).
+    /// The row range of the checkpoint tensor this node reads ([`Op::Weight`]), `None` (and
+    /// absent from JSON) for the whole tensor. Each range is its own entry, with its own last
+    /// engine: releasing it gives back only those rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<[usize; 2]>,
+    /// Size (cost model; only the rows' bytes for a row range).
     pub bytes: u64,
     /// Engines that read it, ascending.
     pub engines: Vec<usize>,
@@ -580,15 +585,19 @@ pub fn plan<C: CostModel>(program: &Program, options: &PartitionOptions<C>) -> R
         .iter()
         .zip(readers)
         .enumerate()
-        .map(|(i, (&node, engines))| WeightUse {
-            node,
-            name: match &program.node(node).op {
-                Op::Weight { name } => name.clone(),
-                _ => String::new(),
-            },
-            bytes: weight_bytes[i],
-            last_engine: engines.last().copied(),
-            engines,
+        .map(|(i, (&node, engines))| {
+            let (name, rows) = match &program.node(node).op {
+                Op::Weight { name, rows } => (name.clone(), *rows),
+                _ => (String::new(), None),
+            };
+            WeightUse {
+                node,
+                name,
+                rows,
+                bytes: weight_bytes[i],
+                last_engine: engines.last().copied(),
+                engines,
+            }
         })
         .collect();
 

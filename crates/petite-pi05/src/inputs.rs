@@ -207,7 +207,8 @@ pub fn open_checkpoint(path: impl AsRef<Path>) -> Result<CanonicalCheckpoint> {
     Ok(Remapped::new(ck, &key_map(layout))?)
 }
 
-/// Checks every weight `programs` read exists in `src` with the program's shape and a float
+/// Checks every weight `programs` read exists in `src` with the program's shape (for a row range:
+/// the rows exist and the row shape agrees) and a float
 /// dtype the reference can read (F32, BF16, F16). One error per problem, naming the tensor.
 pub fn check_weights<'a, S: WeightSource>(
     src: &S,
@@ -224,11 +225,25 @@ pub fn check_weights<'a, S: WeightSource>(
                     "no such tensor".into(),
                 )
             })?;
-            if info.shape != w.shape {
+            // A row range reads rows of the full tensor: the rows must exist, the rest agree.
+            let (ok, want) = match w.rows {
+                None => (
+                    info.shape == w.shape,
+                    format!("shape {}", shape_str(&w.shape)),
+                ),
+                Some([a, b]) => (
+                    info.shape.first().is_some_and(|&n| b <= n) && info.shape[1..] == w.shape[1..],
+                    format!(
+                        "at least {b} rows (reads rows [{a}, {b})) of shape {}",
+                        shape_str(&w.shape[1..])
+                    ),
+                ),
+            };
+            if !ok {
                 return Err(bad(
                     file,
                     &w.name,
-                    format!("shape {}", shape_str(&w.shape)),
+                    want,
                     format!("shape {}", shape_str(&info.shape)),
                 ));
             }

@@ -180,6 +180,12 @@ impl Ctx {
     /// Declares checkpoint tensor `name` with its real shape, in the dtype this precision
     /// computes with (f32, or lerobot's bf16-mode dtype).
     fn weight(&mut self, name: &str) -> Result<ValueId> {
+        let (shape, dtype) = self.weight_decl(name)?;
+        Ok(self.b.weight(name, dtype, &shape)?)
+    }
+
+    /// Shape and program dtype of checkpoint tensor `name` (see [`Ctx::weight`]).
+    fn weight_decl(&self, name: &str) -> Result<(Vec<usize>, Dtype)> {
         let (shape, stored) = self
             .specs
             .get(name)
@@ -188,8 +194,7 @@ impl Ctx {
             (Precision::Bf16, StoredDtype::Bf16) => Dtype::Bf16,
             _ => Dtype::F32,
         };
-        let shape = shape.clone();
-        Ok(self.b.weight(name, dtype, &shape)?)
+        Ok((shape.clone(), dtype))
     }
 
     fn linear(&mut self, x: ValueId, prefix: &str, bias: bool) -> Result<ValueId> {
@@ -374,9 +379,41 @@ pub fn build_timestep_table(cfg: &Pi05Config, precision: Precision) -> Result<Pr
     Ok(c.b.finish()?)
 }
 
+/// Default [`PrefixOptions::max_embedding_shard_bytes`]: 64 MiB, the size of pi0.5's largest
+/// other bf16 weight (a Gemma MLP matrix, `[16384, 2048]`), so the embedding shards are no
+/// harder to place under an engine cap than the layers are. pi0.5's table (1004.5 MiB in bf16)
+/// becomes 16 shards (32 in f32); every small config's table fits in one.
+pub const DEFAULT_EMBEDDING_SHARD_BYTES: usize = 64 << 20;
+
+/// Options of the prefix program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixOptions {
+    /// Largest row shard of the token embedding table, in bytes of the program's dtype for it:
+    /// a larger table is read as row ranges ([`petite_graph::Builder::embedding_sharded`]) so
+    /// that no engine has to hold all of it. A table that fits stays one plain embedding.
+    pub max_embedding_shard_bytes: usize,
+}
+
+impl Default for PrefixOptions {
+    fn default() -> Self {
+        PrefixOptions {
+            max_embedding_shard_bytes: DEFAULT_EMBEDDING_SHARD_BYTES,
+        }
+    }
+}
+
 /// Builds the prefix program: SigLIP + projector + text embedding + the language model up to
-/// the last layer's K/V.
+/// the last layer's K/V, with the default [`PrefixOptions`].
 pub fn build_prefix(cfg: &Pi05Config, precision: Precision) -> Result<Program> {
+    build_prefix_with(cfg, precision, &PrefixOptions::default())
+}
+
+/// [`build_prefix`] with explicit options.
+pub fn build_prefix_with(
+    cfg: &Pi05Config,
+    precision: Precision,
+    opts: &PrefixOptions,
+) -> Result<Program> {
     let mut c = Ctx::new(cfg, precision)?;
     let v = &cfg.vision;
     let l = &cfg.language;
@@ -442,8 +479,14 @@ pub fn build_prefix(cfg: &Pi05Config, precision: Precision) -> Result<Program> {
 
     // ---- Text embedding × √width in the table's dtype (45.25 in bf16).
     c.b.push_scope("embed");
-    let table = c.weight(names::EMBED_TOKENS)?;
-    let t = c.b.embedding(table, tokens)?;
+    let (shape, dtype) = c.weight_decl(names::EMBED_TOKENS)?;
+    let t = c.b.embedding_sharded(
+        names::EMBED_TOKENS,
+        dtype,
+        &shape,
+        tokens,
+        opts.max_embedding_shard_bytes,
+    )?;
     let t = c.b.mul_scalar(t, (l.width as f64).sqrt())?;
     // The concat promotes to f32 (image features are f32).
     let t = c.cast(t, Dtype::F32)?;

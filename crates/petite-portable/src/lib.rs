@@ -33,7 +33,7 @@ use petite_weights::{
 };
 use serde::Serialize;
 
-pub use lower::{Lowered, lower};
+pub use lower::{Lowered, lower, row_source};
 pub use plan::{MemoryPlan, PlanStats, plan};
 
 use lower::{Arg, Storage};
@@ -1135,13 +1135,14 @@ pub fn export_portable(
 ) -> Result<ExportReport> {
     let l = lower(program)?;
     let p = plan(&l);
+    let sliced = row_source(&[program], weights)?;
     let (mut reports, _) = write_program(
         &[MethodSpec {
             name: METHOD,
             lowered: &l,
             plan: &p,
         }],
-        Constants::Stream(weights),
+        Constants::Stream(&sliced),
         out_path.as_ref(),
         WriteOptions::default(),
     )?;

@@ -16,7 +16,9 @@ pub enum Storage {
     /// A checkpoint weight in the constant segment; `transpose` stores a 2-D weight as its
     /// transpose (linear weights `[out, in]` become `[in, out]` so `mm` needs no runtime copy).
     Weight {
-        /// Checkpoint tensor name.
+        /// The name a weight source serves it under: the checkpoint tensor's, or
+        /// `tensor[start..end]` for a row-range weight ([`Op::Weight`]), which [`row_source`]
+        /// serves as just those rows.
         name: String,
         /// Store `[r, c]` as `[c, r]`.
         transpose: bool,
@@ -387,10 +389,11 @@ impl<'p> Lowerer<'p> {
 
     fn weight_slot(&mut self, v: NodeId, transpose: bool) -> Option<usize> {
         let n = self.prog.node(v);
-        let Op::Weight { name } = &n.op else {
+        let Op::Weight { name, rows } = &n.op else {
             return None;
         };
         let t = n.tensor()?;
+        let name = &petite_graph::weight_display(name, *rows);
         let key = (name.clone(), transpose);
         if let Some(&s) = self.weights.get(&key) {
             return Some(s);
@@ -939,6 +942,26 @@ fn ints<T: Copy + TryInto<i64>>(xs: &[T]) -> Arg {
 
 /// Rank limit of the runtime's tensor parser.
 const MAX_RANK: usize = 16;
+
+/// `weights` as the lowered `programs` read them: every row-range weight is served under the
+/// name its constant slot carries (`tensor[start..end]`) as a sub-view of just those rows
+/// (releases and unmaps of it touch only those rows); everything else passes through. Wrap the
+/// source with this before [`crate::check_weights`], [`crate::write_mapping`] or
+/// [`crate::write_program`] when a program has row ranges.
+pub fn row_source<'a>(
+    programs: &[&Program],
+    weights: &'a dyn petite_weights::WeightSource,
+) -> Result<petite_weights::RowSlices<'a, dyn petite_weights::WeightSource + 'a>> {
+    let mut sliced = petite_weights::RowSlices::new(weights);
+    for p in programs {
+        for w in p.weights() {
+            if let Some(rows) = w.rows {
+                sliced.add(&w.display_name(), &w.name, rows)?;
+            }
+        }
+    }
+    Ok(sliced)
+}
 
 /// Lowers a validated program to kernel calls. Errors name the node and op that has no portable
 /// equivalent (or a dtype/rank the lowering refuses); nothing is written.

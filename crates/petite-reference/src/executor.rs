@@ -206,11 +206,10 @@ impl<'a> Executor<'a> {
                 if remaining[v.index()] == 0 && !self.is_output[v.index()] {
                     if matches!(slots[v.index()], Slot::Weight)
                         && self.release_weights
-                        && let Op::Weight { name } = &p.node(v).op
+                        && let Op::Weight { name, rows } = &p.node(v).op
                     {
-                        self.weights
-                            .release(&[name.as_str()])
-                            .map_err(|e| self.node_err(v, Error::Tensor(e.to_string())))?;
+                        self.release_weight(v, name, *rows)
+                            .map_err(|e| self.node_err(v, e))?;
                     }
                     slots[v.index()] = Slot::Empty;
                     live_bytes -= std::mem::take(&mut held[v.index()]);
@@ -244,6 +243,28 @@ impl<'a> Executor<'a> {
             out.insert(o.name.clone(), t);
         }
         Ok((out, stats))
+    }
+
+    /// Gives back the pages of weight node `v`: the whole tensor, or only its row range's bytes
+    /// (other row ranges of the same tensor may still be read, here or by a later engine).
+    fn release_weight(&self, v: NodeId, name: &str, rows: Option<[usize; 2]>) -> Result<()> {
+        let tensor_err = |e: petite_weights::Error| Error::Tensor(e.to_string());
+        let Some(_) = rows else {
+            return self.weights.release(&[name]).map_err(tensor_err);
+        };
+        let info = self.weights.info(name).map_err(tensor_err)?;
+        let w = self
+            .program
+            .weights()
+            .into_iter()
+            .find(|w| w.node == v)
+            .ok_or_else(|| Error::Tensor(format!("{v} is not a weight")))?;
+        let range = w
+            .stored_range(info.dtype.size())
+            .ok_or_else(|| Error::Tensor(format!("weight {name:?}: byte range overflows")))?;
+        self.weights
+            .release_range(name, range.start, range.end)
+            .map_err(tensor_err)
     }
 
     fn node_err(&self, id: NodeId, e: Error) -> Error {
@@ -409,7 +430,7 @@ impl<'a> Ctx<'_, 'a> {
     }
 
     fn weight_view(&self, v: NodeId) -> Result<(petite_weights::TensorView<'_>, &TensorType)> {
-        let Op::Weight { name } = &self.p().node(v).op else {
+        let Op::Weight { name, rows } = &self.p().node(v).op else {
             return Err(err(format!("{v} is not a weight")));
         };
         let declared = tensor_type(self.ex.program, v)?;
@@ -418,6 +439,9 @@ impl<'a> Ctx<'_, 'a> {
             .weights
             .tensor(name)
             .map_err(|e| err(format!("weight {name:?}: {e}")))?;
+        if let &Some([start, end]) = rows {
+            return row_view(view, declared, start, end);
+        }
         if view.bytes.len() != view.numel().saturating_mul(view.dtype.size()) {
             return Err(err(format!(
                 "weight {name:?}: source returned {} bytes for {} {}",
@@ -1198,4 +1222,44 @@ pub fn run(
     inputs: BTreeMap<String, Tensor>,
 ) -> Result<BTreeMap<String, Tensor>> {
     Executor::new(program, weights)?.run(inputs)
+}
+
+/// Rows `start..end` of a stored tensor as a view shaped like the declared slice: one
+/// contiguous byte range (row-major), no copy.
+fn row_view<'a>(
+    view: petite_weights::TensorView<'a>,
+    declared: &'a TensorType,
+    start: usize,
+    end: usize,
+) -> Result<(petite_weights::TensorView<'a>, &'a TensorType)> {
+    let name = view.name;
+    let stored_rows = view.shape.first().copied().unwrap_or(0);
+    if view.shape.is_empty()
+        || end > stored_rows
+        || view.shape[1..] != declared.shape[1..]
+        || declared.shape.first() != Some(&(end - start))
+    {
+        return Err(err(format!(
+            "weight {name:?}: rows [{start}, {end}) declared {declared}, stored with shape {}",
+            ShapeDisplay(view.shape)
+        )));
+    }
+    let row_bytes = view.shape[1..].iter().product::<usize>() * view.dtype.size();
+    if view.bytes.len() != stored_rows * row_bytes {
+        return Err(err(format!(
+            "weight {name:?}: source returned {} bytes for {} {}",
+            view.bytes.len(),
+            view.dtype.safetensors_name(),
+            ShapeDisplay(view.shape)
+        )));
+    }
+    Ok((
+        petite_weights::TensorView {
+            name,
+            dtype: view.dtype,
+            shape: &declared.shape,
+            bytes: &view.bytes[start * row_bytes..end * row_bytes],
+        },
+        declared,
+    ))
 }

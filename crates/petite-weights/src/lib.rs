@@ -4,6 +4,7 @@
 //! - [`MappedSafetensors`]: one mapped `.safetensors` file as a [`WeightSource`] (zero-copy views).
 //! - [`Checkpoint`]: a single file or a sharded checkpoint (`model.safetensors.index.json`).
 //! - [`Remapped`]: a source seen through a caller-supplied [`KeyMap`] (layout differences).
+//! - [`RowSlices`]: row ranges of a source's tensors exposed as tensors (sharded weights).
 //! - [`SafetensorsWriter`]: streams tensors into a page-aligned safetensors file (temp + rename).
 //! - [`convert()`]: f32 → bf16/f16 in bounded chunks, dropping the source's pages behind itself.
 //! - [`residency`]: how much of a mapping / of this process is resident.
@@ -14,6 +15,7 @@ mod header;
 mod mapped;
 mod remap;
 pub mod residency;
+mod rows;
 mod sharded;
 mod source;
 mod writer;
@@ -24,6 +26,7 @@ pub use convert::{
 pub use header::{Header, HeaderEntry, Index, MAX_HEADER_LEN, parse_header, parse_index};
 pub use mapped::MappedSafetensors;
 pub use remap::{KeyMap, Remapped};
+pub use rows::RowSlices;
 pub use sharded::Checkpoint;
 pub use source::{Dtype, TensorInfo, TensorView, WeightSource};
 pub use writer::{LARGE, PAD_PREFIX, SafetensorsWriter, TensorSink, TensorSpec};

@@ -206,3 +206,16 @@ pub fn reference_meta_keys() -> (&'static str, &'static str, &'static str) {
 
 /// Backend id of reference engines.
 pub const REFERENCE_ID: &str = reference::BACKEND_ID;
+
+/// For each engine of `plan`, the weights (whole tensors and row ranges) whose last reader it is.
+pub fn last_uses(plan: &petite_partition::Plan) -> Vec<Vec<&petite_partition::WeightUse>> {
+    petite_engine::last_uses(plan)
+}
+
+/// Releases the pages of `uses` (a row range releases only its rows' bytes).
+pub fn release_weights(
+    source: &dyn WeightSource,
+    uses: &[&petite_partition::WeightUse],
+) -> Result<()> {
+    Ok(petite_engine::release_weights(source, uses)?)
+}

@@ -426,14 +426,7 @@ fn build_engines(
 ) -> Result<(Vec<BuiltEngine>, Vec<serde_json::Value>)> {
     let builder = backend.builder(weights.mapping.as_ref().map(|m| m.path()))?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create engine directory", e))?;
-    let mut last_use: Vec<Vec<&str>> = vec![Vec::new(); plan.engines.len()];
-    for w in &plan.weights {
-        if let Some(e) = w.last_engine
-            && e < last_use.len()
-        {
-            last_use[e].push(w.name.as_str());
-        }
-    }
+    let last_use = engines::last_uses(plan);
     let mut built = Vec::with_capacity(plan.engines.len());
     let mut records = Vec::with_capacity(plan.engines.len());
     for (i, e) in plan.engines.iter().enumerate() {
@@ -461,7 +454,7 @@ fn build_engines(
             None => (engines::build(builder.as_ref(), &job, weights, dir)?, false),
         };
         if !last_use[i].is_empty() {
-            weights.release(&last_use[i])?;
+            engines::release_weights(weights, &last_use[i])?;
         }
         records.push(json!({
             "name": name,
@@ -841,7 +834,9 @@ fn export_portable(
         petite_portable::plan(&l_step),
     );
     let table = petite_portable::stored_weights(&[&l_prefix, &l_step]);
-    petite_portable::check_weights(&table, &ck)?;
+    // Row-range weights (the sharded token embedding) are served as just their rows.
+    let ck_rows = petite_portable::row_source(&[&progs.prefix, &progs.step], &ck)?;
+    petite_portable::check_weights(&table, &ck_rows)?;
     check_writable(&opts.out)?;
     let identity = format!("{}|{:?}", source_key(ck_files)?, opts.precision);
     rec.end(st, false);
@@ -882,7 +877,7 @@ fn export_portable(
             let pb = bar(opts.progress, total, "convert");
             petite_portable::write_mapping(
                 &table,
-                &ck,
+                &ck_rows,
                 &path,
                 &[("petite.mapping_key".to_string(), key.clone())],
                 &mut |done, _| {

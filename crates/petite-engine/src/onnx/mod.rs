@@ -254,7 +254,9 @@ impl Emitter<'_> {
         }
     }
 
-    fn weight(&mut self, id: NodeId, name: &str) -> Result<()> {
+    /// A weight as an initializer with external data in the mapping file; a row range points
+    /// at just its rows' bytes (one contiguous range, row-major), so the model carries only them.
+    fn weight(&mut self, id: NodeId, name: &str, rows: Option<[usize; 2]>) -> Result<()> {
         let t = self
             .p
             .node(id)
@@ -268,7 +270,17 @@ impl Emitter<'_> {
         })?;
         let stored = stored_type(loc.dtype).unwrap_or(FLOAT);
         let float_ok = t.dtype.is_float() && loc.dtype.is_float();
-        if loc.shape != t.shape || !(float_ok || stored == onnx_type(t.dtype)) {
+        let shape_ok = match rows {
+            None => loc.shape == t.shape,
+            Some([a, b]) => {
+                !loc.shape.is_empty()
+                    && a < b
+                    && b <= loc.shape[0]
+                    && t.shape.first() == Some(&(b - a))
+                    && loc.shape[1..] == t.shape[1..]
+            }
+        };
+        if !shape_ok || !(float_ok || stored == onnx_type(t.dtype)) {
             return Err(Error::Weight {
                 tensor: name.to_string(),
                 expected: t.to_string(),
@@ -279,15 +291,25 @@ impl Emitter<'_> {
                 ),
             });
         }
-        let init = format!("w:{name}");
+        let (init, offset, len) = match rows {
+            None => (format!("w:{name}"), loc.offset, loc.len),
+            Some([a, b]) => {
+                let row = loc.len / loc.shape[0] as u64;
+                (
+                    format!("w:{}", petite_graph::weight_display(name, rows)),
+                    loc.offset + a as u64 * row,
+                    (b - a) as u64 * row,
+                )
+            }
+        };
         let mut tp = Msg::new();
         tp.packed_ints(1, &dims(&t.shape))
             .int(2, stored)
             .str(8, &init);
         for (k, v) in [
             ("location", self.location.to_string()),
-            ("offset", loc.offset.to_string()),
-            ("length", loc.len.to_string()),
+            ("offset", offset.to_string()),
+            ("length", len.to_string()),
         ] {
             tp.msg(13, Msg::new().str(1, k).str(2, &v));
         }
@@ -344,7 +366,7 @@ impl Emitter<'_> {
         let float = out_d.is_float();
         match &n.op {
             Op::Input { .. } => {}
-            Op::Weight { name } => self.weight(id, &name.clone())?,
+            Op::Weight { name, rows } => self.weight(id, &name.clone(), *rows)?,
             Op::Constant { data } => self.constant(id, &data.clone())?,
             Op::Linear | Op::MatMul | Op::Conv2d { .. } => {
                 // TensorRT: native dtype (bf16 GEMMs accumulate in f32). Twin: f32, rounded once.

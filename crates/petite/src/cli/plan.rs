@@ -9,7 +9,10 @@ use petite_graph::Program;
 use petite_partition::{
     DEFAULT_CROSSING_LIMIT, DEFAULT_ENGINE_OVERHEAD, PartitionOptions, Plan, plan,
 };
-use petite_pi05::{Pi05Config, Precision, build_prefix, build_step};
+use petite_pi05::{
+    DEFAULT_EMBEDDING_SHARD_BYTES, Pi05Config, Precision, PrefixOptions, build_prefix_with,
+    build_step,
+};
 
 /// Which pi0.5 program to plan.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -55,6 +58,10 @@ pub struct PlanArgs {
     /// Numeric mode.
     #[arg(long, value_enum, default_value = "bf16")]
     pub precision: PrecisionArg,
+    /// Prefix only: largest row shard of the token embedding (a larger table is read as row
+    /// ranges, so no engine holds all of it; pass a size above the table to keep it whole).
+    #[arg(long, default_value_t = DEFAULT_EMBEDDING_SHARD_BYTES as u64, value_parser = parse_size)]
+    pub embedding_shard: u64,
     /// Print the plan as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -114,7 +121,17 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         PrecisionArg::F32 => Precision::F32,
     };
     let (name, program) = match a.program {
-        ProgramArg::Prefix => ("prefix", build_prefix(&cfg, precision)),
+        ProgramArg::Prefix => (
+            "prefix",
+            build_prefix_with(
+                &cfg,
+                precision,
+                &PrefixOptions {
+                    max_embedding_shard_bytes: usize::try_from(a.embedding_shard)
+                        .unwrap_or(usize::MAX),
+                },
+            ),
+        ),
         ProgramArg::Step => ("step", build_step(&cfg, precision)),
     };
     let program = program.with_context(|| format!("building the {name} program"))?;
