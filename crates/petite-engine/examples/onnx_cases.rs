@@ -14,7 +14,9 @@ use petite_graph::ValueId;
 use petite_partition::{PartitionOptions, plan};
 use petite_pi05::names::Layout;
 use petite_pi05::synth::{SynthOptions, write_synthetic};
-use petite_pi05::{Pi05Config, Precision, build_all, programs::io};
+use petite_pi05::{
+    Pi05Config, Precision, PrefixOptions, build_all, build_prefix_with, programs::io,
+};
 use petite_reference::{Executor, Tensor};
 use petite_weights::{
     ConvertOptions, Dtype as WDtype, MappedSafetensors, SafetensorsWriter, TensorSpec, convert,
@@ -131,9 +133,22 @@ fn main() {
             io::TIME_ROW.into(),
             Tensor::f32(&[r], table.float_values().unwrap()[..r].to_vec()).unwrap(),
         );
-        for (what, program, inputs) in
-            [("prefix", &progs.prefix, &pin), ("step", &progs.step, &sin)]
-        {
+        // The prefix again with its token embedding forced into 16-row shards (row-range
+        // weights: external data of just those rows, selected with where).
+        let es = if prec == Precision::F32 { 4 } else { 2 };
+        let sharded = build_prefix_with(
+            &cfg,
+            prec,
+            &PrefixOptions {
+                max_embedding_shard_bytes: 16 * cfg.language.width * es,
+            },
+        )
+        .unwrap();
+        for (what, program, inputs) in [
+            ("prefix", &progs.prefix, &pin),
+            ("step", &progs.step, &sin),
+            ("prefix_sharded", &sharded, &pin),
+        ] {
             let case = format!(
                 "{what}-{}",
                 if prec == Precision::F32 {

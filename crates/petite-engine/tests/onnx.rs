@@ -7,7 +7,7 @@ mod common;
 use petite_engine::Error;
 use petite_engine::onnx::{Flavor, emit, locations};
 use petite_partition::{PartitionOptions, plan};
-use petite_pi05::{Pi05Config, Precision, build_all};
+use petite_pi05::{Pi05Config, Precision, PrefixOptions, build_all, build_prefix_with};
 use petite_weights::MappedSafetensors;
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -86,4 +86,46 @@ fn a_weight_missing_from_the_mapping_or_misshapen_is_named() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("w0") && e.contains("[32, 128]"), "{e}");
+}
+
+/// A row-range weight (a token-embedding shard) is external data covering exactly its rows.
+#[test]
+fn a_row_range_weight_is_external_data_of_just_its_rows() {
+    let cfg = Pi05Config::small();
+    let dir = tempfile::tempdir().unwrap();
+    let ck = common::small_checkpoint(&cfg, dir.path());
+    let src = MappedSafetensors::open(&ck).unwrap();
+    let locs = locations(src.header());
+    let program = build_prefix_with(
+        &cfg,
+        Precision::Bf16,
+        &PrefixOptions {
+            max_embedding_shard_bytes: 16 * cfg.language.width * 2,
+        },
+    )
+    .unwrap();
+    let pl = plan(
+        &program,
+        &PartitionOptions::new(program.weight_bytes() as u64 / 3),
+    )
+    .unwrap();
+    let mut ranges = 0;
+    for i in 0..pl.engines.len() {
+        let sub = pl.engine_program(&program, i).unwrap();
+        let m = emit(&sub.program, &locs, "model.safetensors", Flavor::TensorRt).unwrap();
+        for w in sub.program.weights() {
+            let Some([a, b]) = w.rows else { continue };
+            ranges += 1;
+            let r = src.file_range(&w.name).unwrap();
+            let info = petite_weights::WeightSource::info(&src, &w.name).unwrap();
+            let row = r.len() / info.shape[0];
+            assert!(contains(&m, format!("w:{}[{a}..{b}]", w.name).as_bytes()));
+            assert!(contains(
+                &m,
+                &entry("offset", &(r.start + a * row).to_string())
+            ));
+            assert!(contains(&m, &entry("length", &((b - a) * row).to_string())));
+        }
+    }
+    assert_eq!(ranges, cfg.language.vocab.div_ceil(16));
 }

@@ -10,7 +10,9 @@ use common::*;
 use petite_engine::reference::{ReferenceBuilder, ReferenceEngine};
 use petite_engine::{BuildOptions, EngineReport, build_plan};
 use petite_partition::{PartitionOptions, plan};
-use petite_pi05::{Pi05Config, Precision, build_all, programs::io};
+use petite_pi05::{
+    Pi05Config, Precision, PrefixOptions, build_all, build_prefix_with, programs::io,
+};
 use petite_reference::{Executor, Tensor};
 use petite_weights::{MappedSafetensors, TensorInfo, TensorView, WeightSource};
 
@@ -96,6 +98,78 @@ fn engines_run_from_files_equal_the_whole_program_bit_for_bit() {
                 assert_bit_equal(&format!("{what} {prec:?} cap/{div}"), whole, &got);
             }
         }
+    }
+}
+
+/// A prefix whose token embedding is split into row shards builds into engines that each store
+/// only their rows (as `name[start..end]`), release only those rows after their last engine,
+/// and run from their files bit-identically to the unsharded prefix.
+#[test]
+fn sharded_embedding_engines_store_their_rows_and_equal_the_unsharded_prefix() {
+    let cfg = Pi05Config::small();
+    let dir = tempfile::tempdir().unwrap();
+    let ck = small_checkpoint(&cfg, dir.path());
+    let src = MappedSafetensors::open(&ck).unwrap();
+    let embed = "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight";
+    let full = src.info(embed).unwrap();
+    for prec in [Precision::F32, Precision::Bf16] {
+        let plain = build_all(&cfg, prec).unwrap().prefix;
+        let es = if prec == Precision::F32 { 4 } else { 2 };
+        let sharded = build_prefix_with(
+            &cfg,
+            prec,
+            &PrefixOptions {
+                max_embedding_shard_bytes: 16 * cfg.language.width * es,
+            },
+        )
+        .unwrap();
+        let pin = prefix_inputs(&cfg);
+        let whole = petite_reference::run(&plain, &src, pin.clone()).unwrap();
+        let cap = sharded.weight_bytes() as u64 / 4;
+        let pl = plan(&sharded, &PartitionOptions::new(cap)).unwrap();
+        let out = dir.path().join(format!("sharded-{prec:?}"));
+        let rep = build_plan(
+            &pl,
+            &sharded,
+            &src,
+            &ReferenceBuilder::default(),
+            &out,
+            &BuildOptions::default(),
+        )
+        .unwrap();
+        let mut rows_seen = Vec::new();
+        for e in &rep.engines {
+            let f = ReferenceEngine::open(&e.file).unwrap();
+            assert!(
+                f.file().info(embed).is_err(),
+                "{}: holds the whole table",
+                e.name
+            );
+            for w in f.program().weights() {
+                assert_eq!(w.rows, None, "engine programs read whole tensors");
+                if let Some(r) = w.name.strip_prefix(&format!("{embed}[")) {
+                    let (a, b) = r.trim_end_matches(']').split_once("..").unwrap();
+                    let (a, b): (usize, usize) = (a.parse().unwrap(), b.parse().unwrap());
+                    let info = f.file().info(&w.name).unwrap();
+                    assert_eq!(info.shape, vec![b - a, full.shape[1]]);
+                    rows_seen.push([a, b]);
+                }
+            }
+        }
+        rows_seen.sort();
+        assert_eq!(rows_seen.len(), cfg.language.vocab.div_ceil(16));
+        assert!(rows_seen.windows(2).all(|w| w[0][1] == w[1][0]));
+        // Each range is released once, by name and range, after its own last engine.
+        let released: Vec<&String> = rep
+            .reports
+            .iter()
+            .flat_map(|r| &r.released)
+            .filter(|n| n.starts_with(embed))
+            .collect();
+        assert_eq!(released.len(), rows_seen.len());
+        assert!(released.iter().all(|n| n.ends_with(']')));
+        let got = run_built(&sharded, &rep.engines, &pin);
+        assert_bit_equal(&format!("sharded prefix {prec:?}"), &whole, &got);
     }
 }
 

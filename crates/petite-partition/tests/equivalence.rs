@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use common::check;
 use petite_graph::{Builder, Dtype, NodeId, Program};
 use petite_partition::{PartitionOptions, Plan, plan};
-use petite_pi05::{Pi05Config, Precision, build_prefix, build_step};
+use petite_pi05::{
+    Pi05Config, Precision, PrefixOptions, build_prefix, build_prefix_with, build_step,
+};
 use petite_reference::bf16::f32_to_bf16;
 use petite_reference::{Data, Executor, MemoryWeights, Tensor};
 use proptest::prelude::*;
@@ -175,6 +177,78 @@ fn small_pi05_engines_equal_whole_program() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// The prefix with its token embedding forced into row shards equals the unsharded prefix bit
+/// for bit (K/V and pad mask, f32 and bf16, ids spread over the whole vocabulary), and so does
+/// running a plan of it engine by engine, with each shard its own weight and last use.
+#[test]
+fn sharded_embedding_prefix_equals_the_unsharded_one_bit_for_bit() {
+    let cfg = Pi05Config::small();
+    let embed = "model.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight";
+    for prec in [Precision::F32, Precision::Bf16] {
+        let plain = build_prefix(&cfg, prec).unwrap();
+        let row = cfg.language.width * if prec == Precision::F32 { 4 } else { 2 };
+        let opts = PrefixOptions {
+            max_embedding_shard_bytes: 64 * row,
+        };
+        let sharded = build_prefix_with(&cfg, prec, &opts).unwrap();
+        let ranges: Vec<[usize; 2]> = sharded
+            .weights()
+            .iter()
+            .filter(|w| w.name == embed)
+            .map(|w| w.rows.expect("a row range"))
+            .collect();
+        let v = cfg.language.vocab;
+        assert_eq!(ranges.len(), v.div_ceil(64), "{prec:?}");
+        assert_eq!((ranges[0][0], ranges.last().unwrap()[1]), (0, v));
+        assert!(
+            plain
+                .weights()
+                .iter()
+                .any(|w| w.name == embed && w.rows.is_none())
+        );
+        // Full tensors, shared by both programs (the sharded one reads row ranges of them).
+        let w = random_weights(&plain, 11);
+        let mut inputs = random_inputs(&plain, 5);
+        let n = cfg.tokens;
+        let ids: Vec<i64> = (0..n).map(|i| ((i * 97 + 13) % v) as i64).collect();
+        assert!(
+            ranges
+                .iter()
+                .filter(|r| ids.iter().any(|&i| (r[0]..r[1]).contains(&(i as usize))))
+                .count()
+                >= 3
+        );
+        inputs.insert("tokens".into(), Tensor::new(&[n], Data::I64(ids)).unwrap());
+        let run = |p: &Program| {
+            Executor::new(p, &w)
+                .unwrap()
+                .release_weights(false)
+                .run(inputs.clone())
+                .unwrap()
+        };
+        let whole = run(&plain);
+        assert_bit_equal(
+            &whole,
+            &run(&sharded),
+            &format!("{prec:?} sharded vs plain"),
+        );
+        let total = sharded.weight_bytes() as u64;
+        for div in [3u64, 8] {
+            let popts = PartitionOptions::new(total / div);
+            let pl = plan(&sharded, &popts).unwrap();
+            check(&sharded, &pl, popts.engine_cap, popts.crossing_limit);
+            let uses: Vec<_> = pl.weights.iter().filter(|u| u.name == embed).collect();
+            assert_eq!(uses.len(), ranges.len());
+            assert!(
+                uses.iter()
+                    .all(|u| u.rows.is_some() && u.last_engine.is_some())
+            );
+            let pieces = run_plan(&sharded, &pl, &w, &inputs);
+            assert_bit_equal(&whole, &pieces, &format!("{prec:?} plan total/{div}"));
         }
     }
 }

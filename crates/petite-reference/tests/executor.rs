@@ -602,3 +602,91 @@ fn weight_source_returning_short_bytes_is_an_error() {
     .to_string();
     assert!(msg.contains("12 bytes"), "{msg}");
 }
+
+/// `Builder::embedding_sharded` equals the plain gather bit for bit, for every id of the table,
+/// f32 and bf16 (bf16 rounded from an f32 checkpoint), i64 and i32 ids, several shard sizes.
+#[test]
+fn sharded_embedding_equals_the_plain_gather_bit_for_bit() {
+    let (v, d) = (37usize, 6usize);
+    let vals: Vec<f32> = (0..v * d)
+        .map(|i| ((i * 7919 % 1013) as f32 - 500.0) / 77.7)
+        .collect();
+    let mut ws = MemoryWeights::new();
+    ws.insert_f32("table", &[v, d], &vals).unwrap();
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for idt in [Dtype::I64, Dtype::I32] {
+            let ids: Vec<i64> = (0..v as i64).rev().chain([0, 36, 5, 5]).collect();
+            let n = ids.len();
+            let t = match idt {
+                Dtype::I64 => Tensor::new(&[1, n], Data::I64(ids.clone())).unwrap(),
+                _ => Tensor::new(&[1, n], Data::I32(ids.iter().map(|&i| i as i32).collect()))
+                    .unwrap(),
+            };
+            let run_with = |max: usize| {
+                let mut b = Builder::new();
+                let x = b.input("ids", idt, &[1, n]).unwrap();
+                let y = b
+                    .embedding_sharded("table", dtype, &[v, d], x, max)
+                    .unwrap();
+                b.output("y", y).unwrap();
+                let p = b.finish().unwrap();
+                let shards = p.weights().len();
+                let out = Executor::new(&p, &ws)
+                    .unwrap()
+                    .run(inputs(vec![("ids", t.clone())]))
+                    .unwrap();
+                (shards, out["y"].to_bytes())
+            };
+            let (one, plain) = run_with(usize::MAX);
+            assert_eq!(one, 1);
+            let row = d * dtype.size();
+            for max in [row, 2 * row, 5 * row + 1, 18 * row, 36 * row] {
+                let (shards, got) = run_with(max);
+                assert_eq!(shards, v.div_ceil(max / row), "{dtype} max {max}");
+                assert!(got == plain, "{dtype} {idt} max {max}: differs");
+            }
+        }
+    }
+}
+
+/// A row-range weight read whole (not through an embedding) is exactly those rows.
+#[test]
+fn a_row_range_weight_is_the_rows_of_the_checkpoint_tensor() {
+    let vals: Vec<f32> = (0..5 * 3).map(|i| i as f32 * 1.5 - 4.0).collect();
+    let mut ws = MemoryWeights::new();
+    ws.insert_f32("w", &[5, 3], &vals).unwrap();
+    let mut b = Builder::new();
+    let x = b.input("x", Dtype::F32, &[2, 3]).unwrap();
+    let w = b.weight_rows("w", Dtype::F32, &[5, 3], [1, 4]).unwrap();
+    let y = b.linear(x, w, None).unwrap();
+    b.output("y", y).unwrap();
+    b.output("w", w).unwrap();
+    let p = b.finish().unwrap();
+    let xs = vec![1.0, 2.0, -1.0, 0.5, 0.0, 3.0];
+    let out = run(
+        &p,
+        &ws,
+        inputs(vec![("x", Tensor::f32(&[2, 3], xs.clone()).unwrap())]),
+    )
+    .unwrap();
+    assert_eq!(f32s(&out["w"]), vals[3..12].to_vec());
+    let want: Vec<f32> = (0..2)
+        .flat_map(|i| {
+            let xs = &xs;
+            let vals = &vals;
+            (1..4).map(move |r| (0..3).map(|k| xs[i * 3 + k] * vals[r * 3 + k]).sum::<f32>())
+        })
+        .collect();
+    assert_eq!(f32s(&out["y"]), want);
+    // A checkpoint with fewer rows than the range is refused, naming the weight.
+    let mut short = MemoryWeights::new();
+    short.insert_f32("w", &[3, 3], &vals[..9]).unwrap();
+    let e = run(
+        &p,
+        &short,
+        inputs(vec![("x", Tensor::f32(&[2, 3], xs).unwrap())]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("\"w\"") && e.contains("rows [1, 4)"), "{e}");
+}

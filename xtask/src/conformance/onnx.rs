@@ -1,6 +1,7 @@
 //! The ONNX tier for petite-engine's `tensorrt` backend, in the `onnx` venv (onnx, onnxruntime,
-//! numpy): for small pi0.5 configs (f32 and bf16 programs, prefix and step), every planned engine
-//! is emitted as ONNX in both flavours (TensorRT's and the f32 twin); every model must pass
+//! numpy): for small pi0.5 configs (f32 and bf16 programs, prefix, step, and the prefix with its
+//! token embedding forced into 16-row shards), every planned engine is emitted as ONNX in both
+//! flavours (TensorRT's and the f32 twin); every model must pass
 //! `onnx.checker.check_model(full_check=True)` with its weights as external data in the bf16
 //! mapping file, and the twin run by ONNX Runtime on CPU must match the reference executor's
 //! outputs for that engine within 1e-4 (bf16 outputs: elements 1–2 bf16 ulps apart are counted
