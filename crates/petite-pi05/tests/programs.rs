@@ -140,6 +140,11 @@ fn check(cfg: &Pi05Config, prec: Precision) {
 fn small_programs_validate_f32_and_bf16() {
     check(&Pi05Config::small(), Precision::F32);
     check(&Pi05Config::small(), Precision::Bf16);
+    // A small table fits one shard: the plain embedding, no row ranges (same program as before).
+    for prec in [Precision::F32, Precision::Bf16] {
+        let p = petite_pi05::build_prefix(&Pi05Config::small(), prec).unwrap();
+        assert!(p.weights().iter().all(|w| w.rows.is_none()));
+    }
 }
 
 #[test]
@@ -157,10 +162,32 @@ fn real_programs_validate_and_build_in_milliseconds() {
     assert!(ms < 1000.0, "building took {ms} ms");
     check(&cfg, Precision::F32);
     check(&cfg, Precision::Bf16);
-    // Weight counts: table 2 (time MLP) ×2 + 37 dense ×2; prefix 437 + 2 + 1 + 17×9 + 3;
-    // step 18×7 + 4.
+    // Weight counts: table 2 (time MLP) ×2 + 37 dense ×2; prefix 437 + 2 + 1 + 17×9 + 3, with
+    // the token embedding as 16 row ranges of ≤ 64 MiB (bf16) instead of 1; step 18×7 + 4.
     assert_eq!(p.timestep_table.weights().len(), 4 + 74);
-    assert_eq!(p.prefix.weights().len(), 437 + 2 + 1 + 17 * 9 + 3);
+    assert_eq!(p.prefix.weights().len(), 437 + 2 + 16 + 17 * 9 + 3);
+    let embed: Vec<_> = p
+        .prefix
+        .weights()
+        .into_iter()
+        .filter(|w| w.name == petite_pi05::names::EMBED_TOKENS)
+        .collect();
+    assert!(
+        embed
+            .iter()
+            .all(|w| w.bytes <= 64 << 20 && w.rows.is_some())
+    );
+    assert_eq!(
+        embed.iter().map(|w| w.bytes).sum::<usize>(),
+        257_152 * 2048 * 2
+    );
+    let f32_prefix = petite_pi05::build_prefix(&cfg, Precision::F32).unwrap();
+    let n = f32_prefix
+        .weights()
+        .iter()
+        .filter(|w| w.rows.is_some())
+        .count();
+    assert_eq!(n, 32, "f32: 2009 MiB in 64 MiB shards");
     assert_eq!(p.step.weights().len(), 18 * 7 + 4);
     // Bytes the step program streams in bf16 mode: expert attn+MLP (bf16) + f32 heads.
     assert_eq!(p.step.weight_bytes(), 622_854_144 + 266_368);
