@@ -197,10 +197,10 @@ impl ReferenceBuilder {
         let mut program = job.program.clone();
         let mut sliced = RowSlices::new(source);
         for w in job.program.weights() {
-            if w.rows.is_some() {
+            if let Some(rows) = w.rows {
                 check_weight(source, &w)?;
                 let key = w.display_name();
-                sliced.add(&key, &w.name, w.rows.expect("checked"))?;
+                sliced.add(&key, &w.name, rows)?;
                 program.nodes[w.node.index()].op = Op::Weight {
                     name: key,
                     rows: None,

@@ -69,6 +69,9 @@ pub struct GraphOutput {
     pub value: ValueId,
 }
 
+/// One `Weight` node of a name during validation: its row range and id.
+type WeightUseRows = (Option<[usize; 2]>, NodeId);
+
 /// A weight a program reads, as reported by [`Program::weights`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WeightInfo {
@@ -428,7 +431,7 @@ impl Program {
     fn check_weight_rows(
         &self,
         name: &str,
-        uses: &mut [(Option<[usize; 2]>, NodeId)],
+        uses: &mut [WeightUseRows],
     ) -> Result<()> {
         uses.sort_by_key(|&(r, id)| (r.map(|[a, b]| (a, b)), id));
         let row_type = |id: NodeId| {
@@ -506,7 +509,7 @@ impl Program {
             listed.insert(name, i);
             seen[i.index()] = true;
         }
-        let mut weights: BTreeMap<&str, Vec<(Option<[usize; 2]>, NodeId)>> = BTreeMap::new();
+        let mut weights: BTreeMap<&str, Vec<WeightUseRows>> = BTreeMap::new();
         for id in self.ids() {
             match &self.node(id).op {
                 Op::Input { name } if !seen[id.index()] => {
