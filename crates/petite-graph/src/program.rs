@@ -428,11 +428,7 @@ impl Program {
 
     /// Several `Weight` nodes share `name`: each must be a row range, the ranges disjoint, and
     /// all of one dtype and row shape (they are pieces of one checkpoint tensor).
-    fn check_weight_rows(
-        &self,
-        name: &str,
-        uses: &mut [WeightUseRows],
-    ) -> Result<()> {
+    fn check_weight_rows(&self, name: &str, uses: &mut [WeightUseRows]) -> Result<()> {
         uses.sort_by_key(|&(r, id)| (r.map(|[a, b]| (a, b)), id));
         let row_type = |id: NodeId| {
             self.node(id)
