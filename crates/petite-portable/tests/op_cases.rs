@@ -283,6 +283,22 @@ fn cases() -> Vec<Case> {
         let y2 = c.b.embedding(t, j).unwrap();
         v.push(c.done("embedding", &[y, y2]));
     }
+    for (name, d) in [
+        ("embedding_sharded_f32", F32),
+        ("embedding_sharded_bf16", Bf16),
+    ] {
+        // A 10-row table read as 4 row ranges (3 rows = the shard size): each range is a
+        // constant of just its rows, selected with compare/and/where.
+        let mut c = C::new();
+        let vals = vals(40, c.next(), -0.5, 0.5);
+        c.w.insert_f32("table", &[10, 4], &vals).expect("weight");
+        let i = c.tin("i", Tensor::i64(&[2, 3], vec![0, 9, 3, 5, 6, 2]).unwrap());
+        let y =
+            c.b.embedding_sharded("table", d, &[10, 4], i, 3 * 4 * d.size())
+                .unwrap();
+        assert_eq!(c.b.program().weights().len(), 4);
+        v.push(c.done(name, &[y]));
+    }
     {
         let mut c = C::new();
         let a = c.fin("a", F32, &[2, 1, 3], -1.0, 1.0);
