@@ -561,3 +561,50 @@ fn kernel_call_arguments_follow_the_schema() {
         EValue::TensorList(vec![call[5], call[6], call[7]])
     );
 }
+
+/// A row-range weight goes into a mapping file (the `petite export --backend portable` path)
+/// as just its rows, converted, under its own key; rows outside the tensor are refused.
+#[test]
+fn row_range_weights_map_as_just_their_rows() {
+    let mut b = Builder::new();
+    let ids = b.input("i", Dtype::I64, &[3]).unwrap();
+    let y = b
+        .embedding_sharded("table", Dtype::Bf16, &[10, 4], ids, 3 * 4 * 2)
+        .unwrap();
+    b.output("y", y).unwrap();
+    let prog = b.finish().unwrap();
+    let vals: Vec<f32> = (0..40).map(|i| i as f32 * 0.37 - 7.0).collect();
+    let mut ws = MemoryWeights::new();
+    ws.insert_f32("table", &[10, 4], &vals).unwrap();
+    let l = lower(&prog).unwrap();
+    let table = petite_portable::stored_weights(&[&l]);
+    assert_eq!(table.len(), 4);
+    let src = petite_portable::row_source(&[&prog], &ws).unwrap();
+    petite_portable::check_weights(&table, &src).unwrap();
+    // Without the row source the row names are unknown: a clear error naming the weight.
+    let e = petite_portable::check_weights(&table, &ws)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("table[0..3]"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    petite_portable::write_mapping(&table, &src, &path, &[], &mut |_, _| {}).unwrap();
+    let m = petite_weights::MappedSafetensors::open(&path).unwrap();
+    for w in &table {
+        let v = petite_weights::WeightSource::tensor(&m, &w.key).unwrap();
+        let name = w.name.strip_prefix("table[").unwrap().trim_end_matches(']');
+        let (a, z) = name.split_once("..").unwrap();
+        let (a, z): (usize, usize) = (a.parse().unwrap(), z.parse().unwrap());
+        assert_eq!(v.shape, &[z - a, 4]);
+        let want: Vec<u16> = vals[a * 4..z * 4]
+            .iter()
+            .map(|x| petite_reference::bf16::f32_to_bf16(*x).to_bits())
+            .collect();
+        let got: Vec<u16> = v
+            .bytes
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        assert_eq!(got, want, "{}", w.key);
+    }
+}
