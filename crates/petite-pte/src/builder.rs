@@ -190,10 +190,11 @@ impl ProgramBuilder {
             if !self.constants.is_empty() {
                 parts.push(SegmentData::bytes(self.constants));
             }
-            let data = if parts.len() == 1 {
-                parts.pop().expect("one part")
-            } else {
-                SegmentData::Parts(parts.into())
+            let data = match parts.len() {
+                // Only empty constants: an empty in-memory segment, as before parts existed.
+                0 => SegmentData::bytes(Vec::<u8>::new()),
+                1 => parts.pop().expect("one part"),
+                _ => SegmentData::Parts(parts.into()),
             };
             segments.push(Segment { data, alignment: 1 });
         }

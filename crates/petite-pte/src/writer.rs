@@ -368,18 +368,32 @@ impl Write for PositionedWriter<'_> {
 pub fn to_bytes(program: &Program, segments: &[Segment]) -> Result<Vec<u8>> {
     let (mut out, program, base, _) = prepare(program, segments)?;
     for (seg, at) in segments.iter().zip(&program.segments) {
-        let SegmentData::Bytes(b) = &seg.data else {
+        let mut b = Vec::new();
+        if !in_memory(&seg.data, &mut b) {
             return Err(Error::Build(
                 "to_bytes needs in-memory segments; use write_pte for file sources".into(),
             ));
-        };
+        }
         if b.is_empty() {
             continue;
         }
         out.resize((base + at.offset) as usize, 0);
-        out.extend_from_slice(b);
+        out.extend_from_slice(&b);
     }
     Ok(out)
+}
+
+/// Appends the bytes of `d` to `out` when they are all in memory (parts of in-memory parts
+/// included); false when any piece is a file region or deferred.
+fn in_memory(d: &SegmentData, out: &mut Vec<u8>) -> bool {
+    match d {
+        SegmentData::Bytes(b) => {
+            out.extend_from_slice(b);
+            true
+        }
+        SegmentData::Parts(ps) => ps.iter().all(|p| in_memory(p, out)),
+        SegmentData::File { .. } | SegmentData::Deferred { .. } => false,
+    }
 }
 
 fn write_zeros(out: &File, path: &Path, mut pos: u64, mut n: u64) -> Result<()> {
