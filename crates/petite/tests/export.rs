@@ -2,10 +2,13 @@
 //! separate processes like a user runs them: accuracy against the f32 reference, identical bytes
 //! for identical inputs, resuming after SIGKILL / Ctrl-C, and the bad-input contract (clear
 //! error, nothing under a final name, checkpoint untouched).
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{Scratch, case, ok, outputs, petite, report, verify_cmd};
 use petite_pi05::inputs::{Inputs, open_checkpoint};
 use petite_pi05::{Pi05Config, Precision};
 
@@ -17,61 +20,16 @@ use petite_pi05::{Pi05Config, Precision};
 /// show real mistakes cost (an ignored mask 7–8e-2, a missing embedding scale 3.6–7.7e-2).
 const BF16_BOUND: f32 = 2.5e-2;
 
-fn petite() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_petite"));
-    c.env("RUST_BACKTRACE", "0");
-    c
-}
-
-fn case(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/pi05")
-        .join(name)
-}
-
 const CASES: [&str; 3] = [
     "two_cams_mqa",
     "three_cams_masked_gqa",
     "one_cam_mha_unpadded",
 ];
 
-struct Scratch(PathBuf);
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("petite-export-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-}
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn export_cmd(c: &Path, out: &Path, extra: &[&str]) -> Command {
-    let mut cmd = petite();
-    cmd.arg("export")
-        .arg("--checkpoint")
-        .arg(c.join("model.safetensors"))
-        .arg("--config")
-        .arg(c.join("config.json"))
-        .arg("--out")
-        .arg(out)
-        .args(["--engine-cap", "64KiB"])
-        .args(extra);
+    let mut cmd = common::export_cmd(c, out);
+    cmd.args(["--engine-cap", "64KiB"]).args(extra);
     cmd
-}
-
-fn ok(o: Output) -> Output {
-    assert!(
-        o.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
-    );
-    o
 }
 
 fn export(c: &Path, out: &Path, extra: &[&str]) -> Output {
@@ -79,14 +37,7 @@ fn export(c: &Path, out: &Path, extra: &[&str]) -> Output {
 }
 
 fn verify(c: &Path, dir: &Path) -> f32 {
-    ok(petite()
-        .arg("verify")
-        .arg("--pte-dir")
-        .arg(dir)
-        .arg("--checkpoint")
-        .arg(c.join("model.safetensors"))
-        .arg("--config")
-        .arg(c.join("config.json"))
+    ok(verify_cmd(c, dir)
         .arg("--inputs")
         .arg(c.join("inputs.safetensors"))
         .output()
@@ -94,17 +45,6 @@ fn verify(c: &Path, dir: &Path) -> f32 {
     report(dir)["verify"]["max_abs_action_error"]
         .as_f64()
         .unwrap() as f32
-}
-
-fn report(dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
-}
-
-fn outputs(dir: &Path) -> (Vec<u8>, Vec<u8>) {
-    (
-        std::fs::read(dir.join("prefix.pte")).unwrap(),
-        std::fs::read(dir.join("step.pte")).unwrap(),
-    )
 }
 
 #[test]
@@ -505,30 +445,14 @@ fn tensorrt_backend_with_a_stand_in_trtexec() {
         n,
         "{text}"
     );
-    let v = petite()
-        .arg("verify")
-        .arg("--pte-dir")
-        .arg(&out)
-        .arg("--checkpoint")
-        .arg(c.join("model.safetensors"))
-        .arg("--config")
-        .arg(c.join("config.json"))
-        .output()
-        .unwrap();
+    let v = verify_cmd(&c, &out).output().unwrap();
     assert!(!v.status.success());
     assert!(String::from_utf8_lossy(&v.stderr).contains("TensorRTBackend"));
 
     // --memory-budget picks TensorRT's cap from its build estimate (4x the engine's weights):
     // cap = (budget - process base) / 4, every engine within it.
     let out3 = s.0.join("out3");
-    ok(petite()
-        .arg("export")
-        .arg("--checkpoint")
-        .arg(c.join("model.safetensors"))
-        .arg("--config")
-        .arg(c.join("config.json"))
-        .arg("--out")
-        .arg(&out3)
+    ok(common::export_cmd(&c, &out3)
         .args(["--backend", "tensorrt", "--memory-budget", "96MiB"])
         .env("PETITE_TRTEXEC", &fake)
         .output()

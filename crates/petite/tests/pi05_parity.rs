@@ -1,13 +1,15 @@
 //! `petite pi05 run` (the binary) against lerobot 0.6.1's real PI05 on every golden case in
 //! `testdata/pi05/`: max |actions − expected| ≤ 1e-4 in f32. Plus the CLI's failure contract:
 //! one clear error naming the tensor, nothing written under `--out`.
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::Scratch;
 use petite_weights::{MappedSafetensors, WeightSource};
 
 fn cases() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/pi05");
+    let root = common::goldens();
     let mut v: Vec<PathBuf> = std::fs::read_dir(&root)
         .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
         .map(|e| e.unwrap().path())
@@ -18,25 +20,8 @@ fn cases() -> Vec<PathBuf> {
     v
 }
 
-/// A fresh scratch directory under the target dir (removed by the caller's `Scratch` drop).
-struct Scratch(PathBuf);
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let p =
-            std::env::temp_dir().join(format!("petite-pi05-parity-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-}
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn petite(case: &Path, inputs: &Path, out: &Path, dtype: &str) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_petite"))
+    common::petite()
         .args(["pi05", "run", "--checkpoint"])
         .arg(case.join("model.safetensors"))
         .arg("--config")
@@ -46,7 +31,6 @@ fn petite(case: &Path, inputs: &Path, out: &Path, dtype: &str) -> std::process::
         .arg("--out")
         .arg(out)
         .args(["--dtype", dtype])
-        .env("RUST_BACKTRACE", "0")
         .output()
         .unwrap()
 }
@@ -161,7 +145,7 @@ fn cli_bad_inputs_fail_clearly_and_write_nothing() {
 
 #[test]
 fn default_config_prints_the_real_config() {
-    let o = Command::new(env!("CARGO_BIN_EXE_petite"))
+    let o = common::petite()
         .args(["pi05", "default-config"])
         .output()
         .unwrap();

@@ -5,64 +5,28 @@
 //! comparing with lerobot's goldens) needs a Python venv, so it lives where the repo's other
 //! runtime checks live: the portable tier of `cargo xtask conformance`
 //! (`xtask/src/conformance/portable.rs`), which CI runs after these tests.
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::{Scratch, case, ok, outputs, report, verify_cmd};
 use petite_pte::PteFile;
 
-fn petite() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_petite"));
-    c.env("RUST_BACKTRACE", "0");
-    c
-}
-
-fn case(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/pi05")
-        .join(name)
-}
-
-struct Scratch(PathBuf);
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("petite-portable-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-}
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn export_cmd(c: &Path, out: &Path, extra: &[&str]) -> Command {
-    let mut cmd = petite();
-    cmd.arg("export")
-        .arg("--checkpoint")
-        .arg(c.join("model.safetensors"))
-        .arg("--config")
-        .arg(c.join("config.json"))
-        .arg("--out")
-        .arg(out)
-        .args(["--backend", "portable"])
-        .args(extra);
+    let mut cmd = common::export_cmd(c, out);
+    cmd.args(["--backend", "portable"]).args(extra);
     cmd
 }
 
-fn ok(o: Output) -> Output {
-    assert!(
-        o.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
-    );
-    o
-}
-
-fn report(dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
+/// `petite verify` of the files in `dir` against golden case `c`, with a `--python` that does
+/// not exist: what is refused before (or instead of) running ExecuTorch's runtime.
+fn verify_without_python(c: &Path, dir: &Path) -> Output {
+    verify_cmd(c, dir)
+        .arg("--python")
+        .arg(dir.join("no-such-python"))
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -144,20 +108,11 @@ fn rerun_reuses_the_mapping_file_and_gives_identical_bytes() {
     let s = Scratch::new("rerun");
     let c = case("one_cam_mha_unpadded");
     ok(export_cmd(&c, &s.0, &["--dtype", "f32"]).output().unwrap());
-    let first = (
-        std::fs::read(s.0.join("prefix.pte")).unwrap(),
-        std::fs::read(s.0.join("step.pte")).unwrap(),
-    );
+    let first = outputs(&s.0);
     ok(export_cmd(&c, &s.0, &["--dtype", "f32"]).output().unwrap());
     let r = report(&s.0);
     assert_eq!(r["mapping"]["reused"], true);
-    assert_eq!(
-        first,
-        (
-            std::fs::read(s.0.join("prefix.pte")).unwrap(),
-            std::fs::read(s.0.join("step.pte")).unwrap(),
-        )
-    );
+    assert_eq!(first, outputs(&s.0));
     // Another dtype is another mapping file (the old one is replaced, not kept beside it).
     ok(export_cmd(&c, &s.0, &["--dtype", "bf16"]).output().unwrap());
     let r = report(&s.0);
@@ -195,18 +150,7 @@ fn verify_without_a_runtime_python_says_how_to_get_one() {
     let s = Scratch::new("nopython");
     let c = case("two_cams_mqa");
     ok(export_cmd(&c, &s.0, &["--dtype", "f32"]).output().unwrap());
-    let o = petite()
-        .arg("verify")
-        .arg("--pte-dir")
-        .arg(&s.0)
-        .arg("--checkpoint")
-        .arg(c.join("model.safetensors"))
-        .arg("--config")
-        .arg(c.join("config.json"))
-        .arg("--python")
-        .arg(s.0.join("no-such-python"))
-        .output()
-        .unwrap();
+    let o = verify_without_python(&c, &s.0);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     for e in [
@@ -229,18 +173,7 @@ fn verify_names_a_config_the_files_were_not_exported_with() {
     ok(export_cmd(&c, &s.0, &["--dtype", "f32"]).output().unwrap());
     // The checkpoint matches the other config, so only the .pte files disagree.
     let other = case("one_cam_mha_unpadded");
-    let o = petite()
-        .arg("verify")
-        .arg("--pte-dir")
-        .arg(&s.0)
-        .arg("--checkpoint")
-        .arg(other.join("model.safetensors"))
-        .arg("--config")
-        .arg(other.join("config.json"))
-        .arg("--python")
-        .arg(s.0.join("no-such-python"))
-        .output()
-        .unwrap();
+    let o = verify_without_python(&other, &s.0);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(

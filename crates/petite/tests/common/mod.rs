@@ -1,0 +1,95 @@
+//! Helpers the `petite` binary's end-to-end tests share: running the binary, finding a golden
+//! case, a scratch directory per test, and reading what a run left behind.
+// Each test file is its own crate and uses only some of these.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `petite` binary, with backtraces off so error text is what a user sees.
+pub fn petite() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_petite"));
+    c.env("RUST_BACKTRACE", "0");
+    c
+}
+
+/// The lerobot golden cases (`testdata/pi05`), one directory each.
+pub fn goldens() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/pi05")
+}
+
+/// One golden case by name.
+pub fn case(name: &str) -> PathBuf {
+    goldens().join(name)
+}
+
+/// A fresh directory under the temp dir, removed on drop. Named after the test file and the
+/// process so test files and concurrent runs do not collide.
+pub struct Scratch(pub PathBuf);
+impl Scratch {
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!(
+            "petite-{}-{tag}-{}",
+            env!("CARGO_CRATE_NAME"),
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+}
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `petite export` of golden case `c` into `out`; the caller adds backend and other flags.
+pub fn export_cmd(c: &Path, out: &Path) -> Command {
+    let mut cmd = petite();
+    cmd.arg("export")
+        .arg("--checkpoint")
+        .arg(c.join("model.safetensors"))
+        .arg("--config")
+        .arg(c.join("config.json"))
+        .arg("--out")
+        .arg(out);
+    cmd
+}
+
+/// `petite verify` of the files in `dir` against golden case `c`'s checkpoint and config.
+pub fn verify_cmd(c: &Path, dir: &Path) -> Command {
+    let mut cmd = petite();
+    cmd.arg("verify")
+        .arg("--pte-dir")
+        .arg(dir)
+        .arg("--checkpoint")
+        .arg(c.join("model.safetensors"))
+        .arg("--config")
+        .arg(c.join("config.json"));
+    cmd
+}
+
+/// `o`, after asserting the run succeeded (stderr and stdout in the message if not).
+pub fn ok(o: Output) -> Output {
+    assert!(
+        o.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    o
+}
+
+/// The `report.json` an export (and verify) wrote into `dir`.
+pub fn report(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
+}
+
+/// The bytes of the two programs an export wrote into `dir`: (`prefix.pte`, `step.pte`).
+pub fn outputs(dir: &Path) -> (Vec<u8>, Vec<u8>) {
+    (
+        std::fs::read(dir.join("prefix.pte")).unwrap(),
+        std::fs::read(dir.join("step.pte")).unwrap(),
+    )
+}
