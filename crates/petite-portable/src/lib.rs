@@ -8,7 +8,8 @@
 //!   where the lowering stores it so) straight into the constant segment, in bounded chunks from
 //!   the mapped [`WeightSource`]: written once, never all in memory.
 //! * [`write_mapping`] + [`write_program`]: the exporter's two stages — every weight once in the
-//!   exact dtype and layout the `.pte` stores (a cacheable mapping file), then `.pte` files with
+//!   exact dtype and layout the `.pte` stores (a cacheable mapping file; transposes in tiled
+//!   column bands, two threads, source pages unmapped behind), then `.pte` files with
 //!   several methods whose constants are regions of that file, copied in-kernel
 //!   (`copy_file_range`).
 //!
