@@ -303,35 +303,18 @@ fn mapping_file(
         h.update([0]);
     }
     let key = hex(&h.finalize());
-    let path = cache.join(format!("mapping-{}.safetensors", &key[..16]));
-    if let Ok(m) = MappedSafetensors::open(&path) {
-        let meta_ok = m
-            .header()
-            .metadata
-            .iter()
-            .any(|(k, v)| k == "petite.mapping_key" && v == &key);
-        if meta_ok && selection.iter().all(|n| m.info(n).is_ok()) {
-            let rep = petite_weights::ConvertReport {
-                tensors: selection.len(),
-                dropped: vec![],
-                bytes_read: 0,
-                bytes_written: 0,
-                seconds: 0.0,
-            };
-            return Ok((m, true, rep));
-        }
+    let path = mapping_path(cache, &key);
+    if let Some(m) = current_mapping(&path, &key, selection.iter().map(String::as_str)) {
+        let rep = petite_weights::ConvertReport {
+            tensors: selection.len(),
+            dropped: vec![],
+            bytes_read: 0,
+            bytes_written: 0,
+            seconds: 0.0,
+        };
+        return Ok((m, true, rep));
     }
-    std::fs::create_dir_all(cache).map_err(|e| Error::io(cache, "create cache directory", e))?;
-    // Older mapping files of this output directory belong to another source: remove them.
-    if let Ok(rd) = std::fs::read_dir(cache) {
-        for e in rd.flatten() {
-            let n = e.file_name();
-            let n = n.to_string_lossy();
-            if n.starts_with("mapping-") && e.path() != path {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
+    clear_stale_mappings(cache, &path)?;
     let opts = ConvertOptions {
         dtype: TargetDtype::Bf16,
         selection: Selection::Keep(selection.to_vec()),
@@ -342,6 +325,123 @@ fn mapping_file(
     };
     let rep = petite_weights::convert(ck, &path, &opts)?;
     Ok((MappedSafetensors::open(&path)?, false, rep))
+}
+
+/// Where the mapping file for `key` lives under `cache`.
+fn mapping_path(cache: &Path, key: &str) -> PathBuf {
+    cache.join(format!("mapping-{}.safetensors", &key[..16]))
+}
+
+/// The mapping file at `path` if an earlier run wrote it under `key` (which covers the source
+/// files, dtype and selection) and it holds every tensor in `names`; anything else is rewritten.
+fn current_mapping<'a>(
+    path: &Path,
+    key: &str,
+    mut names: impl Iterator<Item = &'a str>,
+) -> Option<MappedSafetensors> {
+    let m = MappedSafetensors::open(path).ok()?;
+    let meta_ok = m
+        .header()
+        .metadata
+        .iter()
+        .any(|(k, v)| k == "petite.mapping_key" && v == key);
+    (meta_ok && names.all(|n| m.info(n).is_ok())).then_some(m)
+}
+
+/// Creates `cache` and removes its mapping files other than `keep`: they belong to another
+/// source (or dtype), and one output directory holds one mapping file.
+fn clear_stale_mappings(cache: &Path, keep: &Path) -> Result<()> {
+    std::fs::create_dir_all(cache).map_err(|e| Error::io(cache, "create cache directory", e))?;
+    if let Ok(rd) = std::fs::read_dir(cache) {
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with("mapping-") && e.path() != keep {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The timestep table (`[steps, time_row_len]` f32 values, and the row length), run once on
+/// the reference executor: every backend stores the table, so the adaRMS weights it reads stay
+/// out of the `.pte` files.
+fn timestep_values(
+    progs: &petite_pi05::Programs,
+    weights: &dyn WeightSource,
+    cfg: &Pi05Config,
+) -> Result<(Vec<f32>, usize)> {
+    let outs = Executor::new(&progs.timestep_table, weights)?.run(BTreeMap::new())?;
+    let table = outs
+        .get(io::TIMESTEP_TABLE)
+        .and_then(|t| t.float_values())
+        .map(|v| v.into_owned())
+        .ok_or_else(|| Error::Usage("timestep table program produced no f32 table".into()))?;
+    Ok((table, petite_pi05::programs::time_row_len(cfg)))
+}
+
+/// `report.json`'s content: the fields every backend's report starts with (version, what was
+/// exported from what, backend, dtype), then the backend's own `rest`, in its order.
+fn report_json(
+    opts: &ExportOptions,
+    checkpoint: serde_json::Value,
+    rest: serde_json::Value,
+) -> serde_json::Value {
+    let mut report = json!({
+        "petite_version": env!("CARGO_PKG_VERSION"),
+        "checkpoint": checkpoint,
+        "config": opts.config.as_ref().map(|p| p.display().to_string()),
+        "backend": opts.backend.name(),
+        "dtype": match opts.precision { Precision::Bf16 => "bf16", Precision::F32 => "f32" },
+    });
+    if let (Some(m), serde_json::Value::Object(rest)) = (report.as_object_mut(), rest) {
+        m.extend(rest);
+    }
+    report
+}
+
+/// What stage `save` of either backend starts with: a progress bar of one tick per `.pte`,
+/// durable writes (fsync before the rename) and the two output paths.
+struct SaveTargets {
+    pb: ProgressBar,
+    wopts: WriteOptions,
+    prefix_pte: PathBuf,
+    step_pte: PathBuf,
+}
+
+impl SaveTargets {
+    fn new(opts: &ExportOptions) -> Self {
+        SaveTargets {
+            pb: bar(opts.progress, 2, "save"),
+            wopts: WriteOptions {
+                fsync: true,
+                ..WriteOptions::default()
+            },
+            prefix_pte: opts.out.join("prefix.pte"),
+            step_pte: opts.out.join("step.pte"),
+        }
+    }
+
+    /// Writes `report` as `report.json` next to the programs and returns the export's result.
+    fn finish(
+        self,
+        opts: &ExportOptions,
+        report: serde_json::Value,
+        table: String,
+        engines_reused: usize,
+        engines_built: usize,
+    ) -> Result<ExportResult> {
+        let report_path = opts.out.join("report.json");
+        crate::report::write_json(&report_path, &report)?;
+        Ok(ExportResult {
+            prefix_pte: self.prefix_pte,
+            step_pte: self.step_pte,
+            report: report_path,
+            report_json: report,
+            table,
+            engines_reused,
+            engines_built,
+        })
+    }
 }
 
 fn scalar_type(d: Dtype) -> ScalarType {
@@ -624,13 +724,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
 
     // --- timestep table (reference executor, once) -----------------------------------------
     let st = rec.begin("timestep");
-    let outs = Executor::new(&progs.timestep_table, &weights)?.run(BTreeMap::new())?;
-    let table = outs
-        .get(io::TIMESTEP_TABLE)
-        .and_then(|t| t.float_values())
-        .map(|v| v.into_owned())
-        .ok_or_else(|| Error::Usage("timestep table program produced no f32 table".into()))?;
-    let r = petite_pi05::programs::time_row_len(&cfg);
+    let (table, r) = timestep_values(&progs, &weights, &cfg)?;
     rec.end(st, false);
 
     // --- engines -----------------------------------------------------------------------------
@@ -672,16 +766,12 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
 
     // --- save: prefix.pte, step.pte -----------------------------------------------------------
     let st = rec.begin("save");
-    let pb = bar(opts.progress, 2, "save");
-    let wopts = WriteOptions {
-        fsync: true,
-        ..WriteOptions::default()
-    };
-    let prefix_pte = opts.out.join("prefix.pte");
-    let step_pte = opts.out.join("step.pte");
+    let save = SaveTargets::new(opts);
+    let (pb, wopts) = (&save.pb, save.wopts);
+    let (prefix_pte, step_pte) = (&save.prefix_pte, &save.step_pte);
     let mut p = ProgramBuilder::new();
     forward_method(&mut p, &progs.prefix, &prefix_engines)?;
-    let prefix_sum = p.write(&prefix_pte, wopts)?;
+    let prefix_sum = p.write(prefix_pte, wopts)?;
     pb.inc(1);
     let mut p = ProgramBuilder::new();
     forward_method(&mut p, &progs.step, &step_engines)?;
@@ -691,7 +781,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     let tv = tm.constant_tensor(ScalarType::FLOAT, &[cfg.steps as i32, r as i32], idx);
     tm.outputs(&[tv]);
     p.add_method(tm)?;
-    let step_sum = p.write(&step_pte, wopts)?;
+    let step_sum = p.write(step_pte, wopts)?;
     pb.finish_and_clear();
     if !opts.keep_engines {
         for e in prefix_engines.iter().chain(&step_engines) {
@@ -718,57 +808,46 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     let mapping_written = if mapping_reused { 0 } else { mapping_bytes };
     let written_logical = mapping_written + pte_bytes + engine_bytes;
     let table_text = crate::report::table(&stages, total);
-    let report = json!({
-        "petite_version": env!("CARGO_PKG_VERSION"),
-        "checkpoint": checkpoint_desc,
-        "config": opts.config.as_ref().map(|p| p.display().to_string()),
-        "backend": opts.backend.name(),
-        "dtype": match opts.precision { Precision::Bf16 => "bf16", Precision::F32 => "f32" },
-        "engine_cap": engine_cap,
-        "memory_budget": opts.memory_budget,
-        "memory_estimate": need,
-        "mapping": {
-            "path": mapping_path.map(|p| p.display().to_string()),
-            "reused": mapping_reused,
-            "bytes": mapping_bytes,
-            "tensors": selection.len(),
-            "convert_seconds": conv.as_ref().map(|c| c.seconds),
-        },
-        "programs": {
-            "prefix": {"pte": prefix_pte.display().to_string(), "bytes": prefix_sum.file_len,
-                        "engines": prefix_rec, "weight_bytes": prefix_plan.weight_bytes},
-            "step": {"pte": step_pte.display().to_string(), "bytes": step_sum.file_len,
-                      "engines": step_rec, "weight_bytes": step_plan.weight_bytes,
-                      "timestep_table": [cfg.steps, r]},
-        },
-        "engines": {"built": built, "reused": reused, "bytes": engine_bytes,
-                     "kept": opts.keep_engines},
-        "stages": stages,
-        "totals": {
-            "seconds": total,
-            "weight_bytes": weight_bytes,
-            "bytes_written_files": written_logical,
-            "bytes_written_storage": stages.iter().map(|s| s.bytes_written).sum::<u64>(),
-            "bytes_read_storage": stages.iter().map(|s| s.bytes_read).sum::<u64>(),
-            "written_per_weight_byte_mapping_plus_pte":
-                (mapping_written + pte_bytes) as f64 / weight_bytes.max(1) as f64,
-            "written_per_weight_byte_all_files":
-                written_logical as f64 / weight_bytes.max(1) as f64,
-            "peak_rss": stages.iter().map(|s| s.peak_rss).max(),
-            "peak_anon": stages.iter().map(|s| s.peak_anon).max(),
-        },
-    });
-    let report_path = opts.out.join("report.json");
-    crate::report::write_json(&report_path, &report)?;
-    Ok(ExportResult {
-        prefix_pte,
-        step_pte,
-        report: report_path,
-        report_json: report,
-        table: table_text,
-        engines_reused: reused,
-        engines_built: built,
-    })
+    let report = report_json(
+        opts,
+        checkpoint_desc,
+        json!({
+            "engine_cap": engine_cap,
+            "memory_budget": opts.memory_budget,
+            "memory_estimate": need,
+            "mapping": {
+                "path": mapping_path.map(|p| p.display().to_string()),
+                "reused": mapping_reused,
+                "bytes": mapping_bytes,
+                "tensors": selection.len(),
+                "convert_seconds": conv.as_ref().map(|c| c.seconds),
+            },
+            "programs": {
+                "prefix": {"pte": prefix_pte.display().to_string(), "bytes": prefix_sum.file_len,
+                            "engines": prefix_rec, "weight_bytes": prefix_plan.weight_bytes},
+                "step": {"pte": step_pte.display().to_string(), "bytes": step_sum.file_len,
+                          "engines": step_rec, "weight_bytes": step_plan.weight_bytes,
+                          "timestep_table": [cfg.steps, r]},
+            },
+            "engines": {"built": built, "reused": reused, "bytes": engine_bytes,
+                         "kept": opts.keep_engines},
+            "stages": stages,
+            "totals": {
+                "seconds": total,
+                "weight_bytes": weight_bytes,
+                "bytes_written_files": written_logical,
+                "bytes_written_storage": stages.iter().map(|s| s.bytes_written).sum::<u64>(),
+                "bytes_read_storage": stages.iter().map(|s| s.bytes_read).sum::<u64>(),
+                "written_per_weight_byte_mapping_plus_pte":
+                    (mapping_written + pte_bytes) as f64 / weight_bytes.max(1) as f64,
+                "written_per_weight_byte_all_files":
+                    written_logical as f64 / weight_bytes.max(1) as f64,
+                "peak_rss": stages.iter().map(|s| s.peak_rss).max(),
+                "peak_anon": stages.iter().map(|s| s.peak_anon).max(),
+            },
+        }),
+    );
+    save.finish(opts, report, table_text, reused, built)
 }
 
 /// File next to a portable `.pte` describing its methods' inputs, outputs and memory plans
@@ -852,27 +931,13 @@ fn export_portable(
     }
     let key = hex(&h.finalize());
     let cache = opts.out.join("cache");
-    let path = cache.join(format!("mapping-{}.safetensors", &key[..16]));
-    let reuse = MappedSafetensors::open(&path).ok().filter(|m| {
-        m.header()
-            .metadata
-            .iter()
-            .any(|(k, v)| k == "petite.mapping_key" && v == &key)
-            && table.iter().all(|w| m.info(&w.key).is_ok())
-    });
+    let path = mapping_path(&cache, &key);
+    let reuse = current_mapping(&path, &key, table.iter().map(|w| w.key.as_str()));
     let mapping_reused = reuse.is_some();
     let mapping = match reuse {
         Some(m) => m,
         None => {
-            std::fs::create_dir_all(&cache)
-                .map_err(|e| Error::io(&cache, "create cache directory", e))?;
-            if let Ok(rd) = std::fs::read_dir(&cache) {
-                for e in rd.flatten() {
-                    if e.file_name().to_string_lossy().starts_with("mapping-") && e.path() != path {
-                        let _ = std::fs::remove_file(e.path());
-                    }
-                }
-            }
+            clear_stale_mappings(&cache, &path)?;
             let total: u64 = table.iter().map(|w| w.nbytes()).sum();
             let pb = bar(opts.progress, total, "convert");
             petite_portable::write_mapping(
@@ -894,13 +959,7 @@ fn export_portable(
 
     // --- timestep table (reference executor, once) -----------------------------------------
     let st = rec.begin("timestep");
-    let outs = Executor::new(&progs.timestep_table, &ck)?.run(BTreeMap::new())?;
-    let steps_table = outs
-        .get(io::TIMESTEP_TABLE)
-        .and_then(|t| t.float_values())
-        .map(|v| v.into_owned())
-        .ok_or_else(|| Error::Usage("timestep table program produced no f32 table".into()))?;
-    let r = petite_pi05::programs::time_row_len(cfg);
+    let (steps_table, r) = timestep_values(progs, &ck, cfg)?;
     let mut b = petite_graph::Builder::new();
     let c = b.constant_f32(&[cfg.steps, r], &steps_table)?;
     b.output(io::TIMESTEP_TABLE, c)?;
@@ -911,14 +970,10 @@ fn export_portable(
 
     // --- save: prefix.pte, step.pte (+ their method descriptions) ------------------------------
     let st = rec.begin("save");
-    let pb = bar(opts.progress, 2, "save");
-    let wopts = WriteOptions {
-        fsync: true,
-        ..WriteOptions::default()
-    };
+    let save = SaveTargets::new(opts);
+    let (pb, wopts) = (&save.pb, save.wopts);
+    let (prefix_pte, step_pte) = (&save.prefix_pte, &save.step_pte);
     let constants = petite_portable::Constants::Mapping(&mapping);
-    let prefix_pte = opts.out.join("prefix.pte");
-    let step_pte = opts.out.join("step.pte");
     let (prefix_rep, prefix_sum) = petite_portable::write_program(
         &[petite_portable::MethodSpec {
             name: METHOD,
@@ -926,7 +981,7 @@ fn export_portable(
             plan: &p_prefix,
         }],
         constants,
-        &prefix_pte,
+        prefix_pte,
         wopts,
     )?;
     pb.inc(1);
@@ -944,10 +999,10 @@ fn export_portable(
             },
         ],
         constants,
-        &step_pte,
+        step_pte,
         wopts,
     )?;
-    for (pte, reps) in [(&prefix_pte, &prefix_rep), (&step_pte, &step_rep)] {
+    for (pte, reps) in [(prefix_pte, &prefix_rep), (step_pte, &step_rep)] {
         crate::report::write_json(&spec_path(pte), &json!({ "methods": reps }))?;
     }
     pb.finish_and_clear();
@@ -968,49 +1023,38 @@ fn export_portable(
                "bytes_copied_in_kernel": sum.bytes_copied_in_kernel,
                "methods": reps})
         };
-    let report = json!({
-        "petite_version": env!("CARGO_PKG_VERSION"),
-        "checkpoint": checkpoint_desc,
-        "config": opts.config.as_ref().map(|p| p.display().to_string()),
-        "backend": opts.backend.name(),
-        "dtype": match opts.precision { Precision::Bf16 => "bf16", Precision::F32 => "f32" },
-        "memory_budget": opts.memory_budget,
-        "memory_estimate": need,
-        "mapping": {
-            "path": path.display().to_string(),
-            "reused": mapping_reused,
-            "bytes": mapping_bytes,
-            "tensors": table.len(),
-        },
-        "programs": {
-            "prefix": program_json(&prefix_pte, &prefix_sum, &prefix_rep),
-            "step": program_json(&step_pte, &step_sum, &step_rep),
-            "timestep_table": [cfg.steps, r],
-        },
-        "stages": stages,
-        "totals": {
-            "seconds": total,
-            "weight_bytes": weight_bytes,
-            "weight_bytes_copied_in_kernel": in_kernel,
-            "bytes_written_files": mapping_written + pte_bytes,
-            "bytes_written_storage": stages.iter().map(|s| s.bytes_written).sum::<u64>(),
-            "bytes_read_storage": stages.iter().map(|s| s.bytes_read).sum::<u64>(),
-            "written_per_weight_byte_mapping_plus_pte":
-                (mapping_written + pte_bytes) as f64 / weight_bytes.max(1) as f64,
-            "written_per_weight_byte_pte": pte_bytes as f64 / weight_bytes.max(1) as f64,
-            "peak_rss": stages.iter().map(|s| s.peak_rss).max(),
-            "peak_anon": stages.iter().map(|s| s.peak_anon).max(),
-        },
-    });
-    let report_path = opts.out.join("report.json");
-    crate::report::write_json(&report_path, &report)?;
-    Ok(ExportResult {
-        prefix_pte,
-        step_pte,
-        report: report_path,
-        report_json: report,
-        table: table_text,
-        engines_reused: 0,
-        engines_built: 0,
-    })
+    let report = report_json(
+        opts,
+        checkpoint_desc,
+        json!({
+            "memory_budget": opts.memory_budget,
+            "memory_estimate": need,
+            "mapping": {
+                "path": path.display().to_string(),
+                "reused": mapping_reused,
+                "bytes": mapping_bytes,
+                "tensors": table.len(),
+            },
+            "programs": {
+                "prefix": program_json(prefix_pte, &prefix_sum, &prefix_rep),
+                "step": program_json(step_pte, &step_sum, &step_rep),
+                "timestep_table": [cfg.steps, r],
+            },
+            "stages": stages,
+            "totals": {
+                "seconds": total,
+                "weight_bytes": weight_bytes,
+                "weight_bytes_copied_in_kernel": in_kernel,
+                "bytes_written_files": mapping_written + pte_bytes,
+                "bytes_written_storage": stages.iter().map(|s| s.bytes_written).sum::<u64>(),
+                "bytes_read_storage": stages.iter().map(|s| s.bytes_read).sum::<u64>(),
+                "written_per_weight_byte_mapping_plus_pte":
+                    (mapping_written + pte_bytes) as f64 / weight_bytes.max(1) as f64,
+                "written_per_weight_byte_pte": pte_bytes as f64 / weight_bytes.max(1) as f64,
+                "peak_rss": stages.iter().map(|s| s.peak_rss).max(),
+                "peak_anon": stages.iter().map(|s| s.peak_anon).max(),
+            },
+        }),
+    );
+    save.finish(opts, report, table_text, 0, 0)
 }
