@@ -11,6 +11,7 @@
 //! lerobot's f32 and bf16 actions (portable kernels compute in bf16, see README).
 //! `--full`: the same files in executorch 1.5.1's runtime (the pte tier's heavy venv).
 
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::Result;
@@ -33,6 +34,26 @@ const CASES: &[&str] = &[
     "three_cams_masked_gqa",
     "one_cam_mha_unpadded",
 ];
+
+/// `petite ARGS` from a release build of this checkout.
+fn petite(args: &[&str]) -> Result<()> {
+    let mut all = vec!["run", "--release", "-q", "-p", "petite", "--"];
+    all.extend_from_slice(args);
+    util::cargo(&all)
+}
+
+/// `run_pi05_portable.py` on the `.pte` files in `dir` with golden case `case_dir`'s inputs and
+/// expected actions; the caller adds the runtime and what to compare.
+fn pi05_driver(python: &Path, case_dir: &Path, dir: &Path) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.arg(util::root().join(PI05_SCRIPT))
+        .arg(dir)
+        .arg("--inputs")
+        .arg(case_dir.join("inputs.safetensors"))
+        .arg("--expected")
+        .arg(case_dir.join("expected.safetensors"));
+    cmd
+}
 
 /// Runs the tier.
 pub fn run(full: bool) -> Result<()> {
@@ -59,13 +80,7 @@ pub fn run(full: bool) -> Result<()> {
             let cfg = case_dir.join("config.json");
             let ck = case_dir.join("model.safetensors");
             let pte = dir.join(format!("{program}.pte"));
-            util::cargo(&[
-                "run",
-                "--release",
-                "-q",
-                "-p",
-                "petite",
-                "--",
+            petite(&[
                 "lower",
                 "--config",
                 &cfg.to_string_lossy(),
@@ -85,13 +100,7 @@ pub fn run(full: bool) -> Result<()> {
         let case_dir = root.join("testdata").join("pi05").join(case);
         for dtype in ["f32", "bf16"] {
             let dir = out.join("export").join(format!("{case}-{dtype}"));
-            util::cargo(&[
-                "run",
-                "--release",
-                "-q",
-                "-p",
-                "petite",
-                "--",
+            petite(&[
                 "export",
                 "--backend",
                 "portable",
@@ -115,16 +124,7 @@ pub fn run(full: bool) -> Result<()> {
                 .args(["--runtime", runtime]),
         )?;
         for (case_dir, dir) in &dirs {
-            util::run(
-                Command::new(python)
-                    .arg(root.join(PI05_SCRIPT))
-                    .arg(dir)
-                    .arg("--inputs")
-                    .arg(case_dir.join("inputs.safetensors"))
-                    .arg("--expected")
-                    .arg(case_dir.join("expected.safetensors"))
-                    .args(["--runtime", runtime]),
-            )?;
+            util::run(pi05_driver(python, case_dir, dir).args(["--runtime", runtime]))?;
         }
         for (case_dir, dir, dtype) in &exports {
             let keys: &[(&str, &str)] = if *dtype == "f32" {
@@ -133,16 +133,14 @@ pub fn run(full: bool) -> Result<()> {
                 &[("actions", BF16_BOUND), ("actions_bf16", BF16_BOUND)]
             };
             for (key, tol) in keys {
-                util::run(
-                    Command::new(python)
-                        .arg(root.join(PI05_SCRIPT))
-                        .arg(dir)
-                        .arg("--inputs")
-                        .arg(case_dir.join("inputs.safetensors"))
-                        .arg("--expected")
-                        .arg(case_dir.join("expected.safetensors"))
-                        .args(["--key", key, "--tol", tol, "--runtime", runtime]),
-                )?;
+                util::run(pi05_driver(python, case_dir, dir).args([
+                    "--key",
+                    key,
+                    "--tol",
+                    tol,
+                    "--runtime",
+                    runtime,
+                ]))?;
             }
         }
     }
@@ -152,13 +150,7 @@ pub fn run(full: bool) -> Result<()> {
         if *dtype != "f32" {
             continue;
         }
-        util::cargo(&[
-            "run",
-            "--release",
-            "-q",
-            "-p",
-            "petite",
-            "--",
+        petite(&[
             "verify",
             "--pte-dir",
             &dir.to_string_lossy(),
