@@ -15,13 +15,14 @@
 //! range and, once more than `inflight_bytes` are in flight, waits for the oldest range and drops
 //! its pages from the page cache (dirty and cached output would otherwise grow until the cgroup's limit forces reclaim).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, mpsc};
 use std::time::Instant;
 
+use petite_weights::writeback::WriteBehind;
 use petite_weights::{Dtype, SafetensorsWriter, TensorSpec as WriterSpec};
 
 use crate::config::Pi05Config;
@@ -240,45 +241,6 @@ fn le_bytes<'a>(vals: &'a [f32], scratch: &'a mut Vec<u8>) -> &'a [u8] {
     }
 }
 
-/// Output ranges written but not yet retired: once a range is `depth` chunks old its
-/// writeback is awaited and its pages evicted, so dirty and cached output stays bounded.
-struct Flusher {
-    fd: i32,
-    depth: usize,
-    pending: VecDeque<(u64, u64)>,
-}
-
-impl Flusher {
-    fn push(&mut self, off: u64, len: u64) {
-        // SAFETY: plain syscalls on an fd the writer keeps open for the whole run. Failures only
-        // cost memory, so they are ignored; the writer's final fsync reports real I/O errors.
-        unsafe {
-            libc::sync_file_range(self.fd, off as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
-        }
-        self.pending.push_back((off, len));
-        while self.pending.len() > self.depth {
-            self.retire();
-        }
-    }
-
-    fn retire(&mut self) {
-        if let Some((off, len)) = self.pending.pop_front() {
-            // SAFETY: as in `push`.
-            unsafe {
-                libc::sync_file_range(
-                    self.fd,
-                    off as i64,
-                    len as i64,
-                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                        | libc::SYNC_FILE_RANGE_WRITE
-                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-                );
-                libc::posix_fadvise(self.fd, off as i64, len as i64, libc::POSIX_FADV_DONTNEED);
-            }
-        }
-    }
-}
-
 struct Item {
     /// Index into the table.
     tensor: usize,
@@ -416,17 +378,11 @@ pub fn write_synthetic(
         // `depth` ranges queued plus `depth` in writeback.
         let (flush_tx, flush_rx) = mpsc::sync_channel::<(u64, u64)>(depth);
         let flush_thread = scope.spawn(move || {
-            let mut flusher = Flusher {
-                fd,
-                depth,
-                pending: VecDeque::new(),
-            };
+            let mut flusher = WriteBehind::new(fd, depth);
             for (off, len) in flush_rx {
                 flusher.push(off, len);
             }
-            while !flusher.pending.is_empty() {
-                flusher.retire();
-            }
+            flusher.finish();
         });
         let mut waiting = HashMap::new();
         let mut scratch = Vec::new();

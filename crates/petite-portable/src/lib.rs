@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use petite_graph::{Dtype, Program};
 use petite_pte::model::ScalarType;
 use petite_pte::{MethodBuilder, ProgramBuilder, SegmentData, WriteOptions, WriteSummary};
+use petite_weights::writeback::WriteBehind;
 use petite_weights::{
     Dtype as WDtype, MappedSafetensors, SafetensorsWriter, TensorSpec, TensorView, WeightSource,
 };
@@ -815,62 +816,6 @@ pub fn check_weights(table: &[StoredWeight], weights: &dyn WeightSource) -> Resu
     Ok(())
 }
 
-/// Output ranges written but not yet on disk: writeback starts as soon as a band is written
-/// (`sync_file_range`), and once a few newer bands follow it is awaited and the pages dropped from
-/// the page cache, so dirty and cached output stay a few bands (as petite-weights' converter).
-struct Flusher {
-    fd: std::os::fd::RawFd,
-    pending: std::collections::VecDeque<(u64, u64)>,
-}
-
-impl Flusher {
-    const DEPTH: usize = 4;
-
-    fn new(fd: std::os::fd::RawFd) -> Flusher {
-        Flusher {
-            fd,
-            pending: Default::default(),
-        }
-    }
-
-    fn push(&mut self, off: u64, len: u64) {
-        // SAFETY: plain syscalls on an fd the writer keeps open until after the workers end;
-        // failures only cost memory, and the writer's final fsync reports real I/O errors.
-        unsafe {
-            libc::sync_file_range(self.fd, off as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
-        }
-        self.pending.push_back((off, len));
-        while self.pending.len() > Self::DEPTH {
-            self.retire();
-        }
-    }
-
-    fn retire(&mut self) {
-        if let Some((off, len)) = self.pending.pop_front() {
-            // SAFETY: as in `push`.
-            unsafe {
-                libc::sync_file_range(
-                    self.fd,
-                    off as i64,
-                    len as i64,
-                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                        | libc::SYNC_FILE_RANGE_WRITE
-                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-                );
-                libc::posix_fadvise(self.fd, off as i64, len as i64, libc::POSIX_FADV_DONTNEED);
-            }
-        }
-    }
-}
-
-impl Drop for Flusher {
-    fn drop(&mut self) {
-        while !self.pending.is_empty() {
-            self.retire();
-        }
-    }
-}
-
 /// Threads converting bands of the mapping file (the target has 2 cores).
 const MAPPING_THREADS: usize = 2;
 
@@ -944,7 +889,7 @@ fn write_mapping_with(
     let first_err: Mutex<Option<Error>> = Mutex::new(None);
     // Takes bands until none is left or a thread failed; returns after each band when `once`.
     let fd = writer.file().as_raw_fd();
-    let work = |buf: &mut Vec<u8>, flusher: &mut Flusher, once: bool| {
+    let work = |buf: &mut Vec<u8>, flusher: &mut WriteBehind, once: bool| {
         while !failed.load(Ordering::Relaxed) {
             let k = next.fetch_add(1, Ordering::Relaxed);
             let Some(&(t, b)) = items.get(k) else {
@@ -988,10 +933,10 @@ fn write_mapping_with(
     };
     std::thread::scope(|scope| {
         for _ in 1..threads.max(1) {
-            scope.spawn(|| work(&mut Vec::new(), &mut Flusher::new(fd), false));
+            scope.spawn(|| work(&mut Vec::new(), &mut WriteBehind::new(fd, 4), false));
         }
         // This thread converts too, reporting progress between its bands.
-        let (mut buf, mut flusher) = (Vec::new(), Flusher::new(fd));
+        let (mut buf, mut flusher) = (Vec::new(), WriteBehind::new(fd, 4));
         while work(&mut buf, &mut flusher, true) {
             progress(done.load(Ordering::Relaxed), total);
         }

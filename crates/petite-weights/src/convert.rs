@@ -3,7 +3,6 @@
 //! pages are given back behind the reader, and written output is flushed and evicted behind the
 //! writer (on an 8 GB device the page cache shares DRAM with everything else).
 
-use std::collections::VecDeque;
 use std::io::IsTerminal;
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -11,6 +10,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::writeback::WriteBehind;
 use crate::{Dtype, Error, Result, SafetensorsWriter, TensorSpec, WeightSource};
 
 /// The float dtype floats are converted to (other dtypes are copied unchanged).
@@ -182,46 +182,6 @@ struct Item {
     end: usize,
 }
 
-/// Output ranges written but not yet flushed: once a range is old enough its writeback is awaited
-/// and its pages are evicted, so dirty and cached output stays bounded.
-struct Flusher {
-    fd: i32,
-    pending: VecDeque<(u64, u64)>,
-}
-
-impl Flusher {
-    const DEPTH: usize = 4;
-
-    fn push(&mut self, off: u64, len: u64) {
-        // SAFETY: plain syscalls on an fd the writer keeps open; failures only cost memory, so
-        // they are ignored (the final fsync reports real I/O errors).
-        unsafe {
-            libc::sync_file_range(self.fd, off as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE);
-        }
-        self.pending.push_back((off, len));
-        while self.pending.len() > Self::DEPTH {
-            self.retire();
-        }
-    }
-
-    fn retire(&mut self) {
-        if let Some((off, len)) = self.pending.pop_front() {
-            // SAFETY: as in `push`.
-            unsafe {
-                libc::sync_file_range(
-                    self.fd,
-                    off as i64,
-                    len as i64,
-                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                        | libc::SYNC_FILE_RANGE_WRITE
-                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-                );
-                libc::posix_fadvise(self.fd, off as i64, len as i64, libc::POSIX_FADV_DONTNEED);
-            }
-        }
-    }
-}
-
 fn human(b: f64) -> String {
     if b >= (1u64 << 30) as f64 {
         format!("{:.2} GiB", b / (1u64 << 30) as f64)
@@ -346,11 +306,8 @@ pub fn convert<S: WeightSource>(
                 );
                 scope.spawn(move || {
                     let mut buf = Vec::new();
-                    let mut flusher = Flusher {
-                        fd,
-                        pending: VecDeque::new(),
-                    };
-                    let run = |buf: &mut Vec<u8>, flusher: &mut Flusher| -> Result<bool> {
+                    let mut flusher = WriteBehind::new(fd, 4);
+                    let run = |buf: &mut Vec<u8>, flusher: &mut WriteBehind| -> Result<bool> {
                         let k = next.fetch_add(1, Ordering::Relaxed);
                         let Some(it) = items.get(k) else {
                             return Ok(false);
@@ -386,9 +343,7 @@ pub fn convert<S: WeightSource>(
                             }
                         }
                     }
-                    while !flusher.pending.is_empty() {
-                        flusher.retire();
-                    }
+                    flusher.finish();
                 })
             })
             .collect();

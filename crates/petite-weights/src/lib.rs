@@ -18,6 +18,7 @@ pub mod residency;
 mod rows;
 mod sharded;
 mod source;
+pub mod writeback;
 mod writer;
 
 pub use convert::{
