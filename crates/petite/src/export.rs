@@ -54,6 +54,10 @@ pub const ENGINE_ALIGNMENT: u64 = 4096;
 pub const DEFAULT_ENGINE_CAP: u64 = 512 << 20;
 /// Memory of the mapping-file conversion (a few 8 MiB chunks per thread, two threads).
 const CONVERT_BYTES: u64 = 48 << 20;
+/// Memory of the portable mapping file's banded transpose+convert: per thread an 8 MiB source
+/// band with its rows mapped (unmapped 2 MiB behind) and its converted output, plus readahead
+/// of the weight; measured 62 MiB above the process base at full size (`memcap`, README).
+const PORTABLE_CONVERT_BYTES: u64 = 80 << 20;
 
 /// Settings of one export.
 #[derive(Debug, Clone)]
@@ -880,7 +884,7 @@ fn export_portable(
     base: u64,
     checkpoint_desc: serde_json::Value,
 ) -> Result<ExportResult> {
-    let build_need = opts.backend.build_bytes(0).max(CONVERT_BYTES);
+    let build_need = opts.backend.build_bytes(0).max(PORTABLE_CONVERT_BYTES);
     let need = base + build_need;
     if let Some(b) = opts.memory_budget
         && need > b
