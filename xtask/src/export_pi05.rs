@@ -70,11 +70,7 @@ fn gib(b: u64) -> f64 {
 /// Runs the task.
 pub fn run(a: &Args) -> Result<()> {
     let root = crate::util::root();
-    crate::util::cargo(&["build", "--release", "-p", "petite"])?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let petite = target.join("release").join("petite");
+    let petite = crate::util::release_petite()?;
     let (checkpoint, config, default_out) = if a.small {
         let c = root.join("testdata/pi05/two_cams_mqa");
         (

@@ -18,6 +18,20 @@ pub fn cargo(args: &[&str]) -> Result<()> {
     run(Command::new(cargo).args(args).current_dir(root()))
 }
 
+/// Cargo's target directory (`CARGO_TARGET_DIR`, else `<root>/target`).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+/// Builds the release `petite` binary and returns its path (benchmarks and the export task run
+/// it as a separate process, under memcap).
+pub fn release_petite() -> Result<PathBuf> {
+    cargo(&["build", "--release", "-p", "petite"])?;
+    Ok(target_dir().join("release").join("petite"))
+}
+
 /// Runs a command, echoing it, failing on a non-zero exit.
 pub fn run(cmd: &mut Command) -> Result<()> {
     eprintln!("xtask: {cmd:?}");

@@ -57,10 +57,7 @@ pub fn run(a: &Args) -> Result<()> {
         "--example",
         "build_engines",
     ])?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let bin = target.join("release/examples/build_engines");
+    let bin = crate::util::target_dir().join("release/examples/build_engines");
     let scratch = root.join("target/engine-scratch");
     std::fs::create_dir_all(&scratch)?;
     let mapping = scratch.join("weights.safetensors");

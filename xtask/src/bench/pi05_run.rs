@@ -99,11 +99,7 @@ fn venv() -> Result<PathBuf> {
 /// Runs the benchmark.
 pub fn run(a: &Args) -> Result<()> {
     let root = crate::util::root();
-    crate::util::cargo(&["build", "--release", "-p", "petite"])?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let petite = target.join("release").join("petite");
+    let petite = crate::util::release_petite()?;
     let dir = root.join("target").join("bench-pi05-run");
     std::fs::create_dir_all(&dir)?;
     let json = dir.join("memcap.json");

@@ -51,10 +51,10 @@ pub fn run(a: &Args) -> Result<()> {
         "--example",
         "pte_bench",
     ])?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| util::root().join("target"));
-    let bin = target.join("release").join("examples").join("pte_bench");
+    let bin = util::target_dir()
+        .join("release")
+        .join("examples")
+        .join("pte_bench");
     let work = util::root().join("target").join("bench-pte");
     if work.exists() {
         std::fs::remove_dir_all(&work)?;

@@ -70,11 +70,7 @@ fn verify(path: &Path, layout: &str) -> Result<()> {
 pub fn run(a: &Args) -> Result<()> {
     expected(&a.layout)?;
     let root = crate::util::root();
-    crate::util::cargo(&["build", "--release", "-p", "petite"])?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    let petite = target.join("release").join("petite");
+    let petite = crate::util::release_petite()?;
     let scratch = root.join("target").join("bench-synth");
     std::fs::create_dir_all(&scratch)?;
     let out_dir = a.keep.clone().unwrap_or_else(|| scratch.join("out"));
