@@ -10,10 +10,12 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use petite_graph::{Dtype, Op, Program, ShapeDisplay, WeightInfo};
 use petite_reference::{Executor, Tensor};
+use petite_weights::writeback::WriteBehind;
 use petite_weights::{
     Dtype as WDtype, MappedSafetensors, RowSlices, SafetensorsWriter, TensorSpec, WeightSource,
 };
@@ -35,17 +37,7 @@ pub const SUFFIX: &str = ".ref.safetensors";
 const FLUSH_BYTES: u64 = 64 << 20;
 
 /// The petite-weights dtype of a graph dtype.
-pub fn weights_dtype(d: Dtype) -> WDtype {
-    match d {
-        Dtype::F32 => WDtype::F32,
-        Dtype::Bf16 => WDtype::Bf16,
-        Dtype::F16 => WDtype::F16,
-        Dtype::I64 => WDtype::I64,
-        Dtype::I32 => WDtype::I32,
-        Dtype::U8 => WDtype::U8,
-        Dtype::Bool => WDtype::Bool,
-    }
-}
+pub use petite_reference::weights_dtype;
 
 /// Checks that `source` holds weight `w` with its shape (for a row range: the rows exist and the
 /// row shape agrees) and a dtype convertible to its declared one (any float for a float
@@ -140,7 +132,7 @@ impl ReferenceBuilder {
         name: &str,
         stored: WDtype,
         declared: Dtype,
-        flushed: &mut (u64, u64),
+        behind: &mut (WriteBehind, u64),
     ) -> Result<()> {
         let view = source.tensor(name)?;
         let mut sink = writer.tensor(name)?;
@@ -173,14 +165,13 @@ impl ReferenceBuilder {
         }
         sink.finish()?;
         // Keep written output out of memory without stalling on it: every FLUSH_BYTES, start
-        // writeback of the new window, then wait for the previous window and drop it.
-        // `flushed` = (start of the window in writeback, start of the unflushed bytes).
+        // writeback of the new window; the previous one is then awaited and dropped.
+        // `behind.1` = start of the bytes not yet handed to the write-behind.
         let (start, len) = writer.placement(name)?;
         let end = start + len;
-        if end - flushed.1 >= FLUSH_BYTES {
-            crate::sys::start_writeback(writer.file(), flushed.1, end - flushed.1);
-            crate::sys::flush_and_drop(writer.file(), flushed.0, flushed.1 - flushed.0);
-            *flushed = (flushed.1, end);
+        if end - behind.1 >= FLUSH_BYTES {
+            behind.0.push(behind.1, end - behind.1);
+            behind.1 = end;
         }
         Ok(())
     }
@@ -221,11 +212,15 @@ impl ReferenceBuilder {
             (META_PROGRAM.to_string(), program.to_json()?),
         ];
         let writer = SafetensorsWriter::create(&path, &table, &meta)?;
-        let mut flushed = (writer.data_start(), writer.data_start());
+        let mut behind = (
+            WriteBehind::new(writer.file().as_raw_fd(), 1),
+            writer.data_start(),
+        );
         for name in writer.order() {
             let (st, decl) = stored[name];
-            self.stream(source, &writer, name, st, decl, &mut flushed)?;
+            self.stream(source, &writer, name, st, decl, &mut behind)?;
         }
+        behind.0.finish();
         crate::sys::flush_and_drop(writer.file(), 0, writer.total_len());
         let path = writer.finish()?;
         let file_bytes = std::fs::metadata(&path)

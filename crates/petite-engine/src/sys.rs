@@ -35,20 +35,3 @@ pub(crate) fn flush_and_drop(file: &File, offset: u64, len: u64) {
         );
     }
 }
-
-/// Starts writeback of `[offset, offset + len)` without waiting (the disk works while the next
-/// window is produced); [`flush_and_drop`] later waits for it and drops it.
-pub(crate) fn start_writeback(file: &File, offset: u64, len: u64) {
-    if len == 0 {
-        return;
-    }
-    // SAFETY: plain syscall on an fd we own; no memory is passed.
-    unsafe {
-        libc::sync_file_range(
-            file.as_raw_fd(),
-            offset as libc::off64_t,
-            len as libc::off64_t,
-            libc::SYNC_FILE_RANGE_WRITE,
-        );
-    }
-}

@@ -377,7 +377,9 @@ fn view_to_f32<'v>(bytes: &'v [u8], stored: WDtype, declared: Dtype) -> Result<C
     Ok(Cow::Owned(out))
 }
 
-fn wdtype_of(d: Dtype) -> WDtype {
+/// petite-weights' dtype of a petite-graph dtype (the two crates know nothing of each other;
+/// this crate, which reads weights for graphs, is where they meet).
+pub fn weights_dtype(d: Dtype) -> WDtype {
     match d {
         Dtype::F32 => WDtype::F32,
         Dtype::Bf16 => WDtype::Bf16,
@@ -471,7 +473,7 @@ impl<'a> Ctx<'_, 'a> {
             let vals = view_to_f32(view.bytes, view.dtype, declared.dtype)?;
             return Tensor::from_f32_as(declared.dtype, &declared.shape, vals.into_owned());
         }
-        if view.dtype != wdtype_of(declared.dtype) {
+        if view.dtype != weights_dtype(declared.dtype) {
             return Err(err(format!(
                 "weight {:?}: declared {declared}, stored as {}",
                 view.name,

@@ -13,7 +13,7 @@ pub mod kernels;
 mod memory;
 mod tensor;
 
-pub use executor::{Executor, NoWeights, RunStats, cast, run};
+pub use executor::{Executor, NoWeights, RunStats, cast, run, weights_dtype};
 pub use memory::MemoryWeights;
 pub use tensor::{Data, Tensor};
 
