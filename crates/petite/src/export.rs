@@ -448,18 +448,6 @@ impl SaveTargets {
     }
 }
 
-fn scalar_type(d: Dtype) -> ScalarType {
-    match d {
-        Dtype::F32 => ScalarType::FLOAT,
-        Dtype::Bf16 => ScalarType::BFLOAT16,
-        Dtype::F16 => ScalarType::HALF,
-        Dtype::I64 => ScalarType::LONG,
-        Dtype::I32 => ScalarType::INT,
-        Dtype::U8 => ScalarType::BYTE,
-        Dtype::Bool => ScalarType::BOOL,
-    }
-}
-
 /// Adds method `forward` for `program` run as `engines` (each stored once as named data).
 fn forward_method(
     pb: &mut ProgramBuilder,
@@ -478,7 +466,7 @@ fn forward_method(
             ))
         })?;
         let sizes: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
-        let i = m.planned_tensor(scalar_type(t.dtype), &sizes)?;
+        let i = m.planned_tensor(petite_portable::scalar_type(t.dtype), &sizes)?;
         values.insert(v, i);
         Ok(i)
     };

@@ -226,32 +226,48 @@ pub fn human(n: u64) -> String {
     }
 }
 
-/// Parses a byte size: `512MiB`, `8GiB`, `4096`, `1.5GB` (decimal units are powers of 1000).
+/// Parses a byte size: `512MiB`, `1GiB`, `64KiB`, `1.5GiB`, `100MB` or a plain byte count
+/// (binary units are powers of 1024, decimal ones powers of 1000; integers are exact).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let x: f64 = num
-        .parse()
-        .map_err(|_| format!("expected a size like 512MiB or 8GiB, found `{s}`"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        other => return Err(format!("unknown size unit `{other}` in `{s}`")),
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "kib" | "K" | "k" => 1 << 10,
+        "MiB" | "mib" | "M" | "m" => 1 << 20,
+        "GiB" | "gib" | "G" | "g" => 1 << 30,
+        "TiB" | "tib" | "T" | "t" => 1 << 40,
+        "KB" | "kB" | "kb" => 1_000,
+        "MB" | "mb" => 1_000_000,
+        "GB" | "gb" => 1_000_000_000,
+        "TB" | "tb" => 1_000_000_000_000,
+        other => {
+            return Err(format!(
+                "expected a size like 512MiB, 1GiB or 65536, found unit `{other}` in `{s}`"
+            ));
+        }
     };
-    if !x.is_finite() || x < 0.0 {
-        return Err(format!("expected a non-negative size, found `{s}`"));
+    if num.is_empty() {
+        return Err(format!(
+            "expected a size like 512MiB, 1GiB or 65536, found `{s}`"
+        ));
     }
-    Ok((x * mult as f64).round() as u64)
+    if let Ok(n) = num.parse::<u64>() {
+        return n
+            .checked_mul(mult)
+            .ok_or_else(|| format!("size `{s}` does not fit in 64 bits"));
+    }
+    let f: f64 = num
+        .parse()
+        .map_err(|_| format!("expected a size like 512MiB, 1GiB or 65536, found `{s}`"))?;
+    let bytes = f * mult as f64;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("size `{s}` does not fit in 64 bits"));
+    }
+    Ok(bytes.round() as u64)
 }
 
 #[cfg(test)]
@@ -290,5 +306,12 @@ mod tests {
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert!(parse_size("12 parsecs").is_err());
         assert!(parse_size("MiB").is_err());
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("100MB"), Ok(100_000_000));
+        assert_eq!(parse_size("8gib"), Ok(8 << 30));
+        assert!(parse_size("512 parsecs").unwrap_err().contains("parsecs"));
+        assert!(parse_size("99999999999999TiB").is_err());
     }
 }

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
+use petite::memory::parse_size;
 use petite_graph::Program;
 use petite_partition::{
     DEFAULT_CROSSING_LIMIT, DEFAULT_ENGINE_OVERHEAD, PartitionOptions, Plan, plan,
@@ -65,49 +66,6 @@ pub struct PlanArgs {
     /// Print the plan as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Parses `512MiB`, `1GiB`, `64KiB`, `1.5GiB`, `100MB` or a plain byte count.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" | "K" | "k" => 1 << 10,
-        "MiB" | "M" => 1 << 20,
-        "GiB" | "G" => 1 << 30,
-        "TiB" | "T" => 1 << 40,
-        "KB" | "kB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "TB" => 1_000_000_000_000,
-        other => {
-            return Err(format!(
-                "expected a size like 512MiB, 1GiB or 65536, found unit `{other}` in `{s}`"
-            ));
-        }
-    };
-    if num.is_empty() {
-        return Err(format!(
-            "expected a size like 512MiB, 1GiB or 65536, found `{s}`"
-        ));
-    }
-    if let Ok(n) = num.parse::<u64>() {
-        return n
-            .checked_mul(mult)
-            .ok_or_else(|| format!("size `{s}` does not fit in 64 bits"));
-    }
-    let f: f64 = num
-        .parse()
-        .map_err(|_| format!("expected a size like 512MiB, 1GiB or 65536, found `{s}`"))?;
-    let bytes = f * mult as f64;
-    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-        return Err(format!("size `{s}` does not fit in 64 bits"));
-    }
-    Ok(bytes.round() as u64)
 }
 
 /// Runs `petite plan`.
@@ -226,22 +184,4 @@ fn print_table(name: &str, p: &Program, plan: &Plan) {
         plan.engines.iter().filter(|e| e.over_cap).count(),
         mib(total)
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
-        assert_eq!(parse_size("64KiB"), Ok(65536));
-        assert_eq!(parse_size("65536"), Ok(65536));
-        assert_eq!(parse_size("100MB"), Ok(100_000_000));
-        assert!(parse_size("512 parsecs").unwrap_err().contains("parsecs"));
-        assert!(parse_size("MiB").is_err());
-        assert!(parse_size("99999999999999TiB").is_err());
-    }
 }
