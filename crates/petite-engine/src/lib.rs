@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 mod build;
+pub mod gpu;
 pub mod onnx;
 pub mod reference;
 mod sys;
@@ -88,7 +89,7 @@ pub enum Error {
         /// Why.
         reason: String,
     },
-    /// TensorRT (its `trtexec`) is not available on this machine.
+    /// No TensorRT builder (`trtexec` or TensorRT-RTX) is available on this machine.
     #[error("TensorRT is not available: {what}. {hint}")]
     TensorRtMissing {
         /// What was looked for and not found.
@@ -96,12 +97,15 @@ pub enum Error {
         /// How to point petite at it.
         hint: String,
     },
+    /// A setting or call order the backend cannot honour (says what to do instead).
+    #[error("{0}")]
+    Usage(String),
     /// The TensorRT build ran and failed (non-zero exit, killed, or no plan written).
     #[error("TensorRT build failed ({status}); last output:\n{log_tail}")]
     TensorRtBuild {
         /// Exit status or signal.
         status: String,
-        /// The end of trtexec's output.
+        /// The end of the builder's output.
         log_tail: String,
     },
     /// A delegate blob does not follow the `TR01` layout.
@@ -176,7 +180,7 @@ pub struct FileRegion {
 }
 
 /// What building one engine produced: everything a `.pte` writer needs, and the file it is in.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BuiltEngine {
     /// Position in build (and run) order.
     pub index: usize,
@@ -198,6 +202,100 @@ pub struct BuiltEngine {
     pub input_values: Vec<ValueId>,
     /// For each output, the value of the partitioned program it returns.
     pub output_values: Vec<ValueId>,
+    /// What building it cost (absent for an engine reused from an earlier run, or a builder
+    /// that runs in-process).
+    #[serde(default)]
+    pub stats: Option<BuildStats>,
+}
+
+/// The tool that builds a backend's engines: recorded in `report.json` and part of every
+/// engine's reuse key, so that an engine built by another tool (or another TensorRT) is rebuilt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuilderInfo {
+    /// Tool name (`petite-reference`, `tensorrt-rtx`, `trtexec`).
+    pub name: String,
+    /// Its version (`1.7.1.116`; trtexec: the TensorRT version it reports).
+    pub version: String,
+}
+
+impl std::fmt::Display for BuilderInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.name, self.version)
+    }
+}
+
+/// What one engine build cost, measured on the builder's own process.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BuildStats {
+    /// Peak resident set of the builder process (`wait4`'s `ru_maxrss`), bytes.
+    pub builder_peak_rss_bytes: u64,
+    /// Wall-clock seconds of the build (child process start to exit).
+    pub build_s: f64,
+    /// Bytes of the engine the builder wrote (TensorRT: the serialized plan).
+    pub plan_bytes: u64,
+}
+
+/// Weight bytes of one engine by stored dtype: what a builder's memory grows with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightBytes {
+    /// bf16 and f16 weights.
+    pub half: u64,
+    /// f32 weights (and any other dtype, counted at its size).
+    pub full: u64,
+}
+
+impl WeightBytes {
+    /// Weight bytes of `program`, by declared dtype.
+    pub fn of(program: &Program) -> Self {
+        let mut w = WeightBytes::default();
+        for info in program.weights() {
+            let b = info.bytes as u64;
+            if info.dtype.size() == 2 {
+                w.half += b;
+            } else {
+                w.full += b;
+            }
+        }
+        w
+    }
+
+    /// All of them.
+    pub fn total(&self) -> u64 {
+        self.half + self.full
+    }
+}
+
+/// Host memory one engine build needs beyond the calling process: `base` plus a multiple of the
+/// engine's weight bytes per dtype class. The TensorRT figures are fitted to measured builder
+/// peaks (`tensorrt::RTX_BUILD_MEMORY`); the reference builder streams, so only `base`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BuildMemory {
+    /// Bytes needed whatever the engine (the tool itself).
+    pub base: u64,
+    /// Bytes per byte of 16-bit weights.
+    pub per_half_byte: f64,
+    /// Bytes per byte of 32-bit weights.
+    pub per_full_byte: f64,
+}
+
+impl BuildMemory {
+    /// Bytes needed to build an engine holding `w`.
+    pub fn bytes(&self, w: WeightBytes) -> u64 {
+        self.base
+            + (w.half as f64 * self.per_half_byte).ceil() as u64
+            + (w.full as f64 * self.per_full_byte).ceil() as u64
+    }
+
+    /// The largest engine cap (weight bytes per engine) whose every engine builds within
+    /// `available` bytes whatever its dtype mix; `None` when the cost does not grow with the
+    /// engine (any cap fits), `Some(0)` when not even the tool fits.
+    pub fn cap_for(&self, available: u64) -> Option<u64> {
+        let per = self.per_half_byte.max(self.per_full_byte);
+        if per <= 0.0 {
+            return None;
+        }
+        Some((available.saturating_sub(self.base) as f64 / per) as u64)
+    }
 }
 
 /// One engine to build: its standalone program (from `Plan::engine_program`) and its place.
@@ -218,9 +316,36 @@ pub struct EngineJob<'a> {
 /// The seam between planning and a backend: builds one engine from mapped weights into a file
 /// under `dir`. Implementations stream weights (memory O(chunk), not O(engine)), write under a
 /// temporary name and rename, and remove partial files on error.
+///
+/// Everything an orchestrator needs to know about a backend is asked here (which weights it
+/// reads from the mapping file and in which dtype, what a build costs in memory, which
+/// settings key a reusable engine file, the file names, recognising a finished file), so a new
+/// backend is one implementation of this trait and one registration line in the exporter.
 pub trait EngineBuilder {
     /// Backend id written into the `.pte` delegate.
     fn backend_id(&self) -> &str;
+    /// The tool that builds (recorded in reports; part of [`EngineBuilder::settings`]).
+    fn info(&self) -> BuilderInfo;
+    /// Everything about this builder that changes an engine file's bytes: part of every
+    /// engine's reuse key.
+    fn settings(&self) -> String;
+    /// File name of engine `name` in the engine directory.
+    fn file_name(&self, name: &str) -> String;
+    /// Host memory one build needs beyond the calling process.
+    fn memory(&self) -> BuildMemory;
+    /// The dtype in which a weight the programs declare `declared` must be in the mapping
+    /// file, or `None` when this backend reads it from the checkpoint (converting as it goes).
+    fn mapping_dtype(&self, declared: Dtype) -> Option<Dtype>;
+    /// Hands the builder the mapping file (after conversion, before the first build); builders
+    /// whose engines point into it (TensorRT's ONNX external data) read its header here.
+    fn attach_mapping(&self, mapping: &Path) -> Result<()> {
+        let _ = mapping;
+        Ok(())
+    }
+    /// A finished engine file from an earlier run, if `path` is one this builder wrote for
+    /// `job` (the file name already carries the hash of subgraph, weights and settings; this
+    /// checks that the file is whole).
+    fn reuse(&self, path: &Path, job: &EngineJob<'_>) -> Option<BuiltEngine>;
     /// Builds `job` into a file under `dir`.
     fn build(
         &self,
@@ -239,6 +364,34 @@ pub trait EngineRuntime {
     /// Runs once: `inputs` holds exactly the input bindings by name; returns every output by
     /// name.
     fn run(&self, inputs: BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>>;
+}
+
+/// A [`BuiltEngine`] for `job` whose payload is the whole of `file` (what reuse checks return).
+pub fn whole_file_engine(
+    job: &EngineJob<'_>,
+    backend_id: &str,
+    file: &Path,
+    file_bytes: u64,
+    stats: Option<BuildStats>,
+) -> BuiltEngine {
+    let (inputs, outputs) = bindings(job.program);
+    BuiltEngine {
+        index: job.index,
+        name: job.name.to_string(),
+        backend_id: backend_id.to_string(),
+        file: file.to_path_buf(),
+        file_bytes,
+        inputs,
+        outputs,
+        payload: FileRegion {
+            path: file.to_path_buf(),
+            offset: 0,
+            len: file_bytes,
+        },
+        input_values: job.input_values.to_vec(),
+        output_values: job.output_values.to_vec(),
+        stats,
+    }
 }
 
 /// The I/O bindings of a program: its inputs then its outputs.

@@ -20,7 +20,10 @@ use petite_weights::{
     Dtype as WDtype, MappedSafetensors, RowSlices, SafetensorsWriter, TensorSpec, WeightSource,
 };
 
-use crate::{BuiltEngine, EngineBuilder, EngineJob, EngineRuntime, Error, IoBinding, Result};
+use crate::{
+    BuildMemory, BuilderInfo, BuiltEngine, EngineBuilder, EngineJob, EngineRuntime, Error,
+    IoBinding, Result,
+};
 
 /// Backend id of reference engines.
 pub const BACKEND_ID: &str = "PetiteReference";
@@ -242,6 +245,7 @@ impl ReferenceBuilder {
             },
             input_values: job.input_values.to_vec(),
             output_values: job.output_values.to_vec(),
+            stats: None,
         })
     }
 }
@@ -249,6 +253,49 @@ impl ReferenceBuilder {
 impl EngineBuilder for ReferenceBuilder {
     fn backend_id(&self) -> &str {
         BACKEND_ID
+    }
+
+    fn info(&self) -> BuilderInfo {
+        BuilderInfo {
+            name: "petite-reference".to_string(),
+            version: FORMAT.to_string(),
+        }
+    }
+
+    fn settings(&self) -> String {
+        format!("{BACKEND_ID}|{FORMAT}")
+    }
+
+    fn file_name(&self, name: &str) -> String {
+        format!("{name}{SUFFIX}")
+    }
+
+    /// Weights are streamed in 4 MiB chunks, so the cost does not grow with the engine (plus
+    /// the engine's program JSON, well under 8 MiB).
+    fn memory(&self) -> BuildMemory {
+        BuildMemory {
+            base: 16 << 20,
+            per_half_byte: 0.0,
+            per_full_byte: 0.0,
+        }
+    }
+
+    /// bf16 weights come from the bf16 mapping file; others are read from the checkpoint and
+    /// converted chunk by chunk into the engine file.
+    fn mapping_dtype(&self, declared: Dtype) -> Option<Dtype> {
+        (declared == Dtype::Bf16).then_some(Dtype::Bf16)
+    }
+
+    /// The file must open as a reference engine whose subgraph equals the job's.
+    fn reuse(&self, path: &Path, job: &EngineJob<'_>) -> Option<BuiltEngine> {
+        let e = ReferenceEngine::open(path).ok()?;
+        if e.program() != job.program {
+            return None;
+        }
+        let file_bytes = std::fs::metadata(path).ok()?.len();
+        Some(crate::whole_file_engine(
+            job, BACKEND_ID, path, file_bytes, None,
+        ))
     }
 
     fn build(

@@ -35,3 +35,60 @@ pub(crate) fn flush_and_drop(file: &File, offset: u64, len: u64) {
         );
     }
 }
+
+/// How a measured child process ended: its exit status, its peak RSS and its wall time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ChildRun {
+    /// Exit status as `waitpid` reports it.
+    pub status: std::process::ExitStatus,
+    /// The child's peak resident set (`ru_maxrss` from `wait4`), in bytes.
+    pub peak_rss_bytes: u64,
+    /// Wall-clock seconds from spawn to exit.
+    pub seconds: f64,
+}
+
+/// Runs `cmd` to completion and reaps it with `wait4`, so the child's own peak RSS comes back
+/// with its status (a builder's memory is measured where it is spent, not guessed).
+/// `stdin`, if given, is written to the child's standard input and closed (the TensorRT-RTX
+/// driver arrives that way).
+pub(crate) fn run_measured(
+    cmd: &mut std::process::Command,
+    stdin: Option<&[u8]>,
+) -> std::io::Result<ChildRun> {
+    use std::io::Write;
+    use std::os::unix::process::ExitStatusExt;
+    let t = std::time::Instant::now();
+    cmd.stdin(if stdin.is_some() {
+        std::process::Stdio::piped()
+    } else {
+        std::process::Stdio::null()
+    });
+    let mut child = cmd.spawn()?;
+    if let (Some(bytes), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        // A child that exits without reading gives EPIPE: its status tells what happened.
+        let _ = pipe.write_all(bytes);
+    }
+    let pid = child.id() as libc::pid_t;
+    let mut status: libc::c_int = 0;
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `pid` is our own un-reaped child (std's `Child` never waited on it); the
+        // pointers are to live locals of the right types.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if r == pid {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    // The child is reaped: dropping `Child` does not wait again.
+    drop(child);
+    Ok(ChildRun {
+        status: std::process::ExitStatus::from_raw(status),
+        peak_rss_bytes: (usage.ru_maxrss.max(0) as u64) * 1024,
+        seconds: t.elapsed().as_secs_f64(),
+    })
+}

@@ -1,30 +1,60 @@
 //! The `tensorrt` backend: per engine, an ONNX model (weights as external data pointing into
-//! the mapping file, so nothing is loaded), built by `trtexec` in a child process (all builder
-//! memory goes back to the OS when it exits), and the plan wrapped as the `TensorRTBackend` `TR01`
-//! delegate blob, streamed file to file.
+//! the mapping file, so nothing is loaded), built by a real TensorRT builder in a child process
+//! (all builder memory goes back to the OS when it exits, and its peak is measured with
+//! `wait4`), and the plan wrapped as the `TensorRTBackend` `TR01` delegate blob, streamed file
+//! to file.
 //!
-//! Why `trtexec` and not a C-ABI shim: it needs no C++ toolchain or TensorRT headers at build
-//! time, and a child process is the strongest guarantee that the builder's multi-GiB working
-//! memory is returned after each engine. Its command line:
-//! `trtexec --onnx=E.onnx --saveEngine=E.plan --stronglyTyped --skipInference
-//!  --memPoolSize=workspace:<MiB>M --timingCacheFile=<dir>/timing.cache`.
-//! No machine here has TensorRT: the child-process path is tested with a stand-in `trtexec`.
+//! Two builders ([`Tool`]):
+//! - `trtexec` from TensorRT >= 10 (JetPack's; builds for the GPU it runs on):
+//!   `trtexec --onnx=E.onnx --saveEngine=E.plan --stronglyTyped --skipInference
+//!   --memPoolSize=workspace:<MiB>M --timingCacheFile=<dir>/timing.cache`.
+//! - TensorRT-RTX through its Python bindings: the driver [`RTX_DRIVER`] (one copy, in
+//!   `python/trt_rtx_build.py`, embedded here) fed to the interpreter on stdin, building for
+//!   one compute capability with no GPU needed.
+//!
+//! Why child processes and not bindings in this process: the only Rust TensorRT binding
+//! (`tensorrt-rs`) is dead (TensorRT 5-7, last release 2020) and a C++ shim would need TensorRT's
+//! headers at build time; more importantly a builder holds several copies of an engine's
+//! weights, and only a process exit guarantees that all of it is returned after each engine.
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 
+use petite_graph::Dtype;
 use petite_weights::{MappedSafetensors, WeightSource};
 
 use crate::onnx::{Flavor, WeightLocation, emit, locations, write_model};
-use crate::{BuiltEngine, EngineBuilder, EngineJob, Error, FileRegion, IoBinding, Result};
+use crate::{
+    BuildMemory, BuildStats, BuilderInfo, BuiltEngine, EngineBuilder, EngineJob, Error, FileRegion,
+    IoBinding, Result,
+};
 
 /// Backend id Torch-TensorRT's ExecuTorch runtime registers.
 pub const BACKEND_ID: &str = "TensorRTBackend";
 /// Environment variable naming the `trtexec` binary.
 pub const TRTEXEC_ENV: &str = "PETITE_TRTEXEC";
+/// Environment variable naming a Python with `tensorrt_rtx` installed.
+pub const TRT_PYTHON_ENV: &str = "PETITE_TRT_PYTHON";
+/// The TensorRT-RTX build driver, run once per engine (and once with `--probe`).
+pub const RTX_DRIVER: &str = include_str!("../python/trt_rtx_build.py");
+/// The pip requirement of the TensorRT-RTX venv (`target/venv-trt`).
+pub const RTX_REQUIREMENT: &str = "tensorrt-rtx-cu13==1.7.1.116";
+/// Compute capability TensorRT-RTX builds for when no GPU is found (the nearest to Jetson
+/// Orin's sm87, which TensorRT-RTX does not offer).
+pub const DEFAULT_RTX_TARGET: &str = "sm86";
+
+/// Builder memory of TensorRT-RTX 1.7.1 (Python driver), fitted to the child peaks measured on
+/// this project's engines (table: `tests/data/rtx_build_memory.tsv`, checked by a test to bound
+/// every measurement). `trtexec` is assumed alike: JetPack's builder was not measured here.
+pub const RTX_BUILD_MEMORY: BuildMemory = BuildMemory {
+    base: 256 << 20,
+    per_half_byte: 3.25,
+    per_full_byte: 4.25,
+};
 
 /// Makes the mapping file visible in `dir` under its own file name (a hard link: no copy, and
 /// ONNX tools accept it where they reject absolute paths and symlinks escaping the model's
@@ -66,6 +96,202 @@ pub fn link_weights(mapping: &Path, dir: &Path) -> Result<String> {
     Ok(name)
 }
 
+/// Which builder a [`Tool`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolKind {
+    /// TensorRT's `trtexec`.
+    Trtexec,
+    /// TensorRT-RTX's Python bindings, through [`RTX_DRIVER`].
+    Rtx,
+}
+
+/// A TensorRT builder found on this machine, probed: what it is and which version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tool {
+    /// Which builder.
+    pub kind: ToolKind,
+    /// `trtexec`, or the Python interpreter that has `tensorrt_rtx`.
+    pub program: PathBuf,
+    /// Name and version (the reuse key and `report.json` carry it).
+    pub info: BuilderInfo,
+    /// Compute capabilities it can target (`sm86`, ...); empty for `trtexec` (its GPU's).
+    pub targets: Vec<String>,
+}
+
+/// Where to look for a builder: explicit choices first, then the environment, then defaults.
+#[derive(Debug, Clone, Default)]
+pub struct ToolSearch {
+    /// `--trtexec PATH`.
+    pub trtexec: Option<PathBuf>,
+    /// `--trt-python PY`.
+    pub trt_python: Option<PathBuf>,
+    /// The venv Python that `cargo xtask` builds (`target/venv-trt/bin/python`), if any.
+    pub default_python: Option<PathBuf>,
+}
+
+impl Tool {
+    /// Probes `trtexec` at `path` (`trtexec --help` prints `[TensorRT vMMmmpp]`).
+    pub fn trtexec(path: &Path) -> Result<Tool> {
+        if !path.is_file() {
+            return Err(missing(format!("trtexec {} is not a file", path.display())));
+        }
+        let out = Command::new(path)
+            .arg("--help")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| Error::io(path, "run trtexec --help", e))?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let version = trtexec_version(&text).ok_or_else(|| {
+            missing(format!(
+                "{} does not look like TensorRT's trtexec: `--help` printed no `[TensorRT vNNNNNN]` banner",
+                path.display()
+            ))
+        })?;
+        Ok(Tool {
+            kind: ToolKind::Trtexec,
+            program: path.to_path_buf(),
+            info: BuilderInfo {
+                name: "trtexec".to_string(),
+                version: format!("TensorRT {version}"),
+            },
+            targets: Vec::new(),
+        })
+    }
+
+    /// Probes a Python interpreter for `tensorrt_rtx` (runs the driver with `--probe`).
+    pub fn rtx(python: &Path) -> Result<Tool> {
+        let mut child = Command::new(python)
+            .args(["-", "--probe"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                missing(format!(
+                    "cannot run the TensorRT-RTX Python {}: {e}",
+                    python.display()
+                ))
+            })?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(RTX_DRIVER.as_bytes())
+                .map_err(|e| Error::io(python, "feed the driver", e))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| Error::io(python, "probe tensorrt_rtx", e))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let probe = stdout
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+        let (Some(p), true) = (probe, out.status.success()) else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let last = err
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            return Err(missing(format!(
+                "{} cannot import tensorrt_rtx ({})",
+                python.display(),
+                if last.is_empty() {
+                    "no output"
+                } else {
+                    last.trim()
+                }
+            )));
+        };
+        let version = p["version"].as_str().unwrap_or("unknown").to_string();
+        let targets = p["targets"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| t.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Tool {
+            kind: ToolKind::Rtx,
+            program: python.to_path_buf(),
+            info: BuilderInfo {
+                name: "tensorrt-rtx".to_string(),
+                version,
+            },
+            targets,
+        })
+    }
+
+    /// Finds a builder: `--trtexec`, else `$PETITE_TRTEXEC`, else TensorRT-RTX (`--trt-python`,
+    /// else `$PETITE_TRT_PYTHON`, else the default venv), else `trtexec` on `PATH`. An explicit
+    /// choice that does not work is an error, not a fall-through.
+    pub fn find(search: &ToolSearch) -> Result<Tool> {
+        if let Some(p) = &search.trtexec {
+            return Tool::trtexec(p);
+        }
+        if let Some(p) = std::env::var_os(TRTEXEC_ENV) {
+            return Tool::trtexec(Path::new(&p)).map_err(|e| match e {
+                Error::TensorRtMissing { what, .. } => missing(format!("${TRTEXEC_ENV}: {what}")),
+                other => other,
+            });
+        }
+        if let Some(p) = &search.trt_python {
+            return Tool::rtx(p);
+        }
+        if let Some(p) = std::env::var_os(TRT_PYTHON_ENV) {
+            return Tool::rtx(Path::new(&p)).map_err(|e| match e {
+                Error::TensorRtMissing { what, .. } => {
+                    missing(format!("${TRT_PYTHON_ENV}: {what}"))
+                }
+                other => other,
+            });
+        }
+        if let Some(p) = search.default_python.as_ref().filter(|p| p.exists()) {
+            return Tool::rtx(p);
+        }
+        match find_trtexec() {
+            Ok(p) => Tool::trtexec(&p),
+            Err(_) => Err(missing(format!(
+                "no --trtexec, no ${TRTEXEC_ENV}, no --trt-python, no ${TRT_PYTHON_ENV}{}, and no `trtexec` on PATH",
+                search
+                    .default_python
+                    .as_ref()
+                    .map(|p| format!(", no {}", p.display()))
+                    .unwrap_or_default()
+            ))),
+        }
+    }
+
+    /// Checks `target` (e.g. `sm86`) against what this builder offers.
+    pub fn check_target(&self, target: &str) -> Result<()> {
+        match self.kind {
+            ToolKind::Trtexec => Ok(()),
+            ToolKind::Rtx if self.targets.iter().any(|t| t == target) => Ok(()),
+            ToolKind::Rtx => Err(Error::Usage(format!(
+                "--trt-target {target}: {} builds for {} only",
+                self.info,
+                self.targets.join(", ")
+            ))),
+        }
+    }
+}
+
+/// The TensorRT version in trtexec's banner (`[TensorRT v100300]` → `10.3.0`).
+pub fn trtexec_version(text: &str) -> Option<String> {
+    let at = text.find("[TensorRT v")? + "[TensorRT v".len();
+    let digits: String = text[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let v: u64 = digits.parse().ok()?;
+    Some(format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100))
+}
+
+/// Finds `trtexec`: `$PETITE_TRTEXEC`, else `trtexec` on `PATH`.
 /// Finds `trtexec`: `$PETITE_TRTEXEC`, else `trtexec` on `PATH`.
 pub fn find_trtexec() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(TRTEXEC_ENV) {
@@ -95,22 +321,27 @@ fn missing(what: String) -> Error {
     Error::TensorRtMissing {
         what,
         hint: format!(
-            "Install TensorRT >= 10 (its bin/ has trtexec) and set {TRTEXEC_ENV}=/path/to/trtexec \
-             or put it on PATH; the `reference` backend needs no TensorRT"
+            "Either install TensorRT-RTX (`python3.12 -m venv V && V/bin/pip install \"{RTX_REQUIREMENT}\"`, \
+             then --trt-python V/bin/python or {TRT_PYTHON_ENV}=V/bin/python; `cargo xtask ci` builds \
+             target/venv-trt), or install TensorRT >= 10 (its bin/ has trtexec) and pass --trtexec PATH \
+             or set {TRTEXEC_ENV}; the `reference` and `portable` backends need no TensorRT"
         ),
     }
 }
 
-/// Builds TensorRT engines with `trtexec`.
-#[derive(Debug, Clone)]
+/// Builds TensorRT engines with a [`Tool`] in a child process per engine.
+#[derive(Debug)]
 pub struct TensorRtBuilder {
-    mapping: PathBuf,
-    locations: BTreeMap<String, WeightLocation>,
-    /// The `trtexec` to run; `None` = [`find_trtexec`] at build time.
-    pub trtexec: Option<PathBuf>,
-    /// Builder workspace pool limit in MiB (`--memPoolSize=workspace:<n>M`).
+    mapping: OnceLock<(PathBuf, BTreeMap<String, WeightLocation>)>,
+    /// The builder to run; `None` = [`Tool::find`] with defaults at build time.
+    pub tool: Option<Tool>,
+    /// Compute capability for TensorRT-RTX (`sm86`); ignored by `trtexec`.
+    pub target: String,
+    /// Builder workspace pool limit in MiB.
     pub workspace_mib: u64,
-    /// Timing cache shared by all builds (default `<engine dir>/timing.cache`).
+    /// Build weight-streamable engines.
+    pub weight_streaming: bool,
+    /// Timing cache shared by all builds (default `<engine dir>/timing.cache`; trtexec only).
     pub timing_cache: Option<PathBuf>,
     /// `device_id` written into the blob.
     pub device_id: u32,
@@ -119,20 +350,34 @@ pub struct TensorRtBuilder {
 }
 
 impl TensorRtBuilder {
-    /// A builder whose ONNX models reference weights in `mapping` (the bf16 mapping file; its
-    /// header is read, its tensors are not).
-    pub fn new(mapping: impl AsRef<Path>) -> Result<Self> {
-        let mapping = mapping.as_ref().to_path_buf();
-        let m = MappedSafetensors::open(&mapping)?;
-        Ok(TensorRtBuilder {
-            locations: locations(m.header()),
-            mapping,
-            trtexec: None,
+    /// A builder running `tool` (probed with [`Tool::find`]); the mapping file comes with
+    /// [`EngineBuilder::attach_mapping`].
+    pub fn with_tool(tool: Option<Tool>) -> Self {
+        TensorRtBuilder {
+            mapping: OnceLock::new(),
+            tool,
+            target: DEFAULT_RTX_TARGET.to_string(),
             workspace_mib: 1024,
+            weight_streaming: false,
             timing_cache: None,
             device_id: 0,
             target_platform: format!("linux_{}", std::env::consts::ARCH),
-        })
+        }
+    }
+
+    /// A builder whose ONNX models reference weights in `mapping` (its header is read, its
+    /// tensors are not), with no tool chosen yet.
+    pub fn new(mapping: impl AsRef<Path>) -> Result<Self> {
+        let b = Self::with_tool(None);
+        b.attach_mapping(mapping.as_ref())?;
+        Ok(b)
+    }
+
+    fn tool(&self) -> Result<Tool> {
+        match &self.tool {
+            Some(t) => Ok(t.clone()),
+            None => Tool::find(&ToolSearch::default()),
+        }
     }
 
     fn build_inner(
@@ -144,37 +389,56 @@ impl TensorRtBuilder {
         for w in job.program.weights() {
             crate::reference::check_weight(weights, &w)?;
         }
-        let loc = link_weights(&self.mapping, dir)?;
+        let (mapping, locs) = self.mapping.get().ok_or_else(|| {
+            Error::Usage("the TensorRT builder has no mapping file attached".into())
+        })?;
+        let loc = link_weights(mapping, dir)?;
         let onnx = dir.join(format!("{}.onnx", job.name));
-        write_model(
-            &onnx,
-            &emit(job.program, &self.locations, &loc, Flavor::TensorRt)?,
-        )?;
-        let trtexec = match &self.trtexec {
-            Some(p) => p.clone(),
-            None => find_trtexec()?,
-        };
+        write_model(&onnx, &emit(job.program, locs, &loc, Flavor::TensorRt)?)?;
+        let tool = self.tool()?;
         let plan = dir.join(format!("{}.plan", job.name));
         let plan_tmp = dir.join(format!("{}.plan.petite-tmp", job.name));
-        let log = dir.join(format!("{}.trtexec.log", job.name));
-        let cache = self
-            .timing_cache
-            .clone()
-            .unwrap_or_else(|| dir.join("timing.cache"));
+        let log = dir.join(format!("{}.build.log", job.name));
         let logf = File::create(&log).map_err(|e| Error::io(&log, "create", e))?;
         let logf2 = logf.try_clone().map_err(|e| Error::io(&log, "dup", e))?;
-        let status = Command::new(&trtexec)
-            .arg(format!("--onnx={}", onnx.display()))
-            .arg(format!("--saveEngine={}", plan_tmp.display()))
-            .arg("--stronglyTyped")
-            .arg("--skipInference")
-            .arg(format!("--memPoolSize=workspace:{}M", self.workspace_mib))
-            .arg(format!("--timingCacheFile={}", cache.display()))
-            .current_dir(dir)
-            .stdout(logf)
-            .stderr(logf2)
-            .status()
-            .map_err(|e| Error::io(&trtexec, "run trtexec", e))?;
+        let mut cmd = Command::new(&tool.program);
+        let mut stdin = None;
+        match tool.kind {
+            ToolKind::Trtexec => {
+                let cache = self
+                    .timing_cache
+                    .clone()
+                    .unwrap_or_else(|| dir.join("timing.cache"));
+                cmd.arg(format!("--onnx={}", onnx.display()))
+                    .arg(format!("--saveEngine={}", plan_tmp.display()))
+                    .arg("--stronglyTyped")
+                    .arg("--skipInference")
+                    .arg(format!("--memPoolSize=workspace:{}M", self.workspace_mib))
+                    .arg(format!("--timingCacheFile={}", cache.display()));
+                if self.weight_streaming {
+                    cmd.arg("--weightStreaming");
+                }
+            }
+            ToolKind::Rtx => {
+                cmd.arg("-")
+                    .arg("--onnx")
+                    .arg(&onnx)
+                    .arg("--plan")
+                    .arg(&plan_tmp)
+                    .arg("--target")
+                    .arg(&self.target)
+                    .arg("--workspace-mib")
+                    .arg(self.workspace_mib.to_string());
+                if self.weight_streaming {
+                    cmd.arg("--weight-streaming");
+                }
+                stdin = Some(RTX_DRIVER.as_bytes());
+            }
+        }
+        cmd.current_dir(dir).stdout(logf).stderr(logf2);
+        let tool_name = tool.info.name.clone();
+        let run = crate::sys::run_measured(&mut cmd, stdin)
+            .map_err(|e| Error::io(&tool.program, "run the TensorRT builder", e))?;
         let fail = |status: String| {
             let _ = std::fs::remove_file(&plan_tmp);
             let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -184,27 +448,27 @@ impl TensorRtBuilder {
                 log_tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
             }
         };
-        if !status.success() {
+        if !run.status.success() {
             use std::os::unix::process::ExitStatusExt;
-            let s = match (status.code(), status.signal()) {
-                (Some(c), _) => format!("trtexec exited with status {c}"),
-                (None, Some(sig)) => format!("trtexec was killed by signal {sig}"),
-                _ => "trtexec failed".to_string(),
+            let s = match (run.status.code(), run.status.signal()) {
+                (Some(c), _) => format!("{tool_name} exited with status {c}"),
+                (None, Some(sig)) => format!("{tool_name} was killed by signal {sig}"),
+                _ => format!("{tool_name} failed"),
             };
             return Err(fail(s));
         }
-        match std::fs::metadata(&plan_tmp) {
-            Ok(m) if m.len() > 0 => {}
+        let plan_bytes = match std::fs::metadata(&plan_tmp) {
+            Ok(m) if m.len() > 0 => m.len(),
             _ => {
                 return Err(fail(format!(
-                    "trtexec succeeded but wrote no plan to {}",
+                    "{tool_name} succeeded but wrote no plan to {}",
                     plan_tmp.display()
                 )));
             }
-        }
+        };
         std::fs::rename(&plan_tmp, &plan).map_err(|e| Error::io(&plan, "rename", e))?;
         let (inputs, outputs) = crate::bindings(job.program);
-        let blob_path = dir.join(format!("{}.tr01", job.name));
+        let blob_path = dir.join(self.file_name(job.name));
         let meta = blob::metadata_json(&inputs, &outputs, self.device_id, &self.target_platform);
         let res = blob::write(&blob_path, &meta, &plan);
         // The blob holds the plan; keep one copy on disk.
@@ -225,6 +489,11 @@ impl TensorRtBuilder {
             },
             input_values: job.input_values.to_vec(),
             output_values: job.output_values.to_vec(),
+            stats: Some(BuildStats {
+                builder_peak_rss_bytes: run.peak_rss_bytes,
+                build_s: run.seconds,
+                plan_bytes,
+            }),
         })
     }
 }
@@ -232,6 +501,76 @@ impl TensorRtBuilder {
 impl EngineBuilder for TensorRtBuilder {
     fn backend_id(&self) -> &str {
         BACKEND_ID
+    }
+
+    fn info(&self) -> BuilderInfo {
+        match &self.tool {
+            Some(t) => t.info.clone(),
+            None => BuilderInfo {
+                name: "trtexec".to_string(),
+                version: "(found at build time)".to_string(),
+            },
+        }
+    }
+
+    fn settings(&self) -> String {
+        let target = match &self.tool {
+            Some(t) if t.kind == ToolKind::Trtexec => "local-gpu",
+            _ => self.target.as_str(),
+        };
+        format!(
+            "{BACKEND_ID}|TR01|{}|target={target}|workspace={}M|weight_streaming={}|device={}|{}",
+            self.info(),
+            self.workspace_mib,
+            self.weight_streaming,
+            self.device_id,
+            self.target_platform
+        )
+    }
+
+    fn file_name(&self, name: &str) -> String {
+        format!("{name}.tr01")
+    }
+
+    fn memory(&self) -> BuildMemory {
+        RTX_BUILD_MEMORY
+    }
+
+    /// Every weight comes from the mapping file, in the dtype the program declares: the ONNX
+    /// models point into it, and a weight stored once in its compute dtype is what the plan
+    /// holds (no cast for the builder to fold into a second, wider copy).
+    fn mapping_dtype(&self, declared: Dtype) -> Option<Dtype> {
+        Some(declared)
+    }
+
+    fn attach_mapping(&self, mapping: &Path) -> Result<()> {
+        let m = MappedSafetensors::open(mapping)?;
+        let entry = (mapping.to_path_buf(), locations(m.header()));
+        if let Err(entry) = self.mapping.set(entry)
+            && self.mapping.get().map(|(p, _)| p) != Some(&entry.0)
+        {
+            return Err(Error::Usage(format!(
+                "the TensorRT builder already has a mapping file; cannot attach {}",
+                mapping.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The name carries the hash of subgraph, weights and settings (builder and version
+    /// included); the blob must parse and hold a non-empty plan.
+    fn reuse(&self, path: &Path, job: &EngineJob<'_>) -> Option<BuiltEngine> {
+        let (h, _) = blob::read(path).ok()?;
+        if h.engine_size == 0 {
+            return None;
+        }
+        Some(crate::whole_file_engine(
+            job,
+            BACKEND_ID,
+            path,
+            h.total_len,
+            None,
+        ))
     }
 
     fn build(

@@ -6,14 +6,22 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use petite_engine::tensorrt::{BACKEND_ID, TensorRtBuilder, blob};
+use petite_engine::tensorrt::{BACKEND_ID, TensorRtBuilder, Tool, ToolSearch, blob};
 use petite_engine::{BuildOptions, EngineBuilder, Error, build_plan};
 use petite_partition::{PartitionOptions, plan};
 use petite_weights::MappedSafetensors;
 
+/// A stand-in trtexec: answers `--help` with TensorRT's banner (how the version is probed),
+/// then runs `body`.
 fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     let p = dir.join(name);
-    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::write(
+        &p,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in --help) echo '&&&& RUNNING TensorRT.trtexec [TensorRT v100300] # trtexec --help'; exit 0;; esac\n{body}\n"
+        ),
+    )
+    .unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     p
 }
@@ -38,7 +46,8 @@ fn stand_in_trtexec_builds_every_engine_into_a_tr01_blob() {
     let tools = dir.path().join("tools");
     std::fs::create_dir_all(&tools).unwrap();
     let mut b = TensorRtBuilder::new(&path).unwrap();
-    b.trtexec = Some(script(&tools, "trtexec", FAKE));
+    b.tool = Some(Tool::trtexec(&script(&tools, "trtexec", FAKE)).unwrap());
+    assert_eq!(b.info().to_string(), "trtexec TensorRT 10.3.0");
     b.workspace_mib = 512;
     assert_eq!(b.backend_id(), "TensorRTBackend");
     let out = dir.path().join("engines");
@@ -135,7 +144,7 @@ fn a_failing_or_killed_trtexec_names_the_engine_and_leaves_no_partial_files() {
         ("no plan", "exit 0", "wrote no plan"),
     ] {
         let mut b = TensorRtBuilder::new(&path).unwrap();
-        b.trtexec = Some(script(&tools, &what.replace(' ', "_"), body));
+        b.tool = Some(Tool::trtexec(&script(&tools, &what.replace(' ', "_"), body)).unwrap());
         let out = dir.path().join(what.replace(' ', "_"));
         let err = build_plan(&pl, &program, &src, &b, &out, &BuildOptions::default())
             .unwrap_err()
@@ -156,40 +165,52 @@ fn a_failing_or_killed_trtexec_names_the_engine_and_leaves_no_partial_files() {
 }
 
 #[test]
-fn without_tensorrt_the_error_says_what_is_missing_and_how_to_point_at_it() {
+fn a_missing_or_wrong_builder_is_refused_naming_it_and_saying_how_to_get_one() {
     let dir = tempfile::tempdir().unwrap();
-    let (program, path) = common::chain(dir.path(), 2, 64);
-    let pl = plan(&program, &PartitionOptions::new(u64::MAX / 4)).unwrap();
-    let src = MappedSafetensors::open(&path).unwrap();
-    let mut b = TensorRtBuilder::new(&path).unwrap();
-    b.trtexec = None;
-    // No PETITE_TRTEXEC in the test environment and no trtexec on this machine's PATH.
-    if std::env::var_os("PETITE_TRTEXEC").is_some()
-        || petite_engine::tensorrt::find_trtexec().is_ok()
-    {
-        eprintln!("TensorRT is installed here; the missing-TensorRT error cannot be observed");
-        return;
-    }
-    let err = build_plan(
-        &pl,
-        &program,
-        &src,
-        &b,
-        &dir.path().join("e"),
-        &BuildOptions::default(),
-    )
-    .unwrap_err();
-    let Error::Engine { source, .. } = &err else {
-        panic!("{err}")
+    let search = |trtexec: Option<PathBuf>, python: Option<PathBuf>| ToolSearch {
+        trtexec,
+        trt_python: python,
+        default_python: None,
     };
-    assert!(matches!(**source, Error::TensorRtMissing { .. }), "{err}");
+    // An explicit trtexec that is not there.
+    let err = Tool::find(&search(Some(dir.path().join("no-trtexec")), None)).unwrap_err();
+    assert!(matches!(err, Error::TensorRtMissing { .. }), "{err}");
     let msg = err.to_string();
+    assert!(msg.contains("no-trtexec"), "{msg}");
     assert!(
-        msg.contains("PETITE_TRTEXEC") && msg.contains("trtexec"),
+        msg.contains("tensorrt-rtx-cu13==1.7.1.116") && msg.contains("--trtexec"),
+        "the hint names both builders: {msg}"
+    );
+    // A program that is not trtexec (no TensorRT banner).
+    let fake = dir.path().join("not-trtexec");
+    std::fs::write(&fake, "#!/bin/sh\necho hello\n").unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let msg = Tool::trtexec(&fake).unwrap_err().to_string();
+    assert!(
+        msg.contains("does not look like TensorRT's trtexec"),
         "{msg}"
     );
-    // The ONNX model was still written (everything before the TensorRT step works).
-    assert!(dir.path().join("e/engine_000.onnx").exists());
+    // A Python without tensorrt_rtx (a script that fails the way `import` does).
+    let py = dir.path().join("python");
+    std::fs::write(
+        &py,
+        "#!/bin/sh\ncat > /dev/null\necho \"ModuleNotFoundError: No module named 'tensorrt_rtx'\" >&2\nexit 3\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let msg = Tool::find(&search(None, Some(py.clone())))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("cannot import tensorrt_rtx") && msg.contains("No module named"),
+        "{msg}"
+    );
+    // The version banner.
+    assert_eq!(
+        petite_engine::tensorrt::trtexec_version("[TensorRT v101300] # trtexec").as_deref(),
+        Some("10.13.0")
+    );
+    assert_eq!(petite_engine::tensorrt::trtexec_version("TensorRT"), None);
 }
 
 #[test]

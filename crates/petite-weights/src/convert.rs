@@ -89,6 +89,9 @@ pub struct ConvertOptions {
     pub progress: bool,
     /// Extra `__metadata__` entries for the output.
     pub metadata: Vec<(String, String)>,
+    /// Per-tensor target dtype of float tensors, overriding `dtype` (an exporter whose backend
+    /// reads some weights in f32 keeps them f32, widened exactly where stored narrower).
+    pub dtypes: std::collections::BTreeMap<String, Dtype>,
 }
 
 impl Default for ConvertOptions {
@@ -102,6 +105,7 @@ impl Default for ConvertOptions {
                 .unwrap_or(2),
             progress: true,
             metadata: Vec::new(),
+            dtypes: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -171,7 +175,12 @@ fn convert_chunk(from: Dtype, to: Dtype, src: &[u8], out: &mut Vec<u8>) {
                 o.copy_from_slice(&f16_bits_from_f32(widen(c)).to_le_bytes());
             }
         }
-        _ => unreachable!("targets are bf16 or f16"),
+        (_, Dtype::F32) => {
+            for (o, c) in out.chunks_exact_mut(4).zip(src.chunks_exact(from.size())) {
+                o.copy_from_slice(&widen(c).to_le_bytes());
+            }
+        }
+        _ => unreachable!("float targets are bf16, f16 or f32"),
     }
 }
 
@@ -219,7 +228,20 @@ pub fn convert<S: WeightSource>(
     for n in &kept {
         let info = src.info(n)?;
         let dtype = if info.dtype.is_float() {
-            target
+            match opts.dtypes.get(n) {
+                Some(d) if d.is_float() => *d,
+                Some(d) => {
+                    return Err(Error::InvalidTable {
+                        file: out.display().to_string(),
+                        tensor: Some(n.clone()),
+                        reason: format!(
+                            "target dtype {} is not a float dtype",
+                            d.safetensors_name()
+                        ),
+                    });
+                }
+                None => target,
+            }
         } else {
             info.dtype
         };

@@ -66,6 +66,7 @@ fn streamed_conversion_matches_the_vectors() {
         threads: 2,
         progress: false,
         metadata: vec![],
+        dtypes: Default::default(),
     };
     convert(&MappedSafetensors::open(&src).unwrap(), &out, &opts).unwrap();
     let m = MappedSafetensors::open(&out).unwrap();

@@ -66,6 +66,7 @@ fn opts(dtype: TargetDtype, selection: Selection) -> ConvertOptions {
         threads: 2,
         progress: false,
         metadata: vec![],
+        dtypes: Default::default(),
     }
 }
 

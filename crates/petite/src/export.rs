@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use petite_engine::{BuiltEngine, EngineJob};
+use petite_engine::{BuiltEngine, EngineBuilder, EngineJob, WeightBytes};
 use petite_graph::{Dtype, Program, ValueId};
 use petite_partition::{PartitionOptions, Plan};
 use petite_pi05::inputs::{CanonicalCheckpoint, check_weights, open_checkpoint};
@@ -40,7 +40,7 @@ use petite_weights::{
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::engines::{self, Backend};
+use crate::engines::{self, Backend, BackendOptions};
 use crate::memory::{Recorder, human, status};
 use crate::{Error, Result};
 
@@ -70,6 +70,8 @@ pub struct ExportOptions {
     pub out: PathBuf,
     /// Engine backend.
     pub backend: Backend,
+    /// The backend's own settings (TensorRT: which builder, which target).
+    pub backend_options: BackendOptions,
     /// Per-engine weight cap (`None`: from the budget, else [`DEFAULT_ENGINE_CAP`]).
     pub engine_cap: Option<u64>,
     /// Whole-process memory budget, checked before any work.
@@ -94,6 +96,7 @@ impl ExportOptions {
             config: config.map(Path::to_path_buf),
             out: out.to_path_buf(),
             backend: Backend::Reference,
+            backend_options: BackendOptions::default(),
             engine_cap: None,
             memory_budget: None,
             precision: Precision::Bf16,
@@ -273,21 +276,42 @@ fn check_writable(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Weights each program reads, by declared dtype: names declared bf16 everywhere they are read
-/// go to the mapping file.
-fn mapping_selection(programs: &[&Program]) -> Vec<String> {
-    let mut bf16 = BTreeSet::new();
-    let mut other = BTreeSet::new();
+/// The weights that go to the mapping file, each with its dtype there: a name goes when the
+/// backend wants every read of it from the mapping file in one dtype; a name the backend reads
+/// from the checkpoint anywhere stays there. A name wanted in two dtypes is an error naming it.
+fn mapping_selection(
+    programs: &[&Program],
+    builder: &dyn EngineBuilder,
+) -> Result<Vec<(String, Dtype)>> {
+    let mut wanted: BTreeMap<String, Option<Dtype>> = BTreeMap::new();
+    let mut checkpoint_read = BTreeSet::new();
     for p in programs {
         for w in p.weights() {
-            if w.dtype == Dtype::Bf16 {
-                bf16.insert(w.name);
-            } else {
-                other.insert(w.name);
+            match builder.mapping_dtype(w.dtype) {
+                None => {
+                    checkpoint_read.insert(w.name);
+                }
+                Some(d) => {
+                    let slot = wanted.entry(w.name.clone()).or_insert(Some(d));
+                    if *slot != Some(d) {
+                        return Err(Error::Usage(format!(
+                            "weight `{}` is read as {} and as {}: the {} builder reads both \
+                             from the mapping file, which holds one copy",
+                            w.name,
+                            slot.map(|d| d.name()).unwrap_or("?"),
+                            d.name(),
+                            builder.backend_id()
+                        )));
+                    }
+                }
             }
         }
     }
-    bf16.difference(&other).cloned().collect()
+    Ok(wanted
+        .into_iter()
+        .filter(|(n, _)| !checkpoint_read.contains(n))
+        .filter_map(|(n, d)| d.map(|d| (n, d)))
+        .collect())
 }
 
 /// The mapping file for `selection` of `ck`: reused when a file for the same source identity
@@ -295,20 +319,25 @@ fn mapping_selection(programs: &[&Program]) -> Vec<String> {
 fn mapping_file(
     ck: &CanonicalCheckpoint,
     source: &str,
-    selection: &[String],
+    selection: &[(String, Dtype)],
     cache: &Path,
     progress: bool,
 ) -> Result<(MappedSafetensors, bool, petite_weights::ConvertReport)> {
     let mut h = Sha256::new();
     h.update(source.as_bytes());
     h.update(b"|bf16|");
-    for n in selection {
+    for (n, d) in selection {
         h.update(n.as_bytes());
+        // bf16 entries hash as before per-tensor dtypes existed (same key, same file name).
+        if *d != Dtype::Bf16 {
+            h.update([1]);
+            h.update(d.name().as_bytes());
+        }
         h.update([0]);
     }
     let key = hex(&h.finalize());
     let path = mapping_path(cache, &key);
-    if let Some(m) = current_mapping(&path, &key, selection.iter().map(String::as_str)) {
+    if let Some(m) = current_mapping(&path, &key, selection.iter().map(|(n, _)| n.as_str())) {
         let rep = petite_weights::ConvertReport {
             tensors: selection.len(),
             dropped: vec![],
@@ -321,10 +350,15 @@ fn mapping_file(
     clear_stale_mappings(cache, &path)?;
     let opts = ConvertOptions {
         dtype: TargetDtype::Bf16,
-        selection: Selection::Keep(selection.to_vec()),
+        selection: Selection::Keep(selection.iter().map(|(n, _)| n.clone()).collect()),
         threads: 2,
         progress,
         metadata: vec![("petite.mapping_key".to_string(), key)],
+        dtypes: selection
+            .iter()
+            .filter(|(_, d)| *d != Dtype::Bf16)
+            .map(|(n, d)| (n.clone(), petite_reference::weights_dtype(*d)))
+            .collect(),
         ..ConvertOptions::default()
     };
     let rep = petite_weights::convert(ck, &path, &opts)?;
@@ -510,13 +544,12 @@ fn build_engines(
     plan: &Plan,
     program: &Program,
     weights: &ExportWeights,
-    backend: Backend,
+    builder: &dyn EngineBuilder,
     identity: &str,
     dir: &Path,
     opts: &ExportOptions,
     pb: &ProgressBar,
 ) -> Result<(Vec<BuiltEngine>, Vec<serde_json::Value>)> {
-    let builder = backend.builder(weights.mapping.as_ref().map(|m| m.path()))?;
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create engine directory", e))?;
     let last_use = engines::last_uses(plan);
     let mut built = Vec::with_capacity(plan.engines.len());
@@ -525,7 +558,7 @@ fn build_engines(
         check_interrupt()?;
         let sub = plan.engine_program(program, i)?;
         let mut h = Sha256::new();
-        h.update(backend.settings().as_bytes());
+        h.update(builder.settings().as_bytes());
         h.update(b"|");
         h.update(identity.as_bytes());
         h.update(b"|");
@@ -540,22 +573,29 @@ fn build_engines(
         };
         pb.set_message(name.clone());
         let t = std::time::Instant::now();
-        let path = dir.join(backend.file_name(&name));
-        let (eng, reused) = match engines::reuse(backend, &path, &job) {
+        let path = dir.join(builder.file_name(&name));
+        let (eng, reused) = match builder.reuse(&path, &job) {
             Some(b) => (b, true),
-            None => (engines::build(builder.as_ref(), &job, weights, dir)?, false),
+            None => (builder.build(&job, weights, dir)?, false),
         };
         if !last_use[i].is_empty() {
             engines::release_weights(weights, &last_use[i])?;
         }
+        let wb = WeightBytes::of(&sub.program);
         records.push(json!({
             "name": name,
             "weight_bytes": e.weight_bytes,
+            "weight_bytes_16bit": wb.half,
+            "weight_bytes_32bit": wb.full,
+            "build_memory_estimate": builder.memory().bytes(wb),
             "file_bytes": eng.file_bytes,
             "over_cap": e.over_cap,
             "reused": reused,
             "seconds": t.elapsed().as_secs_f64(),
             "rss_after": status().map(|s| s.rss),
+            "builder_peak_rss_bytes": eng.stats.map(|s| s.builder_peak_rss_bytes),
+            "build_s": eng.stats.map(|s| s.build_s),
+            "plan_bytes": eng.stats.map(|s| s.plan_bytes),
         }));
         built.push(eng);
         pb.inc(1);
@@ -632,10 +672,18 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
             checkpoint_desc,
         );
     }
+    if opts.backend == Backend::TensorRt && opts.precision != Precision::Bf16 {
+        return Err(Error::Usage(
+            "--backend tensorrt exports bf16 programs only (lerobot's bf16 mode); use --dtype bf16"
+                .into(),
+        ));
+    }
+    // Finds and probes the backend's tool: a missing builder is refused before any work.
+    let builder = opts.backend.builder(&opts.backend_options)?;
+    let memory = builder.memory();
     let engine_cap = match (opts.engine_cap, opts.memory_budget) {
         (Some(c), _) => c,
-        (None, Some(b)) => opts
-            .backend
+        (None, Some(b)) => memory
             .cap_for(b.saturating_sub(base))
             .unwrap_or(DEFAULT_ENGINE_CAP),
         (None, None) => DEFAULT_ENGINE_CAP,
@@ -653,31 +701,33 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     let largest = prefix_plan
         .max_engine_weight_bytes()
         .max(step_plan.max_engine_weight_bytes());
-    let build_need = opts.backend.build_bytes(largest).max(CONVERT_BYTES);
+    // The costliest engine to build under the backend's memory model (by dtype mix).
+    let mut engine_need = 0u64;
+    for (plan, program) in [(&prefix_plan, &progs.prefix), (&step_plan, &progs.step)] {
+        for i in 0..plan.engines.len() {
+            let sub = plan.engine_program(program, i)?;
+            engine_need = engine_need.max(memory.bytes(WeightBytes::of(&sub.program)));
+        }
+    }
+    let build_need = engine_need.max(CONVERT_BYTES);
     let need = base + build_need;
     if let Some(b) = opts.memory_budget
         && need > b
     {
         return Err(Error::Budget(format!(
             "memory budget {} is too small: the process base is {} and the largest step needs {} \
-             more ({} backend building an engine of {} weights under engine cap {}; conversion \
+             more ({} building an engine of up to {} weights under engine cap {}; conversion \
              {}), {} in all; nothing was done",
             human(b),
             human(base),
             human(build_need),
-            opts.backend.name(),
+            builder.info(),
             human(largest),
             human(engine_cap),
             human(CONVERT_BYTES),
             human(need)
         )));
     }
-    if opts.backend == Backend::TensorRt && opts.precision != Precision::Bf16 {
-        return Err(Error::Usage(
-            "--backend tensorrt exports bf16 programs only (its engines read the bf16 mapping file); use --dtype bf16".into(),
-        ));
-    }
-    opts.backend.check_available()?;
     check_writable(&opts.out)?;
     let identity = format!("{}|{:?}", source_key(&ck_files)?, opts.precision);
     rec.end(st, false);
@@ -686,17 +736,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     // --- convert: the mapping file ---------------------------------------------------------
     let st = rec.begin("convert");
     let all_programs = [&progs.timestep_table, &progs.prefix, &progs.step];
-    let selection = if opts.backend.needs_full_mapping() {
-        // TensorRT's ONNX models point into the mapping file for every weight; weights the
-        // programs declare f32 are then read from their bf16 copies (cast back to f32).
-        let set: BTreeSet<String> = all_programs
-            .iter()
-            .flat_map(|p| p.weights().into_iter().map(|w| w.name))
-            .collect();
-        set.into_iter().collect()
-    } else {
-        mapping_selection(&all_programs)
-    };
+    let selection = mapping_selection(&all_programs, builder.as_ref())?;
     let cache = opts.out.join("cache");
     let (mapping, mapping_reused, conv) = if selection.is_empty() {
         (None, true, None)
@@ -705,10 +745,13 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
         (Some(m), reused, Some(rep))
     };
     let mapping_path = mapping.as_ref().map(|m| m.path().to_path_buf());
+    if let Some(p) = &mapping_path {
+        builder.attach_mapping(p)?;
+    }
     let mapping_bytes = mapping.as_ref().map(|m| m.mapped_len() as u64).unwrap_or(0);
     let weights = ExportWeights {
         mapping,
-        from_mapping: selection.iter().cloned().collect(),
+        from_mapping: selection.iter().map(|(n, _)| n.clone()).collect(),
         checkpoint: ck,
     };
     rec.end(st, mapping_reused);
@@ -729,7 +772,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
         &prefix_plan,
         &progs.prefix,
         &weights,
-        opts.backend,
+        builder.as_ref(),
         &identity,
         &engines_dir,
         opts,
@@ -740,7 +783,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
         &step_plan,
         &progs.step,
         &weights,
-        opts.backend,
+        builder.as_ref(),
         &identity,
         &engines_dir,
         opts,
@@ -807,6 +850,9 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
             "engine_cap": engine_cap,
             "memory_budget": opts.memory_budget,
             "memory_estimate": need,
+            "builder": builder.info().to_string(),
+            "builder_settings": builder.settings(),
+            "build_memory_model": memory,
             "mapping": {
                 "path": mapping_path.map(|p| p.display().to_string()),
                 "reused": mapping_reused,
@@ -872,7 +918,7 @@ fn export_portable(
     base: u64,
     checkpoint_desc: serde_json::Value,
 ) -> Result<ExportResult> {
-    let build_need = opts.backend.build_bytes(0).max(PORTABLE_CONVERT_BYTES);
+    let build_need = PORTABLE_CONVERT_BYTES;
     let need = base + build_need;
     if let Some(b) = opts.memory_budget
         && need > b

@@ -303,7 +303,10 @@ fn bad_inputs_fail_clearly_write_nothing_and_leave_the_checkpoint_untouched() {
     refused(
         &mut cmd(&model, &cfg, &out, &["--backend", "cuda"]),
         &out,
-        &["reference` or `tensorrt"],
+        &[
+            "invalid value 'cuda' for '--backend",
+            "possible values: reference, tensorrt, portable",
+        ],
     );
     assert_eq!(fingerprint(&model), before, "checkpoint modified");
 }
@@ -417,7 +420,8 @@ fn tensorrt_backend_with_a_stand_in_trtexec() {
     let fake = s.0.join("trtexec");
     std::fs::write(
         &fake,
-        "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in --saveEngine=*) out=\"${a#--saveEngine=}\";; \
+        "#!/bin/sh\ncase \"$1\" in --help) echo '[TensorRT v100300]'; exit 0;; esac\n\
+         for a in \"$@\"; do case \"$a\" in --saveEngine=*) out=\"${a#--saveEngine=}\";; \
          --onnx=*) onnx=\"${a#--onnx=}\";; esac; done\ntest -s \"$onnx\" || exit 3\n\
          head -c 1000 /dev/zero | tr '\\0' 'P' > \"$out\"\n",
     )
@@ -449,18 +453,40 @@ fn tensorrt_backend_with_a_stand_in_trtexec() {
     assert!(!v.status.success());
     assert!(String::from_utf8_lossy(&v.stderr).contains("TensorRTBackend"));
 
-    // --memory-budget picks TensorRT's cap from its build estimate (4x the engine's weights):
-    // cap = (budget - process base) / 4, every engine within it.
+    assert_eq!(r["builder"], "trtexec TensorRT 10.3.0");
+    for p in ["prefix", "step"] {
+        for e in r["programs"][p]["engines"].as_array().unwrap() {
+            assert_eq!(e["plan_bytes"], 1000, "{e}");
+            assert!(e["builder_peak_rss_bytes"].as_u64().unwrap() > 0, "{e}");
+            assert!(e["build_s"].as_f64().unwrap() >= 0.0, "{e}");
+        }
+    }
+
+    // --memory-budget picks TensorRT's cap from the builder's memory model (base + a multiple
+    // of the engine's weights per dtype): cap = (budget - process base - model base) / the
+    // larger multiple, every engine within it.
+    let model = &r["build_memory_model"];
+    let (mbase, per) = (
+        model["base"].as_u64().unwrap(),
+        model["per_full_byte"]
+            .as_f64()
+            .unwrap()
+            .max(model["per_half_byte"].as_f64().unwrap()),
+    );
+    let budget: u64 = 400 << 20;
     let out3 = s.0.join("out3");
     ok(common::export_cmd(&c, &out3)
-        .args(["--backend", "tensorrt", "--memory-budget", "96MiB"])
+        .args(["--backend", "tensorrt", "--memory-budget", "400MiB"])
         .env("PETITE_TRTEXEC", &fake)
         .output()
         .unwrap());
     let r3 = report(&out3);
     let cap = r3["engine_cap"].as_u64().unwrap();
-    assert!(cap > 0 && cap <= (96 << 20) / 4, "cap {cap}");
-    assert!(r3["memory_estimate"].as_u64().unwrap() <= 96 << 20);
+    assert!(
+        cap > 0 && cap as f64 <= (budget - mbase) as f64 / per,
+        "cap {cap}"
+    );
+    assert!(r3["memory_estimate"].as_u64().unwrap() <= budget);
     for p in ["prefix", "step"] {
         for e in r3["programs"][p]["engines"].as_array().unwrap() {
             assert!(e["over_cap"] == true || e["weight_bytes"].as_u64().unwrap() <= cap);
@@ -494,4 +520,29 @@ fn tensorrt_backend_with_a_stand_in_trtexec() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("TensorRT is not available"));
     assert!(!out2.exists());
+
+    // A crashing builder: named, no .pte under a final name, and a re-run with a working
+    // builder finishes.
+    let crash = s.0.join("crash");
+    std::fs::write(
+        &crash,
+        "#!/bin/sh\ncase \"$1\" in --help) echo '[TensorRT v100300]'; exit 0;; esac\nkill -SEGV $$\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&crash, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out5 = s.0.join("out5");
+    let o = export_cmd(&c, &out5, &["--backend", "tensorrt"])
+        .arg("--trtexec")
+        .arg(&crash)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("trtexec was killed by signal 11"), "{err}");
+    assert!(!out5.join("prefix.pte").exists() && !out5.join("step.pte").exists());
+    ok(export_cmd(&c, &out5, &["--backend", "tensorrt"])
+        .arg("--trtexec")
+        .arg(&fake)
+        .output()
+        .unwrap());
 }

@@ -1,5 +1,6 @@
 //! `cargo xtask conformance [--full]`: checks petite's outputs with software nobody here wrote
-//! (ExecuTorch's runtime and deserializer, lerobot's PyTorch PI05), each in a venv under target/.
+//! (ExecuTorch's runtime and deserializer, lerobot's PyTorch PI05, ONNX Runtime, TensorRT-RTX's
+//! parser and builder), each in a venv under target/.
 //! One module per tier so they grow independently.
 
 use anyhow::Result;
@@ -10,6 +11,7 @@ mod lerobot;
 mod onnx;
 mod portable;
 mod pte;
+mod tensorrt;
 mod weights;
 
 /// Options of the conformance task.
@@ -30,6 +32,7 @@ pub fn run(args: &Args) -> Result<()> {
     weights::run()?;
     onnx::run()?;
     portable::run(args.full)?;
+    tensorrt::run()?;
     if args.full {
         // The exporter's own .pte files (TensorRT-style delegates over named data), on a small
         // golden, through ExecuTorch 1.5.1's deserialize_pte_binary (the pte tier made its venv).

@@ -61,6 +61,7 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
         threads: a.threads.max(1),
         progress: true,
         metadata: vec![("petite.source".into(), a.checkpoint.display().to_string())],
+        dtypes: Default::default(),
     };
     let r = convert(&src, &a.out, &opts)
         .with_context(|| format!("converting {}", a.checkpoint.display()))?;

@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use petite::engines::Backend;
+use petite::engines::{Backend, BackendOptions};
 use petite::export::{ExportOptions, export};
 use petite::memory::parse_size;
 use petite_pi05::Precision;
@@ -24,8 +24,20 @@ pub struct ExportArgs {
     pub out: PathBuf,
     /// Backend: reference | tensorrt (engines as delegates) | portable (no engines: every op an
     /// ExecuTorch portable kernel call, runs in any ExecuTorch runtime; check with `petite verify`).
-    #[arg(long, default_value = "reference")]
+    #[arg(long, value_enum, default_value = "reference")]
     pub backend: Backend,
+    /// tensorrt: TensorRT's trtexec (JetPack: /usr/src/tensorrt/bin/trtexec); else
+    /// $PETITE_TRTEXEC; if neither, TensorRT-RTX through --trt-python.
+    #[arg(long, value_name = "PATH")]
+    pub trtexec: Option<PathBuf>,
+    /// tensorrt: a Python with TensorRT-RTX (`pip install tensorrt-rtx-cu13==1.7.1.116`); else
+    /// $PETITE_TRT_PYTHON, else target/venv-trt (built by `cargo xtask ci`).
+    #[arg(long, value_name = "PY")]
+    pub trt_python: Option<PathBuf>,
+    /// tensorrt with TensorRT-RTX: the compute capability to build for, e.g. sm86 (default: the
+    /// GPU present, else sm86, the nearest to Jetson Orin's sm87, which TensorRT-RTX lacks).
+    #[arg(long, value_name = "smXY")]
+    pub trt_target: Option<String>,
     /// Weight bytes per engine, e.g. 512MiB (default: from --memory-budget, else 512MiB; not
     /// with --backend portable).
     #[arg(long, value_parser = parse_size)]
@@ -50,6 +62,20 @@ pub struct ExportArgs {
 pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     let mut o = ExportOptions::new(&a.checkpoint, a.config.as_deref(), &a.out);
     o.backend = a.backend;
+    o.backend_options = BackendOptions {
+        trtexec: a.trtexec.clone(),
+        trt_python: a.trt_python.clone(),
+        trt_target: a.trt_target.clone(),
+        weight_streaming: false,
+    };
+    if a.backend != Backend::TensorRt
+        && (a.trtexec.is_some() || a.trt_python.is_some() || a.trt_target.is_some())
+    {
+        anyhow::bail!(
+            "--trtexec, --trt-python and --trt-target apply to --backend tensorrt only (got --backend {})",
+            a.backend.name()
+        );
+    }
     o.engine_cap = a.engine_cap;
     o.memory_budget = a.memory_budget;
     o.precision = a.dtype;

@@ -1,0 +1,126 @@
+//! The real-TensorRT tier: every lerobot golden exported with `--backend tensorrt` through
+//! TensorRT-RTX (a real TensorRT parser and builder from PyPI that builds on a CPU-only machine,
+//! venv `target/venv-trt`), at the default engine cap and, for one case, at a cap small enough
+//! to cut the programs into many engines. Checks: the export succeeds (zero parse or build
+//! errors), `report.json` names the builder and records each engine's builder peak RSS, build
+//! time and plan size, every delegate blob is a `TR01` blob holding a TensorRT-RTX plan (`vtrt`
+//! magic), and no plan exceeds 1.05x its engine's weight bytes + 8 MiB (weights are stored once,
+//! in their compute dtype). What it cannot check: running a plan (no GPU here that TensorRT-RTX
+//! supports), and JetPack TensorRT's own builder.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::util;
+
+const CASES: &[&str] = &[
+    "two_cams_mqa",
+    "three_cams_masked_gqa",
+    "one_cam_mha_unpadded",
+];
+/// Plan bytes allowed per engine: 1.05x its weights plus this much (kernels, metadata: the
+/// small goldens' engines measured 2.4-4.0 MiB of plan around under 0.3 MiB of weights).
+const PLAN_SLACK: u64 = 8 << 20;
+
+/// Runs the tier.
+pub fn run() -> Result<()> {
+    let root = util::root();
+    let python = util::venv("trt", &[petite_engine::tensorrt::RTX_REQUIREMENT])?;
+    let petite = util::release_petite()?;
+    let out = root.join("target").join("tensorrt-conformance");
+    if out.exists() {
+        std::fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
+    }
+    let mut runs: Vec<(&str, Option<&str>)> = CASES.iter().map(|c| (*c, None)).collect();
+    runs.push(("three_cams_masked_gqa", Some("96KiB")));
+    let mut total = 0;
+    for (case, cap) in runs {
+        let case_dir = root.join("testdata").join("pi05").join(case);
+        let dir = out.join(format!("{case}-{}", cap.unwrap_or("default")));
+        let mut cmd = std::process::Command::new(&petite);
+        cmd.arg("export")
+            .arg("--backend")
+            .arg("tensorrt")
+            .arg("--trt-python")
+            .arg(&python)
+            .arg("--trt-target")
+            .arg("sm86")
+            .arg("--config")
+            .arg(case_dir.join("config.json"))
+            .arg("--checkpoint")
+            .arg(case_dir.join("model.safetensors"))
+            .arg("--out")
+            .arg(&dir)
+            .arg("--keep-engines");
+        if let Some(c) = cap {
+            cmd.args(["--engine-cap", c]);
+        }
+        util::run(&mut cmd)?;
+        let n = check_export(&dir).with_context(|| format!("{}", dir.display()))?;
+        eprintln!(
+            "xtask: tensorrt: {case} (cap {}): {n} engines built by TensorRT-RTX",
+            cap.unwrap_or("default")
+        );
+        total += n;
+    }
+    std::fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
+    eprintln!("xtask: tensorrt: {total} engines parsed and built, zero errors");
+    Ok(())
+}
+
+/// Checks one export directory; returns the number of engines.
+fn check_export(dir: &Path) -> Result<usize> {
+    let text = std::fs::read_to_string(dir.join("report.json"))?;
+    let r: serde_json::Value = serde_json::from_str(&text)?;
+    let builder = r["builder"].as_str().unwrap_or("");
+    ensure!(
+        builder == format!("tensorrt-rtx {}", rtx_version()),
+        "report.json builder is `{builder}`"
+    );
+    let mut n = 0;
+    for p in ["prefix", "step"] {
+        let engines = r["programs"][p]["engines"]
+            .as_array()
+            .with_context(|| format!("no {p} engines in report.json"))?;
+        ensure!(!engines.is_empty(), "{p}: no engines");
+        for e in engines {
+            let name = e["name"].as_str().unwrap_or("?");
+            let weights = e["weight_bytes"].as_u64().unwrap_or(0);
+            let plan = e["plan_bytes"].as_u64().unwrap_or(0);
+            let peak = e["builder_peak_rss_bytes"].as_u64().unwrap_or(0);
+            ensure!(
+                plan > 0 && peak > 0 && e["build_s"].as_f64().is_some_and(|s| s > 0.0),
+                "{name}: build statistics missing: {e}"
+            );
+            ensure!(
+                plan as f64 <= 1.05 * weights as f64 + PLAN_SLACK as f64,
+                "{name}: plan of {plan} bytes for {weights} weight bytes (> 1.05x + {PLAN_SLACK})"
+            );
+            let blob = dir.join("engines").join(format!("{name}.tr01"));
+            let (h, _) = petite_engine::tensorrt::blob::read(&blob)
+                .with_context(|| format!("{name}: reading its blob"))?;
+            ensure!(
+                h.engine_size == plan,
+                "{name}: blob holds {} plan bytes, report says {plan}",
+                h.engine_size
+            );
+            let mut magic = [0u8; 4];
+            use std::io::{Read, Seek, SeekFrom};
+            let mut f = std::fs::File::open(&blob)?;
+            f.seek(SeekFrom::Start(h.engine_offset as u64))?;
+            f.read_exact(&mut magic)?;
+            if &magic != b"vtrt" {
+                bail!("{name}: the plan starts with {magic:?}, not TensorRT-RTX's `vtrt`");
+            }
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// The pinned TensorRT-RTX version (`tensorrt-rtx-cu13==1.7.1.116` → `1.7.1.116`).
+fn rtx_version() -> &'static str {
+    let r = petite_engine::tensorrt::RTX_REQUIREMENT;
+    r.split("==").nth(1).unwrap_or(r)
+}
