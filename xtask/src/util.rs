@@ -68,7 +68,7 @@ pub fn venv(name: &str, requirements: &[&str]) -> Result<PathBuf> {
 }
 
 /// Finds a Python 3.12 interpreter: `$PETITE_PYTHON312`, pyenv's 3.12.x, or `python3.12` on PATH.
-fn python312() -> Result<PathBuf> {
+pub fn python312() -> Result<PathBuf> {
     if let Ok(p) = std::env::var("PETITE_PYTHON312") {
         return Ok(PathBuf::from(p));
     }

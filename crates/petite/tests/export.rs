@@ -545,4 +545,46 @@ fn tensorrt_backend_with_a_stand_in_trtexec() {
         .arg(&fake)
         .output()
         .unwrap());
+
+    // A builder killed after the first engine (SIGKILL, as the OOM killer does): the error
+    // names it; the re-run reuses the engine already built and builds the rest.
+    let flaky = s.0.join("flaky");
+    let marker = s.0.join("flaky.built-one");
+    std::fs::write(
+        &flaky,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in --help) echo '[TensorRT v100300]'; exit 0;; esac\n\
+             if [ -e {m} ]; then kill -9 $$; fi\ntouch {m}\nexec {fake} \"$@\"\n",
+            m = marker.display(),
+            fake = fake.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&flaky, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out6 = s.0.join("out6");
+    let cap = ["--backend", "tensorrt"];
+    let o = export_cmd(&c, &out6, &cap)
+        .arg("--trtexec")
+        .arg(&flaky)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("engine 1") && err.contains("trtexec was killed by signal 9"),
+        "{err}"
+    );
+    assert!(!out6.join("prefix.pte").exists());
+    ok(export_cmd(&c, &out6, &cap)
+        .arg("--trtexec")
+        .arg(&fake)
+        .output()
+        .unwrap());
+    let r6 = report(&out6);
+    assert_eq!(r6["engines"]["reused"], 1, "{}", r6["engines"]);
+    assert!(
+        r6["engines"]["built"].as_u64().unwrap() >= 2,
+        "{}",
+        r6["engines"]
+    );
 }

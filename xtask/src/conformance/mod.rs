@@ -23,17 +23,50 @@ pub struct Args {
     /// Rewrite testdata/pi05 from lerobot instead of checking it (then review the diff).
     #[arg(long)]
     pub bless_lerobot: bool,
+    /// Run only these tiers (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Tier>,
+}
+
+/// A conformance tier.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    /// lerobot's PyTorch PI05 regenerates the goldens.
+    Lerobot,
+    /// ExecuTorch's deserializer and runtime read petite-pte's files.
+    Pte,
+    /// The weights tier (safetensors and conversion against Python's readers).
+    Weights,
+    /// ONNX Runtime runs the per-engine ONNX models.
+    Onnx,
+    /// ExecuTorch's runtime runs the portable exports.
+    Portable,
+    /// TensorRT-RTX parses and builds every golden's engines.
+    Tensorrt,
 }
 
 /// Runs every conformance tier.
 pub fn run(args: &Args) -> Result<()> {
-    lerobot::run(args.bless_lerobot)?;
-    pte::run(args.full)?;
-    weights::run()?;
-    onnx::run()?;
-    portable::run(args.full)?;
-    tensorrt::run()?;
-    if args.full {
+    let on = |t: Tier| args.only.is_empty() || args.only.contains(&t);
+    if on(Tier::Lerobot) {
+        lerobot::run(args.bless_lerobot)?;
+    }
+    if on(Tier::Pte) {
+        pte::run(args.full)?;
+    }
+    if on(Tier::Weights) {
+        weights::run()?;
+    }
+    if on(Tier::Onnx) {
+        onnx::run()?;
+    }
+    if on(Tier::Portable) {
+        portable::run(args.full)?;
+    }
+    if on(Tier::Tensorrt) {
+        tensorrt::run()?;
+    }
+    if args.full && args.only.is_empty() {
         // The exporter's own .pte files (TensorRT-style delegates over named data), on a small
         // golden, through ExecuTorch 1.5.1's deserialize_pte_binary (the pte tier made its venv).
         util::cargo(&[

@@ -33,7 +33,7 @@ pub fn run() -> Result<()> {
         std::fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
     }
     let mut runs: Vec<(&str, Option<&str>)> = CASES.iter().map(|c| (*c, None)).collect();
-    runs.push(("three_cams_masked_gqa", Some("96KiB")));
+    runs.push(("three_cams_masked_gqa", Some("32KiB")));
     let mut total = 0;
     for (case, cap) in runs {
         let case_dir = root.join("testdata").join("pi05").join(case);
@@ -64,8 +64,58 @@ pub fn run() -> Result<()> {
         );
         total += n;
     }
+    refusals(&petite, &python, &out)?;
     std::fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
     eprintln!("xtask: tensorrt: {total} engines parsed and built, zero errors");
+    Ok(())
+}
+
+/// Bad builder settings with the real TensorRT-RTX: each refused before any work, in one
+/// line naming the tool and what to do, with nothing written.
+fn refusals(petite: &Path, python: &Path, out: &Path) -> Result<()> {
+    let case_dir = util::root().join("testdata").join("pi05").join(CASES[0]);
+    let base_python = util::python312()?;
+    let cases: [(&str, Vec<std::ffi::OsString>, &str); 2] = [
+        (
+            "unsupported target",
+            vec![
+                "--trt-python".into(),
+                python.into(),
+                "--trt-target".into(),
+                "sm87".into(),
+            ],
+            "--trt-target sm87: tensorrt-rtx 1.7.1.116 builds for sm75, sm80, sm86",
+        ),
+        (
+            "python without tensorrt_rtx",
+            vec!["--trt-python".into(), base_python.into()],
+            "cannot import tensorrt_rtx",
+        ),
+    ];
+    for (what, args, needle) in cases {
+        let dir = out.join(format!("refused-{}", what.replace(' ', "-")));
+        let o = std::process::Command::new(petite)
+            .args(["export", "--backend", "tensorrt"])
+            .args(&args)
+            .arg("--config")
+            .arg(case_dir.join("config.json"))
+            .arg("--checkpoint")
+            .arg(case_dir.join("model.safetensors"))
+            .arg("--out")
+            .arg(&dir)
+            .output()?;
+        let err = String::from_utf8_lossy(&o.stderr);
+        ensure!(!o.status.success(), "{what}: the export succeeded");
+        ensure!(
+            err.contains(needle),
+            "{what}: expected `{needle}` in:\n{err}"
+        );
+        ensure!(!dir.exists(), "{what}: {} was created", dir.display());
+        eprintln!(
+            "xtask: tensorrt: {what} refused: {}",
+            err.trim().lines().last().unwrap_or("")
+        );
+    }
     Ok(())
 }
 
