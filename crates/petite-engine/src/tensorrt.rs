@@ -196,15 +196,16 @@ impl Tool {
                 .rev()
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("");
-            return Err(missing(format!(
-                "{} cannot import tensorrt_rtx ({})",
-                python.display(),
-                if last.is_empty() {
-                    "no output"
-                } else {
-                    last.trim()
-                }
-            )));
+            let last = last.trim();
+            return Err(missing(if last.contains("cannot import tensorrt_rtx") {
+                format!("{}: {last}", python.display())
+            } else {
+                format!(
+                    "{} cannot import tensorrt_rtx ({})",
+                    python.display(),
+                    if last.is_empty() { "no output" } else { last }
+                )
+            }));
         };
         let version = p["version"].as_str().unwrap_or("unknown").to_string();
         let targets = p["targets"]

@@ -103,6 +103,7 @@ fn refusals(petite: &Path, python: &Path, out: &Path) -> Result<()> {
             .arg(case_dir.join("model.safetensors"))
             .arg("--out")
             .arg(&dir)
+            .env("RUST_BACKTRACE", "0")
             .output()?;
         let err = String::from_utf8_lossy(&o.stderr);
         ensure!(!o.status.success(), "{what}: the export succeeded");
