@@ -624,32 +624,56 @@ pub mod blob {
         pub total_len: u64,
     }
 
-    /// The metadata JSON, compact, keys in the order Torch-TensorRT writes and its C++ runtime
-    /// parses. dtype/shape are empty, as Torch-TensorRT emits them (the runtime reads them from
-    /// the engine); `serialized_metadata` is empty (petite has no pickled Torch-TRT metadata).
+    /// One binding of the metadata, fields in the serializer's order.
+    #[derive(serde::Serialize)]
+    struct Binding<'a> {
+        name: &'a str,
+        dtype: &'a str,
+        shape: [u64; 0],
+        is_input: bool,
+    }
+
+    /// The metadata, keys in the order Torch-TensorRT's serializer writes them and its C++
+    /// parser scans for them (serde keeps struct field order).
+    #[derive(serde::Serialize)]
+    struct Metadata<'a> {
+        io_bindings: Vec<Binding<'a>>,
+        /// Always written, empty: petite has no aliased I/O (so the magic stays `TR01`).
+        aliased_io: [u8; 0],
+        hardware_compatible: bool,
+        device_id: u32,
+        serialized_metadata: &'a str,
+        target_platform: &'a str,
+    }
+
+    /// The metadata JSON, compact: `io_bindings` (inputs then outputs; dtype/shape empty, as
+    /// Torch-TensorRT emits them: the runtime reads them from the engine), `aliased_io` (empty),
+    /// `hardware_compatible`, `device_id`, `serialized_metadata` (empty: petite has no pickled
+    /// Torch-TRT metadata), `target_platform`.
     pub fn metadata_json(
         inputs: &[IoBinding],
         outputs: &[IoBinding],
         device_id: u32,
         target_platform: &str,
     ) -> String {
-        let q = |s: &str| serde_json::to_string(s).expect("strings serialize");
-        let b: Vec<String> = inputs
-            .iter()
-            .chain(outputs)
-            .map(|b| {
-                format!(
-                    "{{\"name\":{},\"dtype\":\"\",\"shape\":[],\"is_input\":{}}}",
-                    q(&b.name),
-                    b.is_input
-                )
-            })
-            .collect();
-        format!(
-            "{{\"io_bindings\":[{}],\"hardware_compatible\":false,\"device_id\":{device_id},\"serialized_metadata\":\"\",\"target_platform\":{}}}",
-            b.join(","),
-            q(target_platform)
-        )
+        let m = Metadata {
+            io_bindings: inputs
+                .iter()
+                .chain(outputs)
+                .map(|b| Binding {
+                    name: &b.name,
+                    dtype: "",
+                    shape: [],
+                    is_input: b.is_input,
+                })
+                .collect(),
+            aliased_io: [],
+            hardware_compatible: false,
+            device_id,
+            serialized_metadata: "",
+            target_platform,
+        };
+        serde_json::to_string(&m).expect("plain strings and numbers serialize")
     }
 
     /// Writes `out` = header + `metadata` + padding + the plan file's bytes (copied file to file,

@@ -99,6 +99,7 @@ fn stand_in_trtexec_builds_every_engine_into_a_tr01_blob() {
         // Key order is load-bearing (the C++ parser scans for io_bindings first).
         let keys = [
             "\"io_bindings\"",
+            "\"aliased_io\":[]",
             "\"hardware_compatible\"",
             "\"device_id\"",
             "\"serialized_metadata\"",
@@ -237,4 +238,34 @@ fn blob_reader_rejects_broken_layouts() {
         let e = blob::read(&out).unwrap_err().to_string();
         assert!(e.contains(needle), "{needle}: {e}");
     }
+}
+
+/// The metadata bytes exactly as Torch-TensorRT's serializer writes them: compact JSON
+/// (`separators=(",", ":")`), keys in its order, empty dtype/shape per binding, `aliased_io`
+/// always present (empty: magic stays TR01), empty `serialized_metadata`.
+#[test]
+fn metadata_bytes_follow_the_serializer() {
+    use petite_engine::{Dtype, IoBinding};
+    let b = |name: &str, is_input| IoBinding {
+        name: name.into(),
+        dtype: Dtype::F32,
+        shape: vec![2, 3],
+        is_input,
+    };
+    let json = blob::metadata_json(
+        &[b("x", true), b("mask \"q\"", true)],
+        &[b("out0", false)],
+        0,
+        "linux_aarch64",
+    );
+    assert_eq!(
+        json,
+        concat!(
+            r#"{"io_bindings":[{"name":"x","dtype":"","shape":[],"is_input":true},"#,
+            r#"{"name":"mask \"q\"","dtype":"","shape":[],"is_input":true},"#,
+            r#"{"name":"out0","dtype":"","shape":[],"is_input":false}],"#,
+            r#""aliased_io":[],"hardware_compatible":false,"device_id":0,"#,
+            r#""serialized_metadata":"","target_platform":"linux_aarch64"}"#
+        )
+    );
 }
