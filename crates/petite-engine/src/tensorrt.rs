@@ -390,6 +390,9 @@ impl TensorRtBuilder {
         for w in job.program.weights() {
             crate::reference::check_weight(weights, &w)?;
         }
+        // The builder runs in `dir` and is handed paths inside it: make them absolute, or a
+        // relative `--out` would resolve twice.
+        let dir = &std::path::absolute(dir).map_err(|e| Error::io(dir, "resolve", e))?;
         let (mapping, locs) = self.mapping.get().ok_or_else(|| {
             Error::Usage("the TensorRT builder has no mapping file attached".into())
         })?;

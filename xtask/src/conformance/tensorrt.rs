@@ -50,11 +50,17 @@ pub fn run() -> Result<()> {
             .arg(case_dir.join("config.json"))
             .arg("--checkpoint")
             .arg(case_dir.join("model.safetensors"))
-            .arg("--out")
-            .arg(&dir)
             .arg("--keep-engines");
         if let Some(c) = cap {
-            cmd.args(["--engine-cap", c]);
+            // This run also passes --out relative to its working directory (builders run in
+            // the engine directory: paths handed to them must not resolve twice).
+            std::fs::create_dir_all(&out)?;
+            cmd.args(["--engine-cap", c])
+                .arg("--out")
+                .arg(dir.file_name().expect("a case directory name"))
+                .current_dir(&out);
+        } else {
+            cmd.arg("--out").arg(&dir);
         }
         util::run(&mut cmd)?;
         let n = check_export(&dir).with_context(|| format!("{}", dir.display()))?;
