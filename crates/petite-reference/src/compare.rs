@@ -155,6 +155,9 @@ mod tests {
         );
         assert!(max_abs_diff(&[1.0], &[]).is_err());
         let msg = max_abs_diff(&[1.0], &[]).unwrap_err().to_string();
-        assert!(msg.contains("1 actual") && msg.contains("0 expected"), "{msg}");
+        assert!(
+            msg.contains("1 actual") && msg.contains("0 expected"),
+            "{msg}"
+        );
     }
 }
