@@ -107,6 +107,7 @@ fn attention_rope_norm_softmax_hand_computed() {
     let rr = 1.0 / 12.5f32.sqrt();
     assert_eq!(f32s(&out["n"]), vec![3.0 * rr, 4.0 * rr * 2.0]);
     let sm = f32s(&out["s"]);
+    // softmax of [ln 1, ln 3]-like logits: one exp (libm) per element, ~1 ulp of 0.75 = 6e-8.
     assert!((sm[0] - 0.25).abs() < 1e-7 && (sm[1] - 0.75).abs() < 1e-7);
     assert_eq!(f32s(&out["r"]), vec![-3., 2., 1., 4.]);
     assert_eq!(f32s(&out["a"]), vec![15., 10.]);
