@@ -28,15 +28,17 @@ use crate::util;
 
 /// float32-mode outputs (`actions`, `prefix_k_*`, `prefix_v_*`, `v_t_*`, `adarms_cond_*`):
 /// max |generated − committed| ≤ this × max |committed| of the same tensor. Measured worst
-/// (lerobot 0.6.1, torch 2.11.0; testdata/pi05/README.md): 2.0e-6 (prefix_v, oneDNN and ATen at
-/// AVX2 on an AVX-512 EPYC); ATen without vectors 1.6e-6; the reporter's Sapphire Rapids
-/// (AVX-512 + AMX) K/V up to 4.05e-6 absolute at scale ~4, ~1e-6. Bound: 10× the worst seen.
+/// (lerobot 0.6.1, torch 2.11.0; testdata/pi05/README.md): 2.0e-6 vs the committed goldens
+/// (prefix_v, oneDNN and ATen at AVX2 on an AVX-512 EPYC), 2.4e-6 between any two of six ISA
+/// settings; the reporter's Sapphire Rapids (AVX-512 + AMX) K/V up to 4.05e-6 absolute at scale
+/// ~4, ~1e-6. Bound: 8× the worst seen.
 /// What a changed generator costs is far above it (a different weight seed: O(1)).
 const F32_REL_BOUND: f32 = 2e-5;
 /// bfloat16-mode outputs (names ending in `_bf16`): max |generated − committed| ≤ this. One
 /// last-bit difference in an f32 sum can flip a bf16 rounding, and ten Euler steps carry the
 /// flips to the actions. Measured worst: 2.58e-2 (ATen without vectors, oneDNN at SSE4.1: no
-/// AVX-512-BF16 kernels), 7.3e-3 (AVX2), 1.2e-2 (reporter, AMX); lerobot's own bf16-vs-f32 gap
+/// AVX-512-BF16 kernels; also the worst of any two settings), 7.3e-3 (AVX2), 1.2e-2 (reporter,
+/// AMX); lerobot's own bf16-vs-f32 gap
 /// is 8e-3 – 9.6e-3. Bound: the 5e-2 the portable tier already allows a bf16 export
 /// (`portable.rs`), 1.9× the worst seen.
 const BF16_BOUND: f32 = 5e-2;
