@@ -208,7 +208,7 @@ pub fn run(a: &Args) -> Result<()> {
         let rep: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.join("report.json"))?)?;
         println!(
-            "  verify: max abs action error {:e} (export vs f32 reference; bound {:e}), {:.1} s{}",
+            "  verify: max abs action error {:.3e} (export vs f32 reference; bound {:e}), {:.1} s{}",
             rep["verify"]["max_abs_action_error"]
                 .as_f64()
                 .unwrap_or(f64::NAN),

@@ -565,7 +565,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         // null (and `error` set) when the actions could not be compared (NaN, inf, length).
         "max_abs_action_error": compared.as_ref().ok(),
         "error": compared.as_ref().err().map(ToString::to_string),
-        "max_error": opts.max_error,
+        // As written on the command line (5e-2, not f32's 0.05000000074505806).
+        "max_error": opts.max_error.to_string().parse::<f64>().unwrap_or(f64::NAN),
         "within_bound": within_bound,
         "max_abs_reference_action": max_abs_reference,
         "stages": [pte_rec, ref_rec],

@@ -92,7 +92,7 @@ fn without_max_error_the_default_bound_applies() {
     let v = &report(&out)["verify"];
     let e = v["max_abs_action_error"].as_f64().unwrap();
     assert!(e > 0.05, "{v}");
-    assert_eq!(v["max_error"].as_f64().unwrap() as f32, 5e-2);
+    assert_eq!(v["max_error"].as_f64().unwrap(), 5e-2);
     assert_eq!(v["within_bound"], false);
     // A looser explicit bound passes the same files; the bound is recorded.
     ok(verify(&c, &out, &["--max-error", "100"]));
