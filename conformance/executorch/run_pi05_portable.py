@@ -126,6 +126,10 @@ def main():
             if k in expected:
                 kv_err = max(kv_err, float(np.abs(v.f32().astype(np.float64).reshape(
                     expected[k].shape) - expected[k]).max()))
+        # Shapes must agree exactly (numpy would broadcast [1, n] against [m, n]); a NaN makes
+        # `err` NaN and `err <= tol` False.
+        if tuple(actions.shape) != tuple(expected[key].shape):
+            raise SystemExit(f"actions shape {list(actions.shape)} != golden {key} {list(expected[key].shape)}")
         err = float(np.abs(actions.astype(np.float64) - expected[key]).max())
         res.update({"golden": key, "max_abs_err_actions": err, "max_abs_err_prefix_kv": kv_err,
                     "tol": tol, "ok": bool(err <= tol)})

@@ -5,7 +5,9 @@ Each case (manifest.json) is loaded and run in a subprocess (older runtimes can 
 input); outputs are compared with the reference executor's. bf16 travels as uint16 bits.
 Tolerances: f32 |a-b| <= 2e-5 + 2e-5|b| (kernel order of operations differs from the reference);
 bf16 within 1 bf16 ulp of the reference (|a-b| <= 2^-7 |b| + 1e-6, plus a case's `bf16_abs_tol`:
-portable mm/addmm round in bf16 inside the kernel); integers and bools exact.
+portable mm/addmm round in bf16 inside the kernel); integers and bools exact. The expected
+values are the reference executor's, written by the same `cargo test` run on the same CPU, so
+the bounds cover two implementations' summation orders, not a cross-machine difference.
 """
 import json
 import os

@@ -4,7 +4,8 @@
 //! `target/export-pi05/`, verifies it in a separate process, and prints where the files are and
 //! the summary. `--checkpoint PATH` for a real lerobot/Hub checkpoint, `--small` for a quick run
 //! on a lerobot golden case. `--memcap 512MiB` runs the export under
-//! `memcap --limit 512MiB --drop-caches` (verify under `--verify-memcap`, 1GiB), and `--floor`
+//! `memcap --limit 512MiB --drop-caches` (verify under `--verify-memcap`, 1GiB; it fails the
+//! task above `--max-error`, by default petite's bf16-vs-f32 bound), and `--floor`
 //! measures this disk's floor in the same run (dd: read the checkpoint, write the .pte bytes).
 
 use std::path::{Path, PathBuf};
@@ -37,6 +38,11 @@ pub struct Args {
     /// Skip the verification.
     #[arg(long)]
     pub no_verify: bool,
+    /// Fail when the verified max abs action error exceeds this (passed to `petite verify`;
+    /// default: petite's DEFAULT_MAX_ERROR, 5e-2, the bf16-vs-f32 bound; 1e-4 suits an f32
+    /// export).
+    #[arg(long, conflicts_with = "no_verify")]
+    pub max_error: Option<String>,
     /// Measure the disk floor in the same run (dd read of the checkpoint, dd write of the .pte bytes).
     #[arg(long)]
     pub floor: bool,
@@ -129,6 +135,11 @@ pub fn run(a: &Args) -> Result<()> {
         if let Some(c) = &config {
             verify.arg("--config").arg(c);
         }
+        // Without --max-error, `petite verify` applies its default bound; above it (or on a
+        // NaN) it exits non-zero and so does this task.
+        if let Some(m) = &a.max_error {
+            verify.arg("--max-error").arg(m);
+        }
         let limit = a.memcap.as_ref().map(|_| a.verify_memcap.as_str());
         Some(measured(limit, &mut verify, &json)?)
     };
@@ -197,10 +208,11 @@ pub fn run(a: &Args) -> Result<()> {
         let rep: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(out.join("report.json"))?)?;
         println!(
-            "  verify: max abs action error {:e} (bf16 export vs f32 reference), {:.1} s{}",
+            "  verify: max abs action error {:.3e} (export vs f32 reference; bound {:e}), {:.1} s{}",
             rep["verify"]["max_abs_action_error"]
                 .as_f64()
                 .unwrap_or(f64::NAN),
+            rep["verify"]["max_error"].as_f64().unwrap_or(f64::NAN),
             v.wall_s,
             if a.memcap.is_some() {
                 format!(

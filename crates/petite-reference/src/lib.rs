@@ -8,11 +8,13 @@
 #![deny(missing_docs)]
 
 pub mod bf16;
+pub mod compare;
 mod executor;
 pub mod kernels;
 mod memory;
 mod tensor;
 
+pub use compare::{CompareError, max_abs_diff};
 pub use executor::{Executor, NoWeights, RunStats, cast, run, weights_dtype};
 pub use memory::MemoryWeights;
 pub use tensor::{Data, Tensor};

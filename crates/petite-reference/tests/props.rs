@@ -118,6 +118,8 @@ proptest! {
         for i in 0..m {
             for j in 0..n {
                 let want: f64 = b[j] as f64 + (0..k).map(|p| x[i * k + p] as f64 * w[j * k + p] as f64).sum::<f64>();
+                // f32 accumulation of k products of values in [-0.5, 0.5] vs f64: the error grows
+                // like sqrt(k) ulps whether `gemm` fuses (FMA CPUs) or not; 1e-5·sqrt(k) is ~100×.
                 prop_assert!((y[i * n + j] as f64 - want).abs() < 1e-5 * (k as f64).sqrt() + 1e-6);
             }
         }

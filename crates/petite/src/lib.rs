@@ -66,6 +66,15 @@ pub enum Error {
     /// A program is invalid.
     #[error(transparent)]
     Graph(#[from] petite_graph::Error),
+    /// Two sets of values could not be compared: a NaN or ±inf in either, or their lengths
+    /// differ (names which, where, and the value).
+    #[error("{what}: {why}")]
+    Accuracy {
+        /// What was compared with what.
+        what: String,
+        /// Why the comparison failed.
+        why: petite_reference::CompareError,
+    },
     /// JSON (de)serialisation of the report.
     #[error("report JSON: {0}")]
     Json(#[from] serde_json::Error),

@@ -26,12 +26,16 @@ pub struct Args {
     /// Run only these tiers (default: all).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Tier>,
+    /// Testing the drift check: run this golden generator instead of the committed one (its
+    /// hash is not checked; its outputs are, against testdata/pi05).
+    #[arg(long, hide = true)]
+    pub lerobot_generator: Option<std::path::PathBuf>,
 }
 
 /// A conformance tier.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tier {
-    /// lerobot's PyTorch PI05 regenerates the goldens.
+    /// lerobot's PyTorch PI05 regenerates the goldens (under three ISA settings).
     Lerobot,
     /// ExecuTorch's deserializer and runtime read petite-pte's files.
     Pte,
@@ -49,7 +53,7 @@ pub enum Tier {
 pub fn run(args: &Args) -> Result<()> {
     let on = |t: Tier| args.only.is_empty() || args.only.contains(&t);
     if on(Tier::Lerobot) {
-        lerobot::run(args.bless_lerobot)?;
+        lerobot::run(args.bless_lerobot, args.lerobot_generator.as_deref())?;
     }
     if on(Tier::Pte) {
         pte::run(args.full)?;

@@ -12,6 +12,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+# |ORT − reference| / max(1, |reference|). Both sides are computed in this run, on this CPU, and
+# both pick kernels per CPU (ORT's MLAS: AVX2/AVX-512/AMX paths; petite's `gemm`: FMA or not), so
+# what this covers is two f32 summation orders over K ≤ 16384 terms (~1e-6 relative), not a
+# same-machine assumption; bf16 outputs additionally get their 1–2-ulp rounding flips excluded.
 TOL = 1e-4
 
 

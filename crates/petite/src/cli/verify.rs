@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use petite::verify::{VerifyOptions, verify};
+use petite::verify::{DEFAULT_MAX_ERROR, VerifyOptions, verify};
 
 /// Arguments of `petite verify`.
 #[derive(Args, Debug)]
@@ -29,9 +29,11 @@ pub struct VerifyArgs {
     /// $PETITE_PYTHON, else the workspace's target/venv-pte built by `cargo xtask conformance`).
     #[arg(long)]
     pub python: Option<PathBuf>,
-    /// Fail (exit 1) when the max abs action error exceeds this.
-    #[arg(long)]
-    pub max_error: Option<f32>,
+    /// Fail (exit 1) when the max abs action error exceeds this. The default is the bf16-vs-f32
+    /// bound every bf16 export meets (petite::verify::DEFAULT_MAX_ERROR); use 1e-4 for an f32
+    /// export. Non-finite actions always fail.
+    #[arg(long, default_value_t = DEFAULT_MAX_ERROR)]
+    pub max_error: f32,
 }
 
 /// Runs `petite verify`.
@@ -43,6 +45,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         inputs: a.inputs,
         seed: a.seed,
         python: a.python,
+        max_error: a.max_error,
     })
     .with_context(|| format!("verify of {}", a.pte_dir.display()))?;
     println!(
@@ -51,12 +54,11 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         r.max_abs_reference,
         a.pte_dir.join("report.json").display()
     );
-    if let Some(m) = a.max_error
-        && (r.max_abs_error.is_nan() || r.max_abs_error > m)
-    {
+    if !r.within_bound {
         anyhow::bail!(
-            "max abs action error {:e} exceeds --max-error {m:e}",
-            r.max_abs_error
+            "max abs action error {:e} exceeds --max-error {:e}",
+            r.max_abs_error,
+            a.max_error
         );
     }
     Ok(())
