@@ -28,6 +28,8 @@ enum Cmd {
     Lower(cli::lower::LowerArgs),
     /// Run an export's .pte files and compare with the f32 reference (separate process).
     Verify(cli::verify::VerifyArgs),
+    /// What this machine offers: the GPU the CUDA driver reports, the TensorRT builder found.
+    Doctor(cli::doctor::DoctorArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,5 +42,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Export(a) => cli::export::run(a),
         Cmd::Verify(a) => cli::verify::run(a),
         Cmd::Lower(a) => cli::lower::run(a),
+        Cmd::Doctor(a) => cli::doctor::run(a),
     }
 }

@@ -1,5 +1,6 @@
 //! One module per subcommand, so subcommands can grow independently.
 pub mod convert;
+pub mod doctor;
 pub mod export;
 pub mod inspect;
 pub mod lower;

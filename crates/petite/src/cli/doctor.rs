@@ -1,0 +1,52 @@
+//! `petite doctor`: what this machine offers the export — the GPU the CUDA driver reports (if
+//! any) and which TensorRT builder `--backend tensorrt` would use, found the same way.
+use std::path::PathBuf;
+
+use clap::Args;
+use petite::engines::default_trt_python;
+use petite_engine::tensorrt::{Tool, ToolSearch};
+
+/// Arguments of `petite doctor`.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// As `petite export --trtexec`.
+    #[arg(long, value_name = "PATH")]
+    pub trtexec: Option<PathBuf>,
+    /// As `petite export --trt-python`.
+    #[arg(long, value_name = "PY")]
+    pub trt_python: Option<PathBuf>,
+}
+
+/// Runs `petite doctor`; fails only on an I/O error printing.
+pub fn run(a: DoctorArgs) -> anyhow::Result<()> {
+    match petite_engine::gpu::probe() {
+        Some(g) => println!(
+            "gpu: {} (compute capability {}.{}, {:.1} GiB, {})",
+            g.name,
+            g.compute_capability.0,
+            g.compute_capability.1,
+            g.total_memory as f64 / (1u64 << 30) as f64,
+            if g.integrated {
+                "integrated: shares host memory"
+            } else {
+                "discrete"
+            }
+        ),
+        None => println!("gpu: none (no CUDA driver library, or no device)"),
+    }
+    let search = ToolSearch {
+        trtexec: a.trtexec,
+        trt_python: a.trt_python,
+        default_python: Some(default_trt_python()),
+    };
+    match Tool::find(&search) {
+        Ok(t) => {
+            println!("tensorrt builder: {} ({})", t.info, t.program.display());
+            if !t.targets.is_empty() {
+                println!("  targets: {}", t.targets.join(", "));
+            }
+        }
+        Err(e) => println!("tensorrt builder: none: {e}"),
+    }
+    Ok(())
+}
