@@ -91,3 +91,49 @@ pub fn default_rtx_target(tool: &Tool) -> String {
         }
     }
 }
+
+/// `MemAvailable` of `/proc/meminfo` text, in bytes.
+pub fn mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The export's memory budget when none is given: on an integrated GPU (Jetson), whose memory is
+/// the host's one pool, what the kernel says is available now; elsewhere none (a discrete GPU's
+/// memory is not where the export runs).
+pub fn default_memory_budget(gpu: Option<&GpuInfo>) -> Option<u64> {
+    if !gpu?.integrated {
+        return None;
+    }
+    mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_available_is_read_in_bytes_and_only_integrated_gpus_get_a_default_budget() {
+        let text = "MemTotal:        7999999 kB\nMemFree:  100 kB\nMemAvailable:    6000000 kB\n";
+        assert_eq!(mem_available(text), Some(6_000_000 * 1024));
+        assert_eq!(mem_available("MemTotal: 1 kB\n"), None);
+        assert_eq!(mem_available("MemAvailable: lots kB\n"), None);
+        let discrete = GpuInfo {
+            name: "H200".into(),
+            compute_capability: (9, 0),
+            total_memory: 140 << 30,
+            integrated: false,
+        };
+        assert_eq!(default_memory_budget(Some(&discrete)), None);
+        assert_eq!(default_memory_budget(None), None);
+        let orin = GpuInfo {
+            integrated: true,
+            compute_capability: (8, 7),
+            ..discrete
+        };
+        assert_eq!(orin.target(), "sm87");
+        // This machine's own /proc/meminfo stands in for a Jetson's.
+        assert!(default_memory_budget(Some(&orin)).is_some_and(|b| b > 0));
+    }
+}

@@ -681,7 +681,21 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     // Finds and probes the backend's tool: a missing builder is refused before any work.
     let builder = opts.backend.builder(&opts.backend_options)?;
     let memory = builder.memory();
-    let engine_cap = match (opts.engine_cap, opts.memory_budget) {
+    // On an integrated GPU (Jetson) the export shares the device's one memory pool: with no cap
+    // or budget given, the budget is what is available now.
+    let mut memory_budget = opts.memory_budget;
+    if opts.backend == Backend::TensorRt && opts.engine_cap.is_none() && memory_budget.is_none() {
+        let gpu = petite_engine::gpu::probe();
+        if let Some(b) = petite_engine::gpu::default_memory_budget(gpu.as_ref()) {
+            eprintln!(
+                "petite: integrated GPU ({}): memory budget {} (MemAvailable); pass --memory-budget or --engine-cap to choose",
+                gpu.map(|g| g.name).unwrap_or_default(),
+                human(b)
+            );
+            memory_budget = Some(b);
+        }
+    }
+    let engine_cap = match (opts.engine_cap, memory_budget) {
         (Some(c), _) => c,
         (None, Some(b)) => memory
             .cap_for(b.saturating_sub(base))
@@ -691,7 +705,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     if engine_cap == 0 {
         return Err(Error::Budget(format!(
             "memory budget {} leaves no room for an engine: the process already uses {}",
-            human(opts.memory_budget.unwrap_or(0)),
+            human(memory_budget.unwrap_or(0)),
             human(base)
         )));
     }
@@ -711,7 +725,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     }
     let build_need = engine_need.max(CONVERT_BYTES);
     let need = base + build_need;
-    if let Some(b) = opts.memory_budget
+    if let Some(b) = memory_budget
         && need > b
     {
         return Err(Error::Budget(format!(
@@ -848,7 +862,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
         checkpoint_desc,
         json!({
             "engine_cap": engine_cap,
-            "memory_budget": opts.memory_budget,
+            "memory_budget": memory_budget,
             "memory_estimate": need,
             "builder": builder.info().to_string(),
             "builder_settings": builder.settings(),

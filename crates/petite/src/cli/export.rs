@@ -42,8 +42,9 @@ pub struct ExportArgs {
     /// with --backend portable).
     #[arg(long, value_parser = parse_size)]
     pub engine_cap: Option<u64>,
-    /// Memory budget of the whole export, e.g. 8GiB: picks the engine cap for the backend and
-    /// refuses up front, with the numbers, when the plan cannot fit.
+    /// Memory budget of the whole export, e.g. 8GiB: picks the engine cap from the backend's
+    /// build-memory model and refuses up front, with the numbers, when the plan cannot fit
+    /// (tensorrt on an integrated GPU, e.g. a Jetson: default the memory available now).
     #[arg(long, value_parser = parse_size)]
     pub memory_budget: Option<u64>,
     /// Numerics: bf16 (lerobot's bfloat16 mode) or f32. With --backend portable the kernels
