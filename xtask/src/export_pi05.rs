@@ -51,6 +51,10 @@ pub struct Args {
     /// deserializer copies named data into memory, so keep this to small exports).
     #[arg(long)]
     pub executorch_check: bool,
+    /// Engine backend: reference (default; verified) or tensorrt (TensorRT-RTX from
+    /// target/venv-trt, or $PETITE_TRTEXEC; its plans cannot run here, so no verification).
+    #[arg(long, default_value = "reference", value_parser = ["reference", "tensorrt", "portable"])]
+    pub backend: String,
     /// Extra arguments for `petite export` (e.g. `--keep-engines`), after `--`.
     #[arg(last = true)]
     pub export_args: Vec<String>,
@@ -117,12 +121,18 @@ pub fn run(a: &Args) -> Result<()> {
     if let Some(c) = &config {
         export.arg("--config").arg(c);
     }
+    export.arg("--backend").arg(&a.backend);
     export.args(&a.export_args);
     let e = measured(a.memcap.as_deref(), &mut export, &json)?;
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json"))?)?;
 
     let v = if a.no_verify {
+        None
+    } else if a.backend == "tensorrt" {
+        eprintln!(
+            "xtask: not verifying: TensorRT plans cannot run on this machine (report.json has each engine's builder figures)"
+        );
         None
     } else {
         let mut verify = Command::new(&petite);
@@ -193,6 +203,23 @@ pub fn run(a: &Args) -> Result<()> {
             None => String::new(),
         }
     );
+    if let Some(b) = report["builder"].as_str() {
+        let engines: Vec<&serde_json::Value> = ["prefix", "step"]
+            .iter()
+            .filter_map(|p| report["programs"][p]["engines"].as_array())
+            .flatten()
+            .collect();
+        let max = |k: &str| engines.iter().filter_map(|e| e[k].as_u64()).max();
+        println!(
+            "  builder {b}: {} engines, largest plan {}, builder peak RSS {} (engine cap {})",
+            engines.len(),
+            max("plan_bytes").map_or("-".into(), |v| format!("{:.3} GiB", gib(v))),
+            max("builder_peak_rss_bytes").map_or("-".into(), |v| format!("{:.3} GiB", gib(v))),
+            report["engine_cap"]
+                .as_u64()
+                .map_or("-".into(), |v| format!("{:.3} GiB", gib(v)))
+        );
+    }
     let t = &report["totals"];
     println!(
         "  bytes written per weight byte: {:.3} (mapping file + .pte), {:.3} (all files incl. engines); weights {:.2} GiB",
