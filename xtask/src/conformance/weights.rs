@@ -67,8 +67,8 @@ pub fn run() -> Result<()> {
             dtype,
             "--drop",
             "head.lm_head.weight",
-            "--chunk-mib",
-            "1",
+            "--chunk",
+            "1MiB",
         ])?;
     }
     util::run(

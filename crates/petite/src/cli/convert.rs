@@ -36,9 +36,9 @@ pub struct ConvertArgs {
     /// Worker threads.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
-    /// Source MiB per work item (memory is a few of these per thread).
-    #[arg(long, default_value_t = 8)]
-    pub chunk_mib: usize,
+    /// Source bytes per work item, e.g. 8MiB (memory is a few of these per thread).
+    #[arg(long, default_value = "8MiB", value_parser = petite::memory::parse_size)]
+    pub chunk: u64,
 }
 
 /// Runs `petite convert`.
@@ -57,7 +57,7 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
             DtypeArg::F16 => TargetDtype::F16,
         },
         selection,
-        chunk_bytes: a.chunk_mib.max(1) << 20,
+        chunk_bytes: usize::try_from(a.chunk.max(1)).unwrap_or(usize::MAX),
         threads: a.threads.max(1),
         progress: true,
         metadata: vec![("petite.source".into(), a.checkpoint.display().to_string())],

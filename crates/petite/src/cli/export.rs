@@ -6,7 +6,6 @@ use clap::Args;
 use petite::engines::{Backend, BackendOptions};
 use petite::export::{ExportOptions, export};
 use petite::memory::parse_size;
-use petite_pi05::Precision;
 
 /// Arguments of `petite export`.
 #[derive(Args, Debug)]
@@ -49,8 +48,8 @@ pub struct ExportArgs {
     pub memory_budget: Option<u64>,
     /// Numerics: bf16 (lerobot's bfloat16 mode) or f32. With --backend portable the kernels
     /// compute in the weights' dtype (bf16 matmuls round inside the kernel; see README).
-    #[arg(long, default_value = "bf16")]
-    pub dtype: Precision,
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub dtype: super::DtypeArg,
     /// Keep the engine files under OUT/engines after writing the .pte files.
     #[arg(long)]
     pub keep_engines: bool,
@@ -79,7 +78,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     }
     o.engine_cap = a.engine_cap;
     o.memory_budget = a.memory_budget;
-    o.precision = a.dtype;
+    o.precision = a.dtype.into();
     o.keep_engines = a.keep_engines;
     o.handle_ctrl_c = true;
     o.pause_after_engine = a

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use petite_pi05::programs::{Precision, build_prefix, build_step, build_timestep_table};
+use petite_pi05::programs::{build_prefix, build_step, build_timestep_table};
 
 /// Which program to lower.
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -30,8 +30,8 @@ pub struct LowerArgs {
     #[arg(long, value_enum)]
     program: Which,
     /// Numeric mode (weights and activations in that dtype; portable kernels compute in it).
-    #[arg(long, default_value = "f32")]
-    precision: Precision,
+    #[arg(long, value_enum, default_value = "f32", alias = "precision")]
+    dtype: super::DtypeArg,
     /// Output `.pte` (a `.pte.json` description is written next to it).
     #[arg(long, required_unless_present = "plan_only")]
     out: Option<PathBuf>,
@@ -47,9 +47,9 @@ pub fn run(a: LowerArgs) -> Result<()> {
         None => petite_pi05::Pi05Config::default(),
     };
     let prog = match a.program {
-        Which::Prefix => build_prefix(&cfg, a.precision)?,
-        Which::Step => build_step(&cfg, a.precision)?,
-        Which::Timesteps => build_timestep_table(&cfg, a.precision)?,
+        Which::Prefix => build_prefix(&cfg, a.dtype.into())?,
+        Which::Step => build_step(&cfg, a.dtype.into())?,
+        Which::Timesteps => build_timestep_table(&cfg, a.dtype.into())?,
     };
     if a.plan_only {
         let r = petite_portable::plan_portable(&prog)?;
@@ -96,6 +96,7 @@ pub fn run(a: LowerArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use petite_pi05::Pi05Config;
+    use petite_pi05::programs::Precision;
 
     use super::*;
 

@@ -54,9 +54,9 @@ pub struct SynthArgs {
     /// Generator threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// MiB of output allowed in writeback before the writer waits and evicts (bounds memory).
-    #[arg(long, default_value_t = 64)]
-    inflight_mib: u64,
+    /// Output allowed in writeback before the writer waits and evicts, e.g. 64MiB (bounds memory).
+    #[arg(long, default_value = "64MiB", value_parser = petite::memory::parse_size)]
+    inflight: u64,
 }
 
 fn synth(a: SynthArgs) -> anyhow::Result<()> {
@@ -73,7 +73,7 @@ fn synth(a: SynthArgs) -> anyhow::Result<()> {
     let opts = petite_pi05::synth::SynthOptions {
         seed: a.seed,
         threads: a.threads.max(1),
-        inflight_bytes: a.inflight_mib << 20,
+        inflight_bytes: a.inflight,
     };
     let r = petite_pi05::synth::write_synthetic(&cfg, layout, &a.out, &opts)?;
     let gib = r.file_bytes as f64 / (1u64 << 30) as f64;
@@ -104,8 +104,8 @@ pub struct RunArgs {
     #[arg(long)]
     out: std::path::PathBuf,
     /// Numerics: `f32`, or `bf16` (lerobot's bfloat16 mode).
-    #[arg(long, default_value = "f32")]
-    dtype: petite_pi05::Precision,
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: super::DtypeArg,
 }
 
 fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
@@ -115,7 +115,7 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
         inputs: &a.inputs,
         out: &a.out,
     };
-    let r = petite_pi05::run::run_files(&files, a.dtype)?;
+    let r = petite_pi05::run::run_files(&files, a.dtype.into())?;
     let [table, prefix, steps] = r.seconds;
     println!(
         "pi05 run: wrote {} ({} steps); timestep table {table:.3} s, prefix {prefix:.3} s, steps {steps:.3} s, total {:.3} s",

@@ -24,15 +24,6 @@ pub enum ProgramArg {
     Step,
 }
 
-/// Numeric mode of the program (decides weight and activation dtypes).
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum PrecisionArg {
-    /// lerobot's bfloat16 mode (what the exporter builds).
-    Bf16,
-    /// Everything f32.
-    F32,
-}
-
 /// Arguments of `petite plan`.
 #[derive(Args, Debug)]
 pub struct PlanArgs {
@@ -57,8 +48,8 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = DEFAULT_ENGINE_OVERHEAD, value_parser = parse_size)]
     pub engine_overhead: u64,
     /// Numeric mode.
-    #[arg(long, value_enum, default_value = "bf16")]
-    pub precision: PrecisionArg,
+    #[arg(long, value_enum, default_value = "bf16", alias = "precision")]
+    pub dtype: super::DtypeArg,
     /// Prefix only: largest row shard of the token embedding (a larger table is read as row
     /// ranges, so no engine holds all of it; pass a size above the table to keep it whole).
     #[arg(long, default_value_t = DEFAULT_EMBEDDING_SHARD_BYTES as u64, value_parser = parse_size)]
@@ -74,10 +65,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         Some(path) => Pi05Config::from_json_file(path)?,
         None => Pi05Config::default(),
     };
-    let precision = match a.precision {
-        PrecisionArg::Bf16 => Precision::Bf16,
-        PrecisionArg::F32 => Precision::F32,
-    };
+    let precision = Precision::from(a.dtype);
     let (name, program) = match a.program {
         ProgramArg::Prefix => (
             "prefix",
