@@ -184,3 +184,43 @@ fn bad_outputs_fail_cleanly_and_leave_nothing() {
     assert!(convert(&src, &out, &opts(TargetDtype::Bf16, Selection::All)).is_err());
     assert_eq!(std::fs::read(&src_p).unwrap(), before, "source untouched");
 }
+
+/// Per-tensor target dtypes: an f32 tensor kept f32 is copied bit for bit (NaN payloads,
+/// subnormals and all), a bf16 tensor widened to f32 is exact, the others follow `dtype`; a
+/// non-float target is refused naming the tensor, and nothing is left under the output name.
+#[test]
+fn per_tensor_dtypes_keep_f32_bit_exact_and_widen_bf16_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let src_p = dir.path().join("src.safetensors");
+    let data = write_src(&src_p);
+    let src = MappedSafetensors::open(&src_p).unwrap();
+    let out = dir.path().join("out.safetensors");
+    let mut o = opts(TargetDtype::Bf16, Selection::All);
+    o.dtypes.insert("enc.w".into(), Dtype::F32);
+    o.dtypes.insert("already".into(), Dtype::F32);
+    convert(&src, &out, &o).unwrap();
+    let m = MappedSafetensors::open(&out).unwrap();
+    let bytes_of = |n: &str| &data.iter().find(|(t, _)| t.name == n).unwrap().1;
+    let w = m.tensor("enc.w").unwrap();
+    assert_eq!(w.dtype, Dtype::F32);
+    assert_eq!(w.bytes, &bytes_of("enc.w")[..], "f32 kept f32 is a copy");
+    let a = m.tensor("already").unwrap();
+    assert_eq!(a.dtype, Dtype::F32);
+    let widened: Vec<u8> = bytes_of("already")
+        .chunks_exact(2)
+        .flat_map(|c| ((u16::from_le_bytes([c[0], c[1]]) as u32) << 16).to_le_bytes())
+        .collect();
+    assert_eq!(a.bytes, &widened[..], "bf16 → f32 is exact");
+    assert_eq!(m.tensor("enc.b").unwrap().dtype, Dtype::Bf16);
+    assert_eq!(m.tensor("steps").unwrap().dtype, Dtype::I64);
+
+    let out2 = dir.path().join("bad.safetensors");
+    let mut bad = opts(TargetDtype::Bf16, Selection::All);
+    bad.dtypes.insert("enc.b".into(), Dtype::I64);
+    let err = convert(&src, &out2, &bad).unwrap_err().to_string();
+    assert!(
+        err.contains("enc.b") && err.contains("not a float dtype"),
+        "{err}"
+    );
+    assert!(!out2.exists());
+}
