@@ -16,6 +16,7 @@
 //! Knows nothing of pi0.5. Only operators registered by both `executorch-numpy-runtime` 1.4.0
 //! and the `executorch` 1.5.1 pybindings are emitted ([`OPERATORS`]).
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod lower;
 pub mod plan;
