@@ -70,7 +70,12 @@ impl<'fd> WriteBehind<'fd> {
                         | libc::SYNC_FILE_RANGE_WRITE
                         | libc::SYNC_FILE_RANGE_WAIT_AFTER,
                 );
-                libc::posix_fadvise(self.fd.as_raw_fd(), off as i64, len as i64, libc::POSIX_FADV_DONTNEED);
+                libc::posix_fadvise(
+                    self.fd.as_raw_fd(),
+                    off as i64,
+                    len as i64,
+                    libc::POSIX_FADV_DONTNEED,
+                );
             }
         }
     }
