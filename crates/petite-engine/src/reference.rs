@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use petite_graph::{Dtype, Op, Program, ShapeDisplay, WeightInfo};
@@ -216,14 +216,15 @@ impl ReferenceBuilder {
         ];
         let writer = SafetensorsWriter::create(&path, &table, &meta)?;
         let mut behind = (
-            WriteBehind::new(writer.file().as_raw_fd(), 1),
+            WriteBehind::new(writer.file().as_fd(), 1),
             writer.data_start(),
         );
         for name in writer.order() {
             let (st, decl) = stored[name];
             self.stream(source, &writer, name, st, decl, &mut behind)?;
         }
-        behind.0.finish();
+        // Retires the pending ranges and ends the borrow of the writer's fd.
+        drop(behind);
         crate::sys::flush_and_drop(writer.file(), 0, writer.total_len());
         let path = writer.finish()?;
         let file_bytes = std::fs::metadata(&path)

@@ -42,7 +42,9 @@ fn disk_full_midway_names_the_engine_keeps_finished_ones_and_removes_the_partial
     let out = dir.path().join("engines");
 
     // Every file may grow to 600 KiB: engine 0 (~20 KiB) fits, engine 1 (~1 MiB) does not.
-    // SAFETY: plain syscalls; SIGXFSZ ignored so the write returns EFBIG instead of killing us.
+    // SAFETY: no pointers but `&lim`, a live local. SIGXFSZ is ignored so the write returns EFBIG
+    // instead of killing us; both settings are process-wide, and this test binary holds only
+    // this test, so no other test's writes are limited.
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
         let lim = libc::rlimit {

@@ -15,6 +15,7 @@
 //! order, shapes, broadcasting, dtype rules, axis conventions — are documented on [`Op`] and in
 //! the [`op`] module. This crate does no numerics and knows nothing else in the workspace.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod builder;
 mod dtype;

@@ -22,6 +22,7 @@
 //!
 //! The crate knows no backend, no file format and no model.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod extract;
 mod options;

@@ -16,7 +16,7 @@
 //! its pages from the page cache (dirty and cached output would otherwise grow until the cgroup's limit forces reclaim).
 
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, mpsc};
@@ -347,7 +347,7 @@ pub fn write_synthetic(
             .expect("the receiver is alive");
     }
     let pool_rx = Mutex::new(pool_rx);
-    let fd = writer.file().as_raw_fd();
+    let fd = writer.file().as_fd();
     let result: Result<()> = std::thread::scope(|scope| {
         for _ in 0..threads {
             let done_tx = done_tx.clone();

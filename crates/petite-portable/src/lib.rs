@@ -16,6 +16,7 @@
 //! Knows nothing of pi0.5. Only operators registered by both `executorch-numpy-runtime` 1.4.0
 //! and the `executorch` 1.5.1 pybindings are emitted ([`OPERATORS`]).
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod lower;
 pub mod plan;
@@ -23,7 +24,7 @@ pub mod plan;
 mod stream_tests;
 
 use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use petite_graph::{Dtype, Program};
@@ -888,7 +889,7 @@ fn write_mapping_with(
     let failed = AtomicBool::new(false);
     let first_err: Mutex<Option<Error>> = Mutex::new(None);
     // Takes bands until none is left or a thread failed; returns after each band when `once`.
-    let fd = writer.file().as_raw_fd();
+    let fd = writer.file().as_fd();
     let work = |buf: &mut Vec<u8>, flusher: &mut WriteBehind, once: bool| {
         while !failed.load(Ordering::Relaxed) {
             let k = next.fetch_add(1, Ordering::Relaxed);

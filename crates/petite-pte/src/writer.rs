@@ -438,7 +438,8 @@ fn copy_region(
         )));
     }
     // Read-ahead hint, as cp gives: the source is read once, front to back.
-    // SAFETY: plain syscall on an open descriptor; the result is advisory and ignored.
+    // SAFETY: posix_fadvise takes no pointers; `f` is open for the whole call. The advice only
+    // affects read-ahead, so its result is ignored.
     unsafe {
         libc::posix_fadvise(
             f.as_raw_fd(),

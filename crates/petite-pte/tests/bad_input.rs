@@ -442,7 +442,8 @@ fn full_disk_child() {
     std::fs::write(&src, vec![5u8; 3 << 20]).unwrap();
     let out_dir = dir.join("out");
     std::fs::create_dir(&out_dir).unwrap();
-    // SAFETY: process-wide settings in this single-purpose child process.
+    // SAFETY: no pointers but `&lim`, a live local; SIG_IGN installs no handler. Both settings
+    // are process-wide, which is why this runs in a single-purpose child process.
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
         let lim = libc::rlimit {

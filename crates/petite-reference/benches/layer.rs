@@ -76,8 +76,11 @@ fn program(dt: Dtype, ws: &mut MemoryWeights) -> Program {
 
 /// User + system CPU seconds of this process (contention-robust next to wall time).
 fn cpu_seconds() -> f64 {
-    // SAFETY: getrusage writes into the zeroed struct we pass; RUSAGE_SELF is always valid.
+    // SAFETY: `rusage` is a C struct of integers and `timeval`s, for which all-zero bytes are a
+    // valid value.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one `rusage` through a pointer to a live, exclusively borrowed
+    // one; RUSAGE_SELF is always a valid `who`.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
     tv(u.ru_utime) + tv(u.ru_stime)

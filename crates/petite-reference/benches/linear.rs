@@ -37,8 +37,8 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             gemm_f32(
                 &mut out,
-                MatRef::row_major(&x, m, k),
-                MatRef::row_major(&w, n, k).t(),
+                MatRef::row_major(&x, m, k).unwrap(),
+                MatRef::row_major(&w, n, k).unwrap().t(),
                 false,
                 false,
             )

@@ -4,7 +4,7 @@
 //! writer (on an 8 GB device the page cache shares DRAM with everything else).
 
 use std::io::IsTerminal;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -288,7 +288,7 @@ pub fn convert<S: WeightSource>(
     let stop = AtomicBool::new(false);
     let first_err: Mutex<Option<Error>> = Mutex::new(None);
     let show = opts.progress && std::io::stderr().is_terminal();
-    let fd = writer.file().as_raw_fd();
+    let fd = writer.file().as_fd();
     std::thread::scope(|scope| {
         if show {
             let (done, stop) = (&done, &stop);

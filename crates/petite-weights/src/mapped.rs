@@ -13,8 +13,14 @@ use crate::writer::PAD_PREFIX;
 use crate::{Error, Result, TensorInfo, TensorView, WeightSource, page_size};
 
 /// A mapped safetensors file. The mapping is `MAP_SHARED` and read-only, so giving pages back with
-/// `MADV_DONTNEED` never loses data: they fault back in from the file. (As with any mapping, the
-/// file must not be truncated by someone else while it is mapped.)
+/// `MADV_DONTNEED` never loses data: they fault back in from the file.
+///
+/// As with any mapping, the file must not be changed by anyone else while it is mapped: if
+/// another process truncates it, reading a page past the new end raises SIGBUS and kills this
+/// process (no error is returned; issue 13 tracks turning that into one), and if another process
+/// writes to it, views see the new bytes. Bounds never depend on the bytes after `open`: the
+/// header is parsed once into owned values and every view is sliced from the fixed-length
+/// mapping with checked ranges.
 #[derive(Debug)]
 pub struct MappedSafetensors {
     path: PathBuf,
@@ -42,8 +48,13 @@ impl MappedSafetensors {
                 reason: format!("{len} bytes, shorter than the 8-byte header length prefix"),
             });
         }
-        // SAFETY: the mapping is read-only; petite never writes to a source, and the documented
-        // contract is that sources are not truncated while mapped.
+        // SAFETY: `Mmap::map` is unsafe because the `&[u8]` it hands out is only immutable if no
+        // one changes the file while it is mapped. petite opens sources read-only and never writes
+        // them; the contract (see the type's docs) is that no other process does either. If one
+        // truncates the file anyway, touching a page past the new end raises SIGBUS (the process
+        // dies; issue 13); if one writes to it, views read the new bytes. Neither can make a view
+        // reach outside the mapping: the header is parsed once, into owned values, and views are
+        // slices of the fixed-length mapping.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, "mmap", e))?;
         let header = parse_header(&shown, &map)?;
         let mut by_name = HashMap::with_capacity(header.entries.len());
@@ -98,21 +109,31 @@ impl MappedSafetensors {
         Ok(self.header.data_start + e.begin..self.header.data_start + e.end)
     }
 
-    /// Drops `[start, end)` (absolute file offsets, already page-aligned) from this process
+    /// Drops `[start, end)` (absolute file offsets, already page-aligned, inside the mapping:
+    /// the unsafe `madvise` below relies on it) from this process
     /// (`MADV_DONTNEED`) and then from the page cache (`POSIX_FADV_DONTNEED`, which only drops
     /// pages no longer mapped, hence the order).
     fn drop_pages(&self, start: usize, end: usize) -> Result<()> {
         if start >= end {
             return Ok(());
         }
-        // SAFETY: read-only MAP_SHARED file mapping: DONTNEED only unmaps the pages, a later read
-        // faults in the same bytes from the file, so live views observe no change.
+        // SAFETY: `unchecked_advise_range` is unsafe because DONTNEED on a private or anonymous
+        // mapping zeroes the pages. This mapping is a read-only MAP_SHARED file mapping: DONTNEED
+        // only unmaps the pages and a later read faults the same bytes back in from the page
+        // cache or the file, so live views observe no change, under the same contract as `open`
+        // (if another process truncated the file meanwhile, that read raises SIGBUS; issue 13).
+        // The range lies inside the mapping, which matters because DONTNEED beyond it would hit
+        // whatever else is mapped there and memmap2 checks only `start` and the length apart:
+        // callers pass a tensor's range (inside the file: `parse_header` checks every
+        // `data_offsets` end against the data region) rounded inward, or one clamped to the
+        // mapping's length.
         unsafe {
             self.map
                 .unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start)
         }
         .map_err(|e| Error::io(&self.path, "madvise(DONTNEED)", e))?;
-        // SAFETY: plain syscall on an fd we own.
+        // SAFETY: posix_fadvise takes no pointers; `self.file` owns the fd and is open for as long
+        // as `self`. It only drops clean, unmapped pages from the page cache.
         let rc = unsafe {
             libc::posix_fadvise(
                 self.file.as_raw_fd(),
@@ -142,8 +163,11 @@ impl MappedSafetensors {
         }
         let pages = (end - start).div_ceil(page);
         let mut vec = vec![0u8; pages];
-        // SAFETY: the range lies within our mapping, start is page-aligned, and vec has one byte
-        // per page.
+        // SAFETY: mincore reads no memory of ours and writes one byte per page of the range into
+        // `vec`. The range lies within our mapping (end clamped to its length above), its start
+        // is page-aligned (the mapping starts on a page and `start` is rounded down to one), and
+        // `vec` has `ceil(len / page)` bytes. It only asks the kernel about residency, so a
+        // truncated file (beyond the new end) is reported, not faulted in.
         let rc = unsafe {
             libc::mincore(
                 self.map.as_ptr().add(start) as *mut libc::c_void,
@@ -225,8 +249,10 @@ impl WeightSource for MappedSafetensors {
         if s >= e {
             return Ok(());
         }
-        // SAFETY: read-only MAP_SHARED file mapping: DONTNEED only unmaps the pages, a later read
-        // faults in the same bytes from the page cache or the file.
+        // SAFETY: as in `drop_pages`: on this read-only MAP_SHARED file mapping DONTNEED only
+        // unmaps the pages and a later read faults the same bytes back in from the page cache or
+        // the file (SIGBUS if another process truncated it meanwhile; issue 13). The range is a
+        // tensor's (inside the file) rounded out to pages and clamped to the mapping's length.
         unsafe {
             self.map
                 .unchecked_advise_range(UncheckedAdvice::DontNeed, s, e - s)

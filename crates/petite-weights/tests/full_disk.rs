@@ -28,7 +28,9 @@ fn output_disk_full_midway_fails_cleanly_and_leaves_no_file() {
     let src = MappedSafetensors::open(&src_p).unwrap();
 
     // The output would be ~260 KiB; allow 150 KiB: the header and part of the data fit.
-    // SAFETY: plain syscalls; SIGXFSZ ignored so the write returns EFBIG instead of killing us.
+    // SAFETY: no pointers but `&lim`, a live local. SIGXFSZ is ignored so the write returns EFBIG
+    // instead of killing us; both settings are process-wide, and this test binary holds only
+    // this test, so no other test's writes are limited.
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
         let lim = libc::rlimit {

@@ -168,8 +168,13 @@ impl WeightSource for RegionWeights<'_> {
                 (s + e.end) / page * page,
             );
             if a < b {
-                // SAFETY: read-only shared file mapping; DONTNEED drops pages that fault back in
-                // unchanged from the file, so live views see the same bytes.
+                // SAFETY: `self.map` is a read-only MAP_SHARED file mapping (`map_file`): DONTNEED
+                // only unmaps the pages and a later read faults the same bytes back in from the
+                // page cache or the file, so live views see the same bytes (if another process
+                // truncated the `.pte` meanwhile, that read raises SIGBUS; issue 13). [a, b) is
+                // a tensor's range rounded inward to pages, inside the region, which
+                // `RegionWeights` checked lies inside the mapping (memmap2 itself checks only
+                // the start and the length apart).
                 let _ = unsafe {
                     self.map
                         .unchecked_advise_range(UncheckedAdvice::DontNeed, a, b - a)
@@ -195,7 +200,8 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
 fn open_engine<'m>(pte: &PteFile, map: &'m Mmap, segment: usize) -> Result<Engine<'m>> {
     let (start, len) = pte.segment_range(segment)?;
     let (start, len) = (start as usize, len as usize);
-    if start + len > map.len() {
+    // Checked: `release` hands ranges inside this region to an unsafe `madvise`.
+    if start.checked_add(len).is_none_or(|end| end > map.len()) {
         return Err(bad(
             pte.path(),
             format!("segment {segment} runs past the file"),
@@ -419,7 +425,11 @@ fn read_table(pte: &PteFile, steps: usize, r: usize) -> Result<Vec<f32>> {
 
 fn map_file(path: &Path) -> Result<Mmap> {
     let f = File::open(path).map_err(|e| Error::io(path, "open", e))?;
-    // SAFETY: read-only mapping of a file this process does not modify.
+    // SAFETY: `Mmap::map` is unsafe because its `&[u8]` is immutable only while no one changes
+    // the file. This process opens the `.pte` read-only and never writes it; the contract is that
+    // no other process does while `verify` runs. If one truncates it anyway, touching a page past
+    // the new end raises SIGBUS and the process dies (issue 13); if one writes to it, reads see
+    // the new bytes. Neither reaches outside the mapping: every view is a checked slice of it.
     unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, "mmap", e))
 }
 

@@ -192,7 +192,8 @@ fn ctrl_c_stops_cleanly_and_the_rerun_resumes() {
     let c = case("two_cams_mqa");
     let out = s.0.join("out");
     let child = start_and_wait_for_engines(&c, &out, 1);
-    // SAFETY: signalling our own child by pid.
+    // SAFETY: kill takes no pointers. The pid is our own child's, not yet reaped (we wait on it
+    // below), so it cannot have been reused by another process.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let o = child.wait_with_output().unwrap();
     assert!(!o.status.success());

@@ -140,8 +140,8 @@ pub fn sdpa(
         let mut scores = vec![0.0f32; sq * sk];
         gemm_f32(
             &mut scores,
-            MatRef::row_major(qh, sq, d),
-            MatRef::row_major(kh, sk, d).t(),
+            MatRef::row_major(qh, sq, d)?,
+            MatRef::row_major(kh, sk, d)?.t(),
             false,
             parallel,
         )?;
@@ -167,8 +167,8 @@ pub fn sdpa(
         }
         gemm_f32(
             dst,
-            MatRef::row_major(&scores, sq, sk),
-            MatRef::row_major(vh, sk, dv),
+            MatRef::row_major(&scores, sq, sk)?,
+            MatRef::row_major(vh, sk, dv)?,
             false,
             parallel,
         )

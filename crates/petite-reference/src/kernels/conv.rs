@@ -126,8 +126,8 @@ pub fn conv2d(
         }
         gemm_f32(
             oi,
-            MatRef::row_major(weight, o, ckk),
-            MatRef::row_major(&cols, ckk, npix),
+            MatRef::row_major(weight, o, ckk)?,
+            MatRef::row_major(&cols, ckk, npix)?,
             bias.is_some(),
             true,
         )?;

@@ -1,39 +1,81 @@
 //! GEMM through the `gemm` crate: f32 inputs, f32 accumulation. Threads split the output into
 //! blocks; the depth loop (and so every output's summation order) does not depend on the thread
 //! count, which `gemm_is_thread_count_independent` checks.
+//!
+//! Soundness: the only `unsafe` is the call into `gemm::gemm`, which reads and writes through raw
+//! pointers and strides. Every [`MatRef`] is checked when it is made (private fields, checked
+//! arithmetic), so any view a safe caller can hold lies inside its slice and has strides that fit
+//! in `isize`; [`gemm_f32`] checks the shapes against each other and the output length with
+//! checked arithmetic before it reaches the unsafe call.
 
 use crate::{Result, kerr};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
 /// A strided read-only matrix view: element (r, c) is `data[r * rs + c * cs]`.
+///
+/// Made only through [`MatRef::new`] / [`MatRef::row_major`], which refuse a view whose furthest
+/// element lies outside `data` (computed with checked arithmetic) or whose strides do not fit in
+/// `isize`; [`MatRef::t`] keeps both properties. So every value of this type is safe to hand to
+/// the unsafe GEMM.
 #[derive(Debug, Clone, Copy)]
 pub struct MatRef<'a> {
-    /// Backing storage.
-    pub data: &'a [f32],
-    /// Rows.
-    pub rows: usize,
-    /// Columns.
-    pub cols: usize,
-    /// Row stride (elements).
-    pub rs: usize,
-    /// Column stride (elements).
-    pub cs: usize,
+    data: &'a [f32],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
 }
 
 impl<'a> MatRef<'a> {
-    /// A contiguous row-major `rows × cols` matrix.
-    pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        MatRef {
+    /// A `rows × cols` view of `data` with row stride `rs` and column stride `cs` (elements).
+    ///
+    /// Errors when a stride does not fit in `isize`, or when the view is not empty and its
+    /// furthest element, `(rows - 1) * rs + (cols - 1) * cs`, overflows `usize` or is not below
+    /// `data.len()`. An empty view (`rows` or `cols` zero) reads nothing and needs only the
+    /// stride check.
+    pub fn new(data: &'a [f32], rows: usize, cols: usize, rs: usize, cs: usize) -> Result<Self> {
+        let bad = |why: &str| {
+            kerr(
+                "gemm",
+                format!(
+                    "{rows}x{cols} view with strides ({rs}, {cs}) over {} elements: {why}",
+                    data.len()
+                ),
+            )
+        };
+        if isize::try_from(rs).is_err() || isize::try_from(cs).is_err() {
+            return Err(bad("a stride does not fit in isize"));
+        }
+        if rows != 0 && cols != 0 {
+            let last = (rows - 1)
+                .checked_mul(rs)
+                .zip((cols - 1).checked_mul(cs))
+                .and_then(|(a, b)| a.checked_add(b));
+            match last {
+                None => return Err(bad("the furthest element's offset overflows")),
+                Some(l) if l >= data.len() => {
+                    return Err(bad(&format!("the furthest element is at offset {l}")));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(MatRef {
             data,
             rows,
             cols,
-            rs: cols,
-            cs: 1,
-        }
+            rs,
+            cs,
+        })
     }
 
-    /// The transpose (a view; no copy).
+    /// A contiguous row-major `rows × cols` matrix over the start of `data` (which may be
+    /// longer). Errors as [`MatRef::new`] does.
+    pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Result<Self> {
+        Self::new(data, rows, cols, cols, 1)
+    }
+
+    /// The transpose (a view; no copy). It reads the same elements, so it stays in bounds.
     pub fn t(self) -> Self {
         MatRef {
             data: self.data,
@@ -44,26 +86,27 @@ impl<'a> MatRef<'a> {
         }
     }
 
-    fn check(&self, what: &str) -> Result<()> {
-        if self.rows == 0 || self.cols == 0 {
-            return Ok(());
-        }
-        let last = (self.rows - 1)
-            .checked_mul(self.rs)
-            .and_then(|a| (self.cols - 1).checked_mul(self.cs).map(|b| a + b));
-        match last {
-            Some(l) if l < self.data.len() => Ok(()),
-            _ => Err(kerr(
-                "gemm",
-                format!(
-                    "{what}: {}x{} view with strides ({}, {}) exceeds its {} elements",
-                    self.rows,
-                    self.cols,
-                    self.rs,
-                    self.cs,
-                    self.data.len()
-                ),
-            )),
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// (row stride, column stride), in elements.
+    pub fn strides(&self) -> (usize, usize) {
+        (self.rs, self.cs)
+    }
+
+    /// (row stride, column stride) as `gemm` takes them. [`MatRef::new`] checked that both fit,
+    /// so this never errs; it converts rather than casts so that it could not wrap if it did.
+    fn strides_isize(&self) -> Result<(isize, isize)> {
+        match (isize::try_from(self.rs), isize::try_from(self.cs)) {
+            (Ok(rs), Ok(cs)) => Ok((rs, cs)),
+            _ => Err(kerr("gemm", "a stride does not fit in isize")),
         }
     }
 }
@@ -95,9 +138,12 @@ fn split_for(m: usize, n: usize) -> Split {
 
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
-// SAFETY: used only to hand disjoint output blocks of one exclusively borrowed buffer to
-// rayon tasks that all finish before `gemm_f32` returns.
+// SAFETY: a raw pointer is neither Send nor Sync only as a lint against accidental sharing. This
+// one is used only inside `gemm_f32`, to hand disjoint output blocks of one exclusively borrowed
+// `dst` to rayon tasks, all of which finish before `gemm_f32` returns (and so before the borrow
+// ends); no two tasks write the same element and nothing reads `dst` meanwhile.
 unsafe impl Send for SendPtr {}
+// SAFETY: as for `Send` above: tasks share the pointer value, never an element.
 unsafe impl Sync for SendPtr {}
 impl SendPtr {
     fn get(self) -> *mut f32 {
@@ -122,14 +168,12 @@ pub fn gemm_f32(
             format!("lhs is {m}x{k} but rhs is {}x{n}", rhs.rows),
         ));
     }
-    if dst.len() != m * n {
+    if m.checked_mul(n) != Some(dst.len()) {
         return Err(kerr(
             "gemm",
             format!("dst has {} elements, expected {m}x{n}", dst.len()),
         ));
     }
-    lhs.check("lhs")?;
-    rhs.check("rhs")?;
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -139,6 +183,10 @@ pub fn gemm_f32(
         }
         return Ok(());
     }
+    let (lhs_rs, lhs_cs) = lhs.strides_isize()?;
+    let (rhs_rs, rhs_cs) = rhs.strides_isize()?;
+    // dst.len() == m * n and a slice holds at most isize::MAX bytes, so n fits.
+    let dst_rs = isize::try_from(n).map_err(|_| kerr("gemm", "n does not fit in isize"))?;
     // Threads take whole output blocks (independent single-threaded GEMMs, work-stealing, no
     // barriers: robust on a shared machine). Block boundaries depend only on the shape, and
     // within a block gemm's depth loop is fixed, so results never depend on the thread count.
@@ -149,9 +197,18 @@ pub fn gemm_f32(
     };
     let dst_ptr = SendPtr(dst.as_mut_ptr());
     let block = |i0: usize, mi: usize, j0: usize, nj: usize| {
-        // SAFETY: every view was bounds-checked above for its full extent, and (i0, mi, j0, nj)
-        // lies inside m×n; dst is exclusively borrowed, row stride n, column stride 1, and
-        // distinct blocks write disjoint elements.
+        // SAFETY: `gemm::gemm` reads lhs (mi×k from row i0) and rhs (k×nj from column j0) and
+        // writes dst (mi×nj at (i0, j0)) through these pointers and strides.
+        // - In bounds: `MatRef::new` checked, with checked arithmetic, that every element of each
+        //   full view lies inside its slice, and the sub-views start at row i0 < m of lhs and
+        //   column j0 < n of rhs, so `add(i0 * rs)` / `add(j0 * cs)` stay in the slice (their
+        //   products are at most the checked furthest offset, so they do not overflow) and so
+        //   does every element the call reads. dst is m×n contiguous (length checked above),
+        //   i0 + mi <= m and j0 + nj <= n, so every element written is inside dst.
+        // - Strides are the checked `isize` conversions, not casts.
+        // - Aliasing: dst is `&mut` (exclusive), lhs and rhs are shared borrows that cannot
+        //   alias it; distinct blocks write disjoint elements and all finish before we return.
+        // - dst is initialised f32, so reading it when `accumulate` is fine.
         unsafe {
             gemm::gemm(
                 mi,
@@ -159,14 +216,14 @@ pub fn gemm_f32(
                 k,
                 dst_ptr.get().add(i0 * n + j0),
                 1,
-                n as isize,
+                dst_rs,
                 accumulate,
                 lhs.data.as_ptr().add(i0 * lhs.rs),
-                lhs.cs as isize,
-                lhs.rs as isize,
+                lhs_cs,
+                lhs_rs,
                 rhs.data.as_ptr().add(j0 * rhs.cs),
-                rhs.cs as isize,
-                rhs.rs as isize,
+                rhs_cs,
+                rhs_rs,
                 1.0,
                 1.0,
                 false,
@@ -208,13 +265,16 @@ pub fn linear(
         ));
     }
     let k = x.len() / rows;
-    if w.len() != n * k {
+    if n.checked_mul(k) != Some(w.len()) {
         return Err(kerr(
             "linear",
             format!("weight has {} elements, expected [{n}, {k}]", w.len()),
         ));
     }
-    let mut out = vec![0.0f32; rows * n];
+    let len = rows
+        .checked_mul(n)
+        .ok_or_else(|| kerr("linear", format!("{rows}x{n} output overflows")))?;
+    let mut out = vec![0.0f32; len];
     let accumulate = if let Some(b) = bias {
         if b.len() != n {
             return Err(kerr(
@@ -231,8 +291,8 @@ pub fn linear(
     };
     gemm_f32(
         &mut out,
-        MatRef::row_major(x, rows, k),
-        MatRef::row_major(w, n, k).t(),
+        MatRef::row_major(x, rows, k)?,
+        MatRef::row_major(w, n, k)?.t(),
         accumulate,
         true,
     )?;
@@ -259,8 +319,12 @@ pub fn matmul_batched(
         ));
     }
     let batch = a_off.len();
-    let mut out = vec![0.0f32; batch * m * n];
-    if m * n == 0 {
+    let len = batch
+        .checked_mul(m)
+        .and_then(|x| x.checked_mul(n))
+        .ok_or_else(|| kerr("matmul", format!("{batch}x{m}x{n} output overflows")))?;
+    let mut out = vec![0.0f32; len];
+    if len == 0 {
         return Ok(out);
     }
     let one = |(i, dst): (usize, &mut [f32]), parallel: bool| -> Result<()> {
@@ -272,8 +336,8 @@ pub fn matmul_batched(
             .ok_or_else(|| kerr("matmul", format!("batch {i}: rhs offset out of range")))?;
         gemm_f32(
             dst,
-            MatRef::row_major(aa, m, k),
-            MatRef::row_major(bb, k, n),
+            MatRef::row_major(aa, m, k)?,
+            MatRef::row_major(bb, k, n)?,
             false,
             parallel,
         )
@@ -367,8 +431,8 @@ mod tests {
                 pool.install(|| {
                     gemm_f32(
                         &mut d,
-                        MatRef::row_major(&a, m, k),
-                        MatRef::row_major(&b, k, n),
+                        MatRef::row_major(&a, m, k).unwrap(),
+                        MatRef::row_major(&b, k, n).unwrap(),
                         false,
                         true,
                     )
@@ -403,16 +467,16 @@ mod tests {
         let mut d2 = vec![0.0; m * n];
         gemm_f32(
             &mut d1,
-            MatRef::row_major(&a, m, k),
-            MatRef::row_major(&b, k, n),
+            MatRef::row_major(&a, m, k).unwrap(),
+            MatRef::row_major(&b, k, n).unwrap(),
             false,
             false,
         )
         .unwrap();
         gemm_f32(
             &mut d2,
-            MatRef::row_major(&a, m, k),
-            MatRef::row_major(&b, k, n),
+            MatRef::row_major(&a, m, k).unwrap(),
+            MatRef::row_major(&b, k, n).unwrap(),
             false,
             true,
         )
@@ -433,16 +497,150 @@ mod tests {
     fn shape_errors_not_panics() {
         assert!(linear(&[1., 2., 3.], 1, &[1., 2.], 1, None).is_err());
         assert!(linear(&[1., 2.], 1, &[1., 2.], 1, Some(&[1., 2.])).is_err());
-        let mut d = vec![0.0; 4];
-        assert!(
-            gemm_f32(
-                &mut d,
-                MatRef::row_major(&[1.0; 3], 2, 2),
-                MatRef::row_major(&[1.0; 4], 2, 2),
-                false,
-                false
-            )
-            .is_err()
+        // a view larger than its slice is refused when it is made
+        assert!(MatRef::row_major(&[1.0; 3], 2, 2).is_err());
+        // shapes that do not chain, and a dst of the wrong length
+        let a = [1.0; 4];
+        let (a2, a3) = (
+            MatRef::row_major(&a, 2, 2).unwrap(),
+            MatRef::row_major(&a, 1, 3).unwrap(),
         );
+        let mut d = vec![0.0; 4];
+        assert!(gemm_f32(&mut d, a2, a3, false, false).is_err());
+        assert!(gemm_f32(&mut d[..3], a2, a2, false, false).is_err());
+        assert!(gemm_f32(&mut d, a2, a2, false, false).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod soundness {
+    //! No safe call reaches the unsafe GEMM with geometry outside its slices or strides that do
+    //! not fit in `isize`.
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What `MatRef::new` must answer, computed in u128 (no overflow possible).
+    fn in_bounds(len: usize, rows: usize, cols: usize, rs: usize, cs: usize) -> bool {
+        let fits = rs <= isize::MAX as usize && cs <= isize::MAX as usize;
+        if rows == 0 || cols == 0 {
+            return fits;
+        }
+        // each product is below 2^128; their sum may not be, and then it is out of bounds
+        let last = ((rows as u128 - 1) * rs as u128).checked_add((cols as u128 - 1) * cs as u128);
+        fits && last.is_some_and(|l| l < len as u128)
+    }
+
+    #[test]
+    fn overflowing_geometry_is_refused() {
+        let one = [1.0f32; 1];
+        let big = isize::MAX as usize;
+        // (rows-1)*rs + (cols-1)*cs = (2^64 - 2) + 2 wraps to 0 < 1: a plain `+` let this through.
+        assert!(MatRef::new(&one, 3, 2, big, 2).is_err());
+        // the product itself overflows
+        assert!(MatRef::new(&one, 4, 1, big, 1).is_err());
+        assert!(MatRef::new(&one, usize::MAX, 2, 2, 0).is_err());
+        // strides that `as isize` would turn negative, even where the offset is 0
+        assert!(MatRef::new(&one, 1, 1, usize::MAX, 1).is_err());
+        assert!(MatRef::new(&one, 1, 1, 1, big + 1).is_err());
+        assert!(MatRef::new(&one, 0, 5, usize::MAX, 1).is_err());
+        // the transpose of a refused view cannot be made: t() only takes a checked view
+        assert!(MatRef::new(&one, 2, 1, 1, 1).is_err());
+        assert!(MatRef::new(&one, 1, 2, 1, 1).is_err());
+        // the largest strides that fit are fine where they are not used
+        assert!(MatRef::new(&one, 1, 1, big, big).is_ok());
+        // one element short / exactly enough
+        let six = [0.0f32; 6];
+        assert!(MatRef::new(&six, 2, 3, 4, 1).is_err()); // furthest offset 6
+        assert!(MatRef::new(&six, 2, 3, 3, 1).is_ok()); // furthest offset 5
+    }
+
+    #[test]
+    fn dst_length_overflow_is_refused() {
+        // Broadcast (zero-stride) views may be arbitrarily large over one element, so m * n can
+        // overflow: 2^32 * 2^32 wraps to 0, which must not match an empty dst.
+        let one = [1.0f32; 1];
+        let lhs = MatRef::new(&one, 1 << 32, 1, 0, 0).unwrap();
+        let rhs = MatRef::new(&one, 1, 1 << 32, 0, 0).unwrap();
+        let mut dst: [f32; 0] = [];
+        assert!(gemm_f32(&mut dst, lhs, rhs, false, false).is_err());
+        assert!(gemm_f32(&mut dst, lhs, rhs, true, true).is_err());
+    }
+
+    #[test]
+    fn oversized_shapes_in_wrappers_are_errors() {
+        assert!(matmul_batched(&[], &[0, 0], &[], &[0, 0], 1 << 32, 0, 1 << 32).is_err());
+        assert!(matmul_batched(&[1.0], &[0], &[1.0], &[0], 1, 1, 2).is_err());
+        assert!(linear(&[1.0], 1, &[1.0], usize::MAX, None).is_err());
+    }
+
+    #[test]
+    fn broadcast_views_compute() {
+        // zero strides are legal: every element reads the same value
+        let a = [2.0f32];
+        let b = [3.0f32, 5.0];
+        let lhs = MatRef::new(&a, 3, 4, 0, 0).unwrap();
+        let rhs = MatRef::new(&b, 4, 2, 0, 1).unwrap();
+        let mut d = vec![0.0; 6];
+        gemm_f32(&mut d, lhs, rhs, false, false).unwrap();
+        assert_eq!(d, vec![24.0, 40.0, 24.0, 40.0, 24.0, 40.0]);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Over the whole usize range, `new` accepts exactly the views the u128 oracle accepts.
+        #[test]
+        fn new_agrees_with_u128_oracle(
+            len in 0usize..64,
+            rows in prop_oneof![0usize..8, any::<usize>()],
+            cols in prop_oneof![0usize..8, any::<usize>()],
+            rs in prop_oneof![0usize..16, any::<usize>(), Just(isize::MAX as usize), Just(isize::MAX as usize + 1)],
+            cs in prop_oneof![0usize..16, any::<usize>(), Just(isize::MAX as usize), Just(isize::MAX as usize + 1)],
+        ) {
+            let data = vec![0.0f32; len];
+            prop_assert_eq!(
+                MatRef::new(&data, rows, cols, rs, cs).is_ok(),
+                in_bounds(len, rows, cols, rs, cs),
+                "{}x{} strides ({}, {}) over {}", rows, cols, rs, cs, len
+            );
+        }
+
+        /// Valid strided views (padding, transposes, zero strides) over slices of exactly the
+        /// needed length compute the product the element formula defines.
+        #[test]
+        fn valid_views_compute_the_product(
+            m in 1usize..9, k in 1usize..9, n in 1usize..9,
+            lpad in 0usize..3, rpad in 0usize..3,
+            lt in any::<bool>(), rt in any::<bool>(), lzero in any::<bool>(),
+            acc in any::<bool>(), par in any::<bool>(),
+        ) {
+            // lhs m×k: row-major with padded rows, or the transpose of a padded k×m, or all-zero
+            // strides (one broadcast element)
+            let (lrs, lcs) = if lzero { (0, 0) } else if lt { (1, m + lpad) } else { (k + lpad, 1) };
+            let (rrs, rcs) = if rt { (1, k + rpad) } else { (n + rpad, 1) };
+            let llen = (m - 1) * lrs + (k - 1) * lcs + 1;
+            let rlen = (k - 1) * rrs + (n - 1) * rcs + 1;
+            let a: Vec<f32> = (0..llen).map(|i| (i % 7) as f32 - 3.0).collect();
+            let b: Vec<f32> = (0..rlen).map(|i| (i % 5) as f32 * 0.5 - 1.0).collect();
+            // one element fewer is refused
+            prop_assert!(MatRef::new(&a[..llen - 1], m, k, lrs, lcs).is_err());
+            prop_assert!(MatRef::new(&b[..rlen - 1], k, n, rrs, rcs).is_err());
+            let lhs = MatRef::new(&a, m, k, lrs, lcs).unwrap();
+            let rhs = MatRef::new(&b, k, n, rrs, rcs).unwrap();
+            let mut d: Vec<f32> = (0..m * n).map(|i| i as f32).collect();
+            let seed = d.clone();
+            gemm_f32(&mut d, lhs, rhs, acc, par).unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    // small integers and halves: exact in f32 whatever the summation order
+                    // (up to the sign of a zero, hence `==` rather than bits)
+                    let mut want = if acc { seed[i * n + j] } else { 0.0 };
+                    for p in 0..k {
+                        want += a[i * lrs + p * lcs] * b[p * rrs + j * rcs];
+                    }
+                    prop_assert!(d[i * n + j] == want, "({}, {}): {} vs {}", i, j, d[i * n + j], want);
+                }
+            }
+        }
     }
 }
