@@ -21,7 +21,7 @@ fn cases() -> Vec<PathBuf> {
 }
 
 /// max |a − b| through the shared fold: a NaN or ±inf on either side, or a length mismatch,
-/// panics with what and where (a plain `fold(0.0, f32::max)` would pass an all-NaN output).
+/// panics with what and where (a running `max` would forget every NaN and pass an all-NaN output).
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     petite_reference::max_abs_diff(a, b).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -3,8 +3,9 @@
 //!
 //! Every accuracy check in the workspace (`petite verify`, the golden/parity tests, xtask's
 //! conformance tiers) folds its differences through [`max_abs_diff`], so none of them can pass
-//! an output that holds a NaN or an infinity (a plain `fold(0.0, f32::max)` drops NaNs, and a
-//! `d.is_nan()` test inside the fold loses one unless it is last) or one whose length differs
+//! an output that holds a NaN or an infinity (`max` ignores a NaN operand, so a running maximum
+//! built on it forgets every NaN, and a `d.is_nan()` test inside such a fold loses one unless it
+//! is last) or one whose length differs
 //! from the expected (a `zip` stops at the shorter side).
 
 use std::fmt;
@@ -66,11 +67,12 @@ pub fn max_abs_diff(actual: &[f32], expected: &[f32]) -> Result<f32, CompareErro
     }
     check_finite(actual, Side::Actual)?;
     check_finite(expected, Side::Expected)?;
-    let worst = actual
-        .iter()
-        .zip(expected)
-        .map(|(&a, &e)| (f64::from(a) - f64::from(e)).abs())
-        .fold(0f64, f64::max);
+    let worst = largest(
+        actual
+            .iter()
+            .zip(expected)
+            .map(|(&a, &e)| (f64::from(a) - f64::from(e)).abs()),
+    );
     Ok(worst as f32)
 }
 
@@ -78,7 +80,20 @@ pub fn max_abs_diff(actual: &[f32], expected: &[f32]) -> Result<f32, CompareErro
 /// a non-finite value. Empty gives 0.
 pub fn max_abs(values: &[f32]) -> Result<f32, CompareError> {
     check_finite(values, Side::Actual)?;
-    Ok(values.iter().fold(0f32, |m, v| m.max(v.abs())))
+    Ok(largest(values.iter().map(|&v| f64::from(v).abs())) as f32)
+}
+
+/// The largest of `values` (0 for none). A NaN, once seen, is the result: unlike `max`, this
+/// running maximum never forgets one (the callers have already refused non-finite inputs, so
+/// this only keeps a future caller from folding a NaN away).
+fn largest(values: impl Iterator<Item = f64>) -> f64 {
+    values.fold(0.0, |worst, d| {
+        if worst.is_nan() || d.is_nan() || d > worst {
+            if worst.is_nan() { worst } else { d }
+        } else {
+            worst
+        }
+    })
 }
 
 fn check_finite(values: &[f32], side: Side) -> Result<(), CompareError> {
@@ -142,6 +157,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("-inf"), "{msg}");
+    }
+
+    /// The running maximum keeps a NaN wherever it appears (first, middle, last).
+    #[test]
+    fn largest_never_forgets_a_nan() {
+        for at in 0..3 {
+            let mut v = [1.0f64, 2.0, 3.0];
+            v[at] = f64::NAN;
+            assert!(largest(v.into_iter()).is_nan(), "NaN at {at} forgotten");
+        }
+        assert_eq!(largest([1.0f64, 3.0, 2.0].into_iter()), 3.0);
+        assert_eq!(largest(std::iter::empty()), 0.0);
     }
 
     #[test]

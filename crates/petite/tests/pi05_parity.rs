@@ -41,7 +41,7 @@ fn the_parity_fold_refuses_nan_inf_and_length_mismatches() {
         for i in [0, 1, 2] {
             let mut dirty = clean;
             dirty[i] = bad;
-            // An all-NaN output passed the old `fold(0.0, f32::max)`.
+            // An all-NaN output passed the old running-`max` fold.
             for (a, b) in [(&dirty, &clean), (&clean, &dirty), (&[bad; 3], &clean)] {
                 assert!(std::panic::catch_unwind(|| max_abs(a, b)).is_err());
             }
