@@ -30,8 +30,14 @@ impl GpuInfo {
 
 /// Device 0, or `None` when there is no driver library, no device, or the driver fails.
 /// Never panics: cudarc's dynamically loaded functions panic when `libcuda` is missing, so
-/// its presence is checked first.
+/// its presence is checked first. Asked once per process (driver start-up is not free; the
+/// target and the default budget both ask), the answer kept.
 pub fn probe() -> Option<GpuInfo> {
+    static GPU: std::sync::OnceLock<Option<GpuInfo>> = std::sync::OnceLock::new();
+    GPU.get_or_init(query).clone()
+}
+
+fn query() -> Option<GpuInfo> {
     use cudarc::driver::{result, sys};
     // SAFETY: only tries to dlopen the driver library by its usual names; no symbol is called.
     if !unsafe { sys::is_culib_present() } {

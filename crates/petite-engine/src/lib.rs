@@ -245,10 +245,12 @@ pub struct WeightBytes {
 }
 
 impl WeightBytes {
-    /// Weight bytes of `program`, by declared dtype.
-    pub fn of(program: &Program) -> Self {
+    /// Weight bytes of one planned engine, read from the whole program (no engine program is
+    /// extracted): the weights among `engine.weights`, by declared dtype.
+    pub fn of_engine(program: &Program, engine: &petite_partition::Engine) -> Self {
+        let nodes: std::collections::BTreeSet<_> = engine.weights.iter().collect();
         let mut w = WeightBytes::default();
-        for info in program.weights() {
+        for info in program.weights().iter().filter(|w| nodes.contains(&w.node)) {
             let b = info.bytes as u64;
             if info.dtype.size() == 2 {
                 w.half += b;

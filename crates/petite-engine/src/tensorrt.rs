@@ -29,8 +29,8 @@ use petite_weights::{MappedSafetensors, WeightSource};
 
 use crate::onnx::{Flavor, WeightLocation, emit, locations, write_model};
 use crate::{
-    BuildMemory, BuildStats, BuilderInfo, BuiltEngine, EngineBuilder, EngineJob, Error, FileRegion,
-    IoBinding, Result,
+    BuildMemory, BuildStats, BuilderInfo, BuiltEngine, EngineBuilder, EngineJob, Error, IoBinding,
+    Result,
 };
 
 /// Backend id Torch-TensorRT's ExecuTorch runtime registers.
@@ -239,29 +239,21 @@ impl Tool {
         if let Some(p) = &search.trtexec {
             return Tool::trtexec(p);
         }
-        if let Some(p) = std::env::var_os(TRTEXEC_ENV) {
-            return Tool::trtexec(Path::new(&p)).map_err(|e| match e {
-                Error::TensorRtMissing { what, .. } => missing(format!("${TRTEXEC_ENV}: {what}")),
-                other => other,
-            });
+        if let Some(t) = from_env(TRTEXEC_ENV, Tool::trtexec) {
+            return t;
         }
         if let Some(p) = &search.trt_python {
             return Tool::rtx(p);
         }
-        if let Some(p) = std::env::var_os(TRT_PYTHON_ENV) {
-            return Tool::rtx(Path::new(&p)).map_err(|e| match e {
-                Error::TensorRtMissing { what, .. } => {
-                    missing(format!("${TRT_PYTHON_ENV}: {what}"))
-                }
-                other => other,
-            });
+        if let Some(t) = from_env(TRT_PYTHON_ENV, Tool::rtx) {
+            return t;
         }
         if let Some(p) = search.default_python.as_ref().filter(|p| p.exists()) {
             return Tool::rtx(p);
         }
-        match find_trtexec() {
-            Ok(p) => Tool::trtexec(&p),
-            Err(_) => Err(missing(format!(
+        match trtexec_on_path() {
+            Some(p) => Tool::trtexec(&p),
+            None => Err(missing(format!(
                 "no --trtexec, no ${TRTEXEC_ENV}, no --trt-python, no ${TRT_PYTHON_ENV}{}, and no `trtexec` on PATH",
                 search
                     .default_python
@@ -286,6 +278,16 @@ impl Tool {
     }
 }
 
+/// The tool `$var` names, probed with `probe`, if the variable is set; a failure says it came
+/// from the variable.
+fn from_env(var: &str, probe: fn(&Path) -> Result<Tool>) -> Option<Result<Tool>> {
+    let p = std::env::var_os(var)?;
+    Some(probe(Path::new(&p)).map_err(|e| match e {
+        Error::TensorRtMissing { what, .. } => missing(format!("${var}: {what}")),
+        other => other,
+    }))
+}
+
 /// The TensorRT version in trtexec's banner (`[TensorRT v100300]` → `10.3.0`).
 pub fn trtexec_version(text: &str) -> Option<String> {
     let at = text.find("[TensorRT v")? + "[TensorRT v".len();
@@ -297,30 +299,12 @@ pub fn trtexec_version(text: &str) -> Option<String> {
     Some(format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100))
 }
 
-/// Finds `trtexec`: `$PETITE_TRTEXEC`, else `trtexec` on `PATH`.
-/// Finds `trtexec`: `$PETITE_TRTEXEC`, else `trtexec` on `PATH`.
-pub fn find_trtexec() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os(TRTEXEC_ENV) {
-        let p = PathBuf::from(p);
-        if p.is_file() {
-            return Ok(p);
-        }
-        return Err(missing(format!(
-            "${TRTEXEC_ENV} = {} is not a file",
-            p.display()
-        )));
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        for d in std::env::split_paths(&path) {
-            let c = d.join("trtexec");
-            if c.is_file() {
-                return Ok(c);
-            }
-        }
-    }
-    Err(missing(format!(
-        "no `trtexec` on PATH and ${TRTEXEC_ENV} is not set"
-    )))
+/// `trtexec` on `PATH`, if there is one.
+fn trtexec_on_path() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("trtexec"))
+        .find(|c| c.is_file())
 }
 
 fn missing(what: String) -> Error {
@@ -339,8 +323,9 @@ fn missing(what: String) -> Error {
 #[derive(Debug)]
 pub struct TensorRtBuilder {
     mapping: OnceLock<(PathBuf, BTreeMap<String, WeightLocation>)>,
-    /// The builder to run; `None` = [`Tool::find`] with defaults at build time.
-    pub tool: Option<Tool>,
+    /// The builder to run (found and probed once, by [`Tool::find`] or [`Tool::trtexec`] /
+    /// [`Tool::rtx`]).
+    pub tool: Tool,
     /// Compute capability for TensorRT-RTX (`sm86`); ignored by `trtexec`.
     pub target: String,
     /// Builder workspace pool limit in MiB.
@@ -356,9 +341,9 @@ pub struct TensorRtBuilder {
 }
 
 impl TensorRtBuilder {
-    /// A builder running `tool` (probed with [`Tool::find`]); the mapping file comes with
+    /// A builder running `tool`; the mapping file comes with
     /// [`EngineBuilder::attach_mapping`].
-    pub fn with_tool(tool: Option<Tool>) -> Self {
+    pub fn new(tool: Tool) -> Self {
         TensorRtBuilder {
             mapping: OnceLock::new(),
             tool,
@@ -368,21 +353,6 @@ impl TensorRtBuilder {
             timing_cache: None,
             device_id: 0,
             target_platform: format!("linux_{}", std::env::consts::ARCH),
-        }
-    }
-
-    /// A builder whose ONNX models reference weights in `mapping` (its header is read, its
-    /// tensors are not), with no tool chosen yet.
-    pub fn new(mapping: impl AsRef<Path>) -> Result<Self> {
-        let b = Self::with_tool(None);
-        b.attach_mapping(mapping.as_ref())?;
-        Ok(b)
-    }
-
-    fn tool(&self) -> Result<Tool> {
-        match &self.tool {
-            Some(t) => Ok(t.clone()),
-            None => Tool::find(&ToolSearch::default()),
         }
     }
 
@@ -404,7 +374,7 @@ impl TensorRtBuilder {
         let loc = link_weights(mapping, dir)?;
         let onnx = dir.join(format!("{}.onnx", job.name));
         write_model(&onnx, &emit(job.program, locs, &loc, Flavor::TensorRt)?)?;
-        let tool = self.tool()?;
+        let tool = &self.tool;
         let plan = dir.join(format!("{}.plan", job.name));
         let plan_tmp = dir.join(format!("{}.plan.petite-tmp", job.name));
         let log = dir.join(format!("{}.build.log", job.name));
@@ -483,27 +453,18 @@ impl TensorRtBuilder {
         // The blob holds the plan; keep one copy on disk.
         let _ = std::fs::remove_file(&plan);
         let header = res?;
-        Ok(BuiltEngine {
-            index: job.index,
-            name: job.name.to_string(),
-            backend_id: BACKEND_ID.to_string(),
-            file: blob_path.clone(),
-            file_bytes: header.total_len,
-            inputs,
-            outputs,
-            payload: FileRegion {
-                path: blob_path,
-                offset: 0,
-                len: header.total_len,
-            },
-            input_values: job.input_values.to_vec(),
-            output_values: job.output_values.to_vec(),
-            stats: Some(BuildStats {
-                builder_peak_rss_bytes: run.peak_rss_bytes,
-                build_s: run.seconds,
-                plan_bytes,
-            }),
-        })
+        let stats = BuildStats {
+            builder_peak_rss_bytes: run.peak_rss_bytes,
+            build_s: run.seconds,
+            plan_bytes,
+        };
+        Ok(crate::whole_file_engine(
+            job,
+            BACKEND_ID,
+            &blob_path,
+            header.total_len,
+            Some(stats),
+        ))
     }
 }
 
@@ -513,19 +474,13 @@ impl EngineBuilder for TensorRtBuilder {
     }
 
     fn info(&self) -> BuilderInfo {
-        match &self.tool {
-            Some(t) => t.info.clone(),
-            None => BuilderInfo {
-                name: "trtexec".to_string(),
-                version: "(found at build time)".to_string(),
-            },
-        }
+        self.tool.info.clone()
     }
 
     fn settings(&self) -> String {
-        let target = match &self.tool {
-            Some(t) if t.kind == ToolKind::Trtexec => "local-gpu",
-            _ => self.target.as_str(),
+        let target = match self.tool.kind {
+            ToolKind::Trtexec => "local-gpu",
+            ToolKind::Rtx => self.target.as_str(),
         };
         format!(
             "{BACKEND_ID}|TR01|{}|target={target}|workspace={}M|weight_streaming={}|device={}|{}",

@@ -45,8 +45,8 @@ fn stand_in_trtexec_builds_every_engine_into_a_tr01_blob() {
     let src = MappedSafetensors::open(&path).unwrap();
     let tools = dir.path().join("tools");
     std::fs::create_dir_all(&tools).unwrap();
-    let mut b = TensorRtBuilder::new(&path).unwrap();
-    b.tool = Some(Tool::trtexec(&script(&tools, "trtexec", FAKE)).unwrap());
+    let mut b = TensorRtBuilder::new(Tool::trtexec(&script(&tools, "trtexec", FAKE)).unwrap());
+    b.attach_mapping(&path).unwrap();
     assert_eq!(b.info().to_string(), "trtexec TensorRT 10.3.0");
     b.workspace_mib = 512;
     assert_eq!(b.backend_id(), "TensorRTBackend");
@@ -144,8 +144,10 @@ fn a_failing_or_killed_trtexec_names_the_engine_and_leaves_no_partial_files() {
         ("killed", "kill -9 $$", "killed by signal 9"),
         ("no plan", "exit 0", "wrote no plan"),
     ] {
-        let mut b = TensorRtBuilder::new(&path).unwrap();
-        b.tool = Some(Tool::trtexec(&script(&tools, &what.replace(' ', "_"), body)).unwrap());
+        let b = TensorRtBuilder::new(
+            Tool::trtexec(&script(&tools, &what.replace(' ', "_"), body)).unwrap(),
+        );
+        b.attach_mapping(&path).unwrap();
         let out = dir.path().join(what.replace(' ', "_"));
         let err = build_plan(&pl, &program, &src, &b, &out, &BuildOptions::default())
             .unwrap_err()

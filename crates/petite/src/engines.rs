@@ -25,15 +25,6 @@ pub enum Backend {
     Portable,
 }
 
-impl std::str::FromStr for Backend {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        <Backend as clap::ValueEnum>::from_str(s, false).map_err(|_| {
-            format!("expected `reference` or `tensorrt` (engines), or `portable`, found `{s}`")
-        })
-    }
-}
-
 /// Backend settings from the command line (only TensorRT has any).
 #[derive(Debug, Clone, Default)]
 pub struct BackendOptions {
@@ -43,8 +34,6 @@ pub struct BackendOptions {
     pub trt_python: Option<PathBuf>,
     /// `--trt-target smXY` (TensorRT-RTX; default: the GPU present, else `sm86`).
     pub trt_target: Option<String>,
-    /// `--weight-streaming-budget` was given: build weight-streamable engines.
-    pub weight_streaming: bool,
 }
 
 /// The venv `cargo xtask` builds for TensorRT-RTX, if this binary was built in the workspace.
@@ -73,8 +62,7 @@ impl Backend {
                     trt_python: o.trt_python.clone(),
                     default_python: Some(default_trt_python()),
                 })?;
-                let mut b = petite_engine::tensorrt::TensorRtBuilder::with_tool(None);
-                match (&o.trt_target, tool.kind) {
+                let target = match (&o.trt_target, tool.kind) {
                     (Some(t), ToolKind::Trtexec) => {
                         return Err(Error::Usage(format!(
                             "--trt-target {t}: {} builds for the GPU it runs on; --trt-target is for TensorRT-RTX",
@@ -83,15 +71,15 @@ impl Backend {
                     }
                     (Some(t), ToolKind::Rtx) => {
                         tool.check_target(t)?;
-                        b.target = t.clone();
+                        Some(t.clone())
                     }
-                    (None, ToolKind::Rtx) => {
-                        b.target = petite_engine::gpu::default_rtx_target(&tool);
-                    }
-                    (None, ToolKind::Trtexec) => {}
+                    (None, ToolKind::Rtx) => Some(petite_engine::gpu::default_rtx_target(&tool)),
+                    (None, ToolKind::Trtexec) => None,
+                };
+                let mut b = petite_engine::tensorrt::TensorRtBuilder::new(tool);
+                if let Some(t) = target {
+                    b.target = t;
                 }
-                b.weight_streaming = o.weight_streaming;
-                b.tool = Some(tool);
                 Ok(Box::new(b))
             }
             Backend::Portable => Err(Error::Usage(

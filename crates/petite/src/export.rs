@@ -283,7 +283,7 @@ fn mapping_selection(
     programs: &[&Program],
     builder: &dyn EngineBuilder,
 ) -> Result<Vec<(String, Dtype)>> {
-    let mut wanted: BTreeMap<String, Option<Dtype>> = BTreeMap::new();
+    let mut wanted: BTreeMap<String, Dtype> = BTreeMap::new();
     let mut checkpoint_read = BTreeSet::new();
     for p in programs {
         for w in p.weights() {
@@ -292,13 +292,13 @@ fn mapping_selection(
                     checkpoint_read.insert(w.name);
                 }
                 Some(d) => {
-                    let slot = wanted.entry(w.name.clone()).or_insert(Some(d));
-                    if *slot != Some(d) {
+                    let slot = *wanted.entry(w.name.clone()).or_insert(d);
+                    if slot != d {
                         return Err(Error::Usage(format!(
                             "weight `{}` is read as {} and as {}: the {} builder reads both \
                              from the mapping file, which holds one copy",
                             w.name,
-                            slot.map(|d| d.name()).unwrap_or("?"),
+                            slot.name(),
                             d.name(),
                             builder.backend_id()
                         )));
@@ -310,7 +310,6 @@ fn mapping_selection(
     Ok(wanted
         .into_iter()
         .filter(|(n, _)| !checkpoint_read.contains(n))
-        .filter_map(|(n, d)| d.map(|d| (n, d)))
         .collect())
 }
 
@@ -581,7 +580,7 @@ fn build_engines(
         if !last_use[i].is_empty() {
             engines::release_weights(weights, &last_use[i])?;
         }
-        let wb = WeightBytes::of(&sub.program);
+        let wb = WeightBytes::of_engine(program, e);
         records.push(json!({
             "name": name,
             "weight_bytes": e.weight_bytes,
@@ -718,9 +717,8 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     // The costliest engine to build under the backend's memory model (by dtype mix).
     let mut engine_need = 0u64;
     for (plan, program) in [(&prefix_plan, &progs.prefix), (&step_plan, &progs.step)] {
-        for i in 0..plan.engines.len() {
-            let sub = plan.engine_program(program, i)?;
-            engine_need = engine_need.max(memory.bytes(WeightBytes::of(&sub.program)));
+        for e in &plan.engines {
+            engine_need = engine_need.max(memory.bytes(WeightBytes::of_engine(program, e)));
         }
     }
     let build_need = engine_need.max(CONVERT_BYTES);

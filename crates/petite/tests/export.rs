@@ -413,24 +413,34 @@ fn sharded_hub_layout_exports_the_same_model() {
     );
 }
 
+/// A stand-in `trtexec` at `path`: answers `--help` with TensorRT's version banner (how a
+/// trtexec is probed), then runs the shell `body`.
+fn stand_in(path: &Path, body: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(
+        path,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in --help) echo '[TensorRT v100300]'; exit 0;; esac\n{body}\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path.to_path_buf()
+}
+
 /// `--backend tensorrt` with a stand-in `trtexec` (no TensorRT here): every engine becomes a
 /// `TensorRTBackend` delegate stored once; verify refuses to run it by name; without `trtexec`
 /// the export is refused before any work.
 #[test]
 fn tensorrt_backend_with_a_stand_in_trtexec() {
-    use std::os::unix::fs::PermissionsExt;
     let s = Scratch::new("trt");
     let c = case("two_cams_mqa");
-    let fake = s.0.join("trtexec");
-    std::fs::write(
-        &fake,
-        "#!/bin/sh\ncase \"$1\" in --help) echo '[TensorRT v100300]'; exit 0;; esac\n\
-         for a in \"$@\"; do case \"$a\" in --saveEngine=*) out=\"${a#--saveEngine=}\";; \
+    let fake = stand_in(
+        &s.0.join("trtexec"),
+        "for a in \"$@\"; do case \"$a\" in --saveEngine=*) out=\"${a#--saveEngine=}\";; \
          --onnx=*) onnx=\"${a#--onnx=}\";; esac; done\ntest -s \"$onnx\" || exit 3\n\
-         head -c 1000 /dev/zero | tr '\\0' 'P' > \"$out\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+         head -c 1000 /dev/zero | tr '\\0' 'P' > \"$out\"",
+    );
 
     let out = s.0.join("out");
     let o = export_cmd(&c, &out, &["--backend", "tensorrt"])
@@ -527,13 +537,7 @@ fn tensorrt_backend_with_a_stand_in_trtexec() {
 
     // A crashing builder: named, no .pte under a final name, and a re-run with a working
     // builder finishes.
-    let crash = s.0.join("crash");
-    std::fs::write(
-        &crash,
-        "#!/bin/sh\ncase \"$1\" in --help) echo '[TensorRT v100300]'; exit 0;; esac\nkill -SEGV $$\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&crash, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let crash = stand_in(&s.0.join("crash"), "kill -SEGV $$");
     let out5 = s.0.join("out5");
     let o = export_cmd(&c, &out5, &["--backend", "tensorrt"])
         .arg("--trtexec")
@@ -552,19 +556,15 @@ fn tensorrt_backend_with_a_stand_in_trtexec() {
 
     // A builder killed after the first engine (SIGKILL, as the OOM killer does): the error
     // names it; the re-run reuses the engine already built and builds the rest.
-    let flaky = s.0.join("flaky");
     let marker = s.0.join("flaky.built-one");
-    std::fs::write(
-        &flaky,
-        format!(
-            "#!/bin/sh\ncase \"$1\" in --help) echo '[TensorRT v100300]'; exit 0;; esac\n\
-             if [ -e {m} ]; then kill -9 $$; fi\ntouch {m}\nexec {fake} \"$@\"\n",
+    let flaky = stand_in(
+        &s.0.join("flaky"),
+        &format!(
+            "if [ -e {m} ]; then kill -9 $$; fi\ntouch {m}\nexec {fake} \"$@\"",
             m = marker.display(),
             fake = fake.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&flaky, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let out6 = s.0.join("out6");
     let cap = ["--backend", "tensorrt"];
     let o = export_cmd(&c, &out6, &cap)

@@ -49,7 +49,7 @@ pub struct ExportArgs {
     /// Numerics: bf16 (lerobot's bfloat16 mode) or f32. With --backend portable the kernels
     /// compute in the weights' dtype (bf16 matmuls round inside the kernel; see README).
     #[arg(long, value_enum, default_value = "bf16")]
-    pub dtype: super::DtypeArg,
+    pub dtype: super::PrecisionArg,
     /// Keep the engine files under OUT/engines after writing the .pte files.
     #[arg(long)]
     pub keep_engines: bool,
@@ -66,7 +66,6 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         trtexec: a.trtexec.clone(),
         trt_python: a.trt_python.clone(),
         trt_target: a.trt_target.clone(),
-        weight_streaming: false,
     };
     if a.backend != Backend::TensorRt
         && (a.trtexec.is_some() || a.trt_python.is_some() || a.trt_target.is_some())

@@ -31,7 +31,7 @@ pub struct LowerArgs {
     program: Which,
     /// Numeric mode (weights and activations in that dtype; portable kernels compute in it).
     #[arg(long, value_enum, default_value = "f32", alias = "precision")]
-    dtype: super::DtypeArg,
+    dtype: super::PrecisionArg,
     /// Output `.pte` (a `.pte.json` description is written next to it).
     #[arg(long, required_unless_present = "plan_only")]
     out: Option<PathBuf>,

@@ -8,20 +8,21 @@ pub mod pi05;
 pub mod plan;
 pub mod verify;
 
-/// The numeric mode of the pi0.5 programs, as every command spells it (`--dtype`).
+/// The numeric mode of the pi0.5 programs, as every command spells it (`--dtype`); `convert`
+/// has its own set (storage dtypes bf16/f16, not program modes).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DtypeArg {
+pub enum PrecisionArg {
     /// lerobot's bfloat16 mode (bf16 weights and matmuls; what lerobot keeps f32 stays f32).
     Bf16,
     /// Everything f32 (the parity mode).
     F32,
 }
 
-impl From<DtypeArg> for petite_pi05::Precision {
-    fn from(d: DtypeArg) -> Self {
+impl From<PrecisionArg> for petite_pi05::Precision {
+    fn from(d: PrecisionArg) -> Self {
         match d {
-            DtypeArg::Bf16 => petite_pi05::Precision::Bf16,
-            DtypeArg::F32 => petite_pi05::Precision::F32,
+            PrecisionArg::Bf16 => petite_pi05::Precision::Bf16,
+            PrecisionArg::F32 => petite_pi05::Precision::F32,
         }
     }
 }

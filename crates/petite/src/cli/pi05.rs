@@ -105,7 +105,7 @@ pub struct RunArgs {
     out: std::path::PathBuf,
     /// Numerics: `f32`, or `bf16` (lerobot's bfloat16 mode).
     #[arg(long, value_enum, default_value = "f32")]
-    dtype: super::DtypeArg,
+    dtype: super::PrecisionArg,
 }
 
 fn run_cmd(a: RunArgs) -> anyhow::Result<()> {

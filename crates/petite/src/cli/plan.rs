@@ -49,7 +49,7 @@ pub struct PlanArgs {
     pub engine_overhead: u64,
     /// Numeric mode.
     #[arg(long, value_enum, default_value = "bf16", alias = "precision")]
-    pub dtype: super::DtypeArg,
+    pub dtype: super::PrecisionArg,
     /// Prefix only: largest row shard of the token embedding (a larger table is read as row
     /// ranges, so no engine holds all of it; pass a size above the table to keep it whole).
     #[arg(long, default_value_t = DEFAULT_EMBEDDING_SHARD_BYTES as u64, value_parser = parse_size)]
