@@ -27,8 +27,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use build::{
-    BuildOptions, BuildReport, EngineReport, RssFigures, build_plan, engine_name, last_uses,
-    release_weights,
+    BuildOptions, BuildReport, EngineNamer, EngineReport, RssFigures, build_plan, engine_name,
+    last_uses, release_weights,
 };
 pub use petite_graph::Dtype;
 use petite_graph::{Program, ValueId};
@@ -100,6 +100,13 @@ pub enum Error {
     /// A setting or call order the backend cannot honour (says what to do instead).
     #[error("{0}")]
     Usage(String),
+    /// [`BuildOptions::stop`] asked to stop before engine `index`; the engines before it are
+    /// finished on disk.
+    #[error("stopped before engine {index}")]
+    Stopped {
+        /// The first engine not built.
+        index: usize,
+    },
     /// The TensorRT build ran and failed (non-zero exit, killed, or no plan written).
     #[error("TensorRT build failed ({status}); last output:\n{log_tail}")]
     TensorRtBuild {

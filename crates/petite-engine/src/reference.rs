@@ -16,9 +16,7 @@ use std::path::{Path, PathBuf};
 use petite_graph::{Dtype, Op, Program, ShapeDisplay, WeightInfo};
 use petite_reference::{Executor, Tensor};
 use petite_weights::writeback::WriteBehind;
-use petite_weights::{
-    Dtype as WDtype, MappedSafetensors, RowSlices, SafetensorsWriter, TensorSpec, WeightSource,
-};
+use petite_weights::{MappedSafetensors, RowSlices, SafetensorsWriter, TensorSpec, WeightSource};
 
 use crate::{
     BuildMemory, BuilderInfo, BuiltEngine, EngineBuilder, EngineJob, EngineRuntime, Error,
@@ -39,13 +37,10 @@ pub const SUFFIX: &str = ".ref.safetensors";
 /// Output written back and dropped from the page cache every this many bytes.
 const FLUSH_BYTES: u64 = 64 << 20;
 
-/// The petite-weights dtype of a graph dtype.
-pub use petite_reference::weights_dtype;
-
 /// Checks that `source` holds weight `w` with its shape (for a row range: the rows exist and the
 /// row shape agrees) and a dtype convertible to its declared one (any float for a float
 /// declaration, the same dtype otherwise); returns the stored dtype.
-pub fn check_weight(source: &dyn WeightSource, w: &WeightInfo) -> Result<WDtype> {
+pub fn check_weight(source: &dyn WeightSource, w: &WeightInfo) -> Result<Dtype> {
     let expected = match w.rows {
         None => format!("{}{}", w.dtype.name(), ShapeDisplay(&w.shape)),
         Some([a, b]) => format!(
@@ -62,7 +57,7 @@ pub fn check_weight(source: &dyn WeightSource, w: &WeightInfo) -> Result<WDtype>
     let dtype_ok = if w.dtype.is_float() {
         info.dtype.is_float()
     } else {
-        info.dtype == weights_dtype(w.dtype)
+        info.dtype == w.dtype
     };
     let shape_ok = match w.rows {
         None => info.shape == w.shape,
@@ -107,10 +102,10 @@ impl Default for ReferenceBuilder {
 }
 
 /// Widens one stored float element to f32 (exact for bf16/f16).
-fn load_f32(dtype: WDtype, b: &[u8]) -> f32 {
+fn load_f32(dtype: Dtype, b: &[u8]) -> f32 {
     match dtype {
-        WDtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        WDtype::Bf16 => f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16),
+        Dtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        Dtype::Bf16 => f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16),
         _ => half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32(),
     }
 }
@@ -118,9 +113,7 @@ fn load_f32(dtype: WDtype, b: &[u8]) -> f32 {
 /// Appends `x` rounded to `to` (round-to-nearest-even, the executor's rule) to `out`.
 fn store(to: Dtype, x: f32, out: &mut Vec<u8>) {
     match to {
-        Dtype::Bf16 => {
-            out.extend_from_slice(&petite_reference::bf16::f32_to_bf16_bits(x).to_le_bytes())
-        }
+        Dtype::Bf16 => out.extend_from_slice(&petite_dtype::bf16_bits(x).to_le_bytes()),
         Dtype::F16 => out.extend_from_slice(&half::f16::from_f32(x).to_bits().to_le_bytes()),
         _ => out.extend_from_slice(&x.to_le_bytes()),
     }
@@ -133,7 +126,7 @@ impl ReferenceBuilder {
         source: &dyn WeightSource,
         writer: &SafetensorsWriter,
         name: &str,
-        stored: WDtype,
+        stored: Dtype,
         declared: Dtype,
         behind: &mut (WriteBehind, u64),
     ) -> Result<()> {
@@ -141,7 +134,7 @@ impl ReferenceBuilder {
         let mut sink = writer.tensor(name)?;
         let chunk = self.chunk_bytes.max(64);
         let io = |e: std::io::Error| Error::io(Path::new(name), "write engine tensor", e);
-        if stored == weights_dtype(declared) {
+        if stored == declared {
             let mut off = 0;
             for c in view.bytes.chunks(chunk) {
                 sink.write_all(c).map_err(io)?;
@@ -207,7 +200,7 @@ impl ReferenceBuilder {
         let mut table = Vec::with_capacity(weights.len());
         for w in &weights {
             stored.insert(w.name.as_str(), (check_weight(source, w)?, w.dtype));
-            table.push(TensorSpec::new(&w.name, weights_dtype(w.dtype), &w.shape));
+            table.push(TensorSpec::new(&w.name, w.dtype, &w.shape));
         }
         let path = dir.join(format!("{}{SUFFIX}", job.name));
         let meta = vec![
@@ -352,7 +345,7 @@ impl ReferenceEngine {
             let info = file
                 .info(&w.name)
                 .map_err(|_| bad(format!("weight `{}` is missing", w.name)))?;
-            if info.dtype != weights_dtype(w.dtype) || info.shape != w.shape {
+            if info.dtype != w.dtype || info.shape != w.shape {
                 return Err(bad(format!(
                     "weight `{}`: expected {}{}, found {}{}",
                     w.name,

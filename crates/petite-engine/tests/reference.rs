@@ -244,6 +244,7 @@ fn mapping_residency_drops_engine_by_engine_after_last_use() {
         &BuildOptions {
             release_after_last_use: true,
             on_engine: Some(&cb),
+            ..BuildOptions::default()
         },
     )
     .unwrap();
@@ -293,6 +294,7 @@ fn mapping_residency_drops_engine_by_engine_after_last_use() {
         &BuildOptions {
             release_after_last_use: false,
             on_engine: None,
+            ..BuildOptions::default()
         },
     )
     .unwrap();

@@ -6,16 +6,16 @@
 //! place), and after a weight's last reader the source may give its pages back.
 //! Nodes no output depends on are not run.
 
-use crate::bf16::{bf16_bits_to_f32, round_f32_through_bf16};
 use crate::kernels::{self, Conv2dParams, Reduce, SdpaShape};
 use crate::tensor::{Data, Tensor};
 use crate::{Error, Result};
 use half::f16;
+use petite_dtype::{bf16_bits_to_f32, round_through_bf16};
 use petite_graph::{
     BinaryOp, CompareOp, Dtype, LogicalOp, NodeId, Op, Program, ReduceOp, ShapeDisplay, TensorType,
     UnaryOp, ValueType,
 };
-use petite_weights::{Dtype as WDtype, WeightSource};
+use petite_weights::WeightSource;
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -324,11 +324,11 @@ fn tensor_type(p: &Program, v: NodeId) -> Result<&TensorType> {
 
 /// Converts a weight view to f32 values as the program declares it: stored f32 declared bf16
 /// is rounded to bf16 (nearest even) first; bf16/f16 storage is widened exactly.
-fn view_to_f32<'v>(bytes: &'v [u8], stored: WDtype, declared: Dtype) -> Result<Cow<'v, [f32]>> {
+fn view_to_f32<'v>(bytes: &'v [u8], stored: Dtype, declared: Dtype) -> Result<Cow<'v, [f32]>> {
     const CHUNK: usize = 1 << 16;
     let mut out: Vec<f32>;
     match stored {
-        WDtype::F32 => {
+        Dtype::F32 => {
             if declared == Dtype::F32
                 && let Ok(s) = bytemuck::try_cast_slice::<u8, f32>(bytes)
             {
@@ -343,7 +343,7 @@ fn view_to_f32<'v>(bytes: &'v [u8], stored: WDtype, declared: Dtype) -> Result<C
                     }
                 });
         }
-        WDtype::Bf16 => {
+        Dtype::Bf16 => {
             out = vec![0.0; bytes.len() / 2];
             out.par_chunks_mut(CHUNK)
                 .zip(bytes.par_chunks(CHUNK * 2))
@@ -353,7 +353,7 @@ fn view_to_f32<'v>(bytes: &'v [u8], stored: WDtype, declared: Dtype) -> Result<C
                     }
                 });
         }
-        WDtype::F16 => {
+        Dtype::F16 => {
             out = bytes
                 .chunks_exact(2)
                 .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
@@ -367,28 +367,14 @@ fn view_to_f32<'v>(bytes: &'v [u8], stored: WDtype, declared: Dtype) -> Result<C
         }
     }
     match (declared, stored) {
-        (Dtype::Bf16, WDtype::Bf16) | (Dtype::F16, WDtype::F16) | (Dtype::F32, _) => {}
+        (Dtype::Bf16, Dtype::Bf16) | (Dtype::F16, Dtype::F16) | (Dtype::F32, _) => {}
         (Dtype::Bf16, _) => out
             .par_chunks_mut(CHUNK)
-            .for_each(|c| c.iter_mut().for_each(|x| *x = round_f32_through_bf16(*x))),
+            .for_each(|c| c.iter_mut().for_each(|x| *x = round_through_bf16(*x))),
         (Dtype::F16, _) => out.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
         (d, _) => return Err(err(format!("declared {d}, which is not a float dtype"))),
     }
     Ok(Cow::Owned(out))
-}
-
-/// petite-weights' dtype of a petite-graph dtype (the two crates know nothing of each other;
-/// this crate, which reads weights for graphs, is where they meet).
-pub fn weights_dtype(d: Dtype) -> WDtype {
-    match d {
-        Dtype::F32 => WDtype::F32,
-        Dtype::Bf16 => WDtype::Bf16,
-        Dtype::F16 => WDtype::F16,
-        Dtype::I64 => WDtype::I64,
-        Dtype::I32 => WDtype::I32,
-        Dtype::U8 => WDtype::U8,
-        Dtype::Bool => WDtype::Bool,
-    }
 }
 
 macro_rules! with_data {
@@ -473,7 +459,7 @@ impl<'a> Ctx<'_, 'a> {
             let vals = view_to_f32(view.bytes, view.dtype, declared.dtype)?;
             return Tensor::from_f32_as(declared.dtype, &declared.shape, vals.into_owned());
         }
-        if view.dtype != weights_dtype(declared.dtype) {
+        if view.dtype != declared.dtype {
             return Err(err(format!(
                 "weight {:?}: declared {declared}, stored as {}",
                 view.name,
@@ -943,7 +929,7 @@ impl<'a> Ctx<'_, 'a> {
         if dt.is_float() {
             // The scalar is first converted to x's dtype.
             let s = match dt {
-                Dtype::Bf16 => round_f32_through_bf16(scalar as f32),
+                Dtype::Bf16 => round_through_bf16(scalar as f32),
                 Dtype::F16 => f16::from_f32(scalar as f32).to_f32(),
                 _ => scalar as f32,
             };

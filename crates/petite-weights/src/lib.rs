@@ -21,9 +21,7 @@ mod source;
 pub mod writeback;
 mod writer;
 
-pub use convert::{
-    ConvertOptions, ConvertReport, Selection, TargetDtype, bf16_bits_from_f32, convert,
-};
+pub use convert::{ConvertOptions, ConvertReport, Selection, TargetDtype, convert};
 pub use header::{Header, HeaderEntry, Index, MAX_HEADER_LEN, parse_header, parse_index};
 pub use mapped::MappedSafetensors;
 pub use remap::{KeyMap, Remapped};
