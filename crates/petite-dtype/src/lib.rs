@@ -1,11 +1,4 @@
-//! petite-dtype: the one element-type enum every petite crate shares, and the one f32 → bf16
-//! rounding rule.
-//!
-//! Graphs declare tensors with a [`Dtype`], checkpoints store tensors with one, and the mapping
-//! between the two used to be five hand-written `match`es; here it is one type. Rounding to bf16
-//! is [`half`]'s (round to nearest, ties to even; a NaN stays a NaN with its sign, quiet bit set),
-//! wrapped in [`bf16_bits`] / [`round_through_bf16`] so no crate carries its own bit trick.
-
+#![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -6,7 +6,7 @@
 //!   directory and returns what a `.pte` writer needs ([`BuiltEngine`]: backend id, I/O
 //!   bindings, and the delegate payload as a [`FileRegion`], never a `Vec` of the engine).
 //! - [`EngineRuntime`]: runs a built engine, for backends that can run on this machine.
-//! - [`reference`]: the engine file is a safetensors file (the subgraph as JSON in
+//! - [`reference`](mod@reference): the engine file is a safetensors file (the subgraph as JSON in
 //!   `__metadata__`, its weights in the declared dtype, page-aligned), executed by
 //!   petite-reference with its weights mapped from the file.
 //! - [`tensorrt`]: one ONNX model per engine ([`onnx`]; weights as external data pointing into

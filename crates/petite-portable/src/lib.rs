@@ -1,9 +1,10 @@
-//! petite-portable: petite-graph programs as ExecuTorch `.pte` methods made of portable kernel
-//! calls (`aten::mm.out`, `aten::_softmax.out`, …), with no delegate, so any ExecuTorch runtime on
-//! any CPU runs them — and ExecuTorch's own runtime can check petite's programs end to end.
+#![doc = include_str!("../README.md")]
+//!
+//! ## API map
 //!
 //! * [`lower()`]: ops → kernel calls with full schema argument lists ([`lower::Lowered`]).
 //! * [`plan()`]: one planned buffer, memory reused by value lifetime (greedy by size).
+//! * [`plan_portable`]: lower + plan from shapes alone, the [`ExportReport`] an export would give.
 //! * [`export_portable`]: writes a one-method `.pte`; each weight is converted (and transposed
 //!   where the lowering stores it so) straight into the constant segment, in bounded chunks from
 //!   the mapped [`WeightSource`]: written once, never all in memory.
@@ -12,9 +13,10 @@
 //!   column bands, two threads, source pages unmapped behind), then `.pte` files with
 //!   several methods whose constants are regions of that file, copied in-kernel
 //!   (`copy_file_range`).
+//! * [`Error`]: every failure, naming the node, op or weight.
 //!
-//! Knows nothing of pi0.5. Only operators registered by both `executorch-numpy-runtime` 1.4.0
-//! and the `executorch` 1.5.1 pybindings are emitted ([`OPERATORS`]).
+//! Only operators registered by both `executorch-numpy-runtime` 1.4.0 and the `executorch` 1.5.1
+//! pybindings are emitted ([`OPERATORS`]).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -1,6 +1,8 @@
-//! petite-weights: memory-mapped safetensors checkpoints, streamed f32 → bf16 conversion and
-//! page residency control. Knows nothing of graphs, engines or pi0.5.
+#![doc = include_str!("../README.md")]
 //!
+//! ## API map
+//!
+//! - [`WeightSource`]: the seam every reader of weights goes through.
 //! - [`MappedSafetensors`]: one mapped `.safetensors` file as a [`WeightSource`] (zero-copy views).
 //! - [`Checkpoint`]: a single file or a sharded checkpoint (`model.safetensors.index.json`).
 //! - [`Remapped`]: a source seen through a caller-supplied [`KeyMap`] (layout differences).
@@ -8,6 +10,8 @@
 //! - [`SafetensorsWriter`]: streams tensors into a page-aligned safetensors file (temp + rename).
 //! - [`convert()`]: f32 → bf16/f16 in bounded chunks, dropping the source's pages behind itself.
 //! - [`residency`]: how much of a mapping / of this process is resident.
+//! - [`writeback`]: flushing and evicting written ranges behind a writer.
+//! - [`Error`]: every failure, naming the file and tensor.
 #![deny(missing_docs)]
 
 mod convert;
