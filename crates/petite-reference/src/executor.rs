@@ -529,16 +529,56 @@ impl<'a> Ctx<'_, 'a> {
         Ok(Slot::Tensor(Tensor::from_f32_as(t.dtype, &t.shape, v)?))
     }
 
+    /// Evaluates the current node: dispatch to its op family's kernels.
     fn eval(&mut self) -> Result<Slot> {
-        let node = self.p().node(self.id);
-        let n_in = node.inputs.len();
-        match &node.op {
+        let op = &self.p().node(self.id).op;
+        match op {
+            Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } => self.eval_sources(op),
+            Op::Linear | Op::MatMul | Op::Conv2d { .. } => self.eval_dense(op),
+            Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Softmax { .. }
+            | Op::Rope
+            | Op::Attention { .. }
+            | Op::Embedding => self.eval_attention(op),
+            Op::Binary { .. }
+            | Op::BinaryScalar { .. }
+            | Op::Compare { .. }
+            | Op::Logical { .. }
+            | Op::Not
+            | Op::Unary { .. }
+            | Op::Cast { .. }
+            | Op::Where
+            | Op::CumSum { .. }
+            | Op::Reduce { .. } => self.eval_elementwise(op),
+            Op::Concat { .. }
+            | Op::Slice { .. }
+            | Op::Reshape { .. }
+            | Op::Permute { .. }
+            | Op::Expand { .. }
+            | Op::Split { .. }
+            | Op::GetItem { .. } => self.eval_layout(op),
+        }
+    }
+
+    /// Graph sources: inputs (bound before the run), weights (read lazily by their consumers),
+    /// inline constants.
+    fn eval_sources(&mut self, op: &Op) -> Result<Slot> {
+        match op {
             Op::Input { .. } => Err(err("inputs are bound before the run")),
             Op::Weight { .. } => Ok(Slot::Weight),
             Op::Constant { data } => {
                 let t = self.out_ty()?;
                 Ok(Slot::Tensor(Tensor::from_bytes(t.dtype, &t.shape, data)?))
             }
+            other => Err(err(format!("{} is not a sources op", other.name()))),
+        }
+    }
+
+    /// Dense products: linear layers, batched matmuls, the patch-embedding convolution.
+    fn eval_dense(&mut self, op: &Op) -> Result<Slot> {
+        let n_in = self.p().node(self.id).inputs.len();
+        match op {
             Op::Linear => {
                 let xt = self.ty(0)?;
                 let wt = self.ty(1)?;
@@ -603,6 +643,15 @@ impl<'a> Ctx<'_, 'a> {
                 let y = kernels::conv2d(&x, &w, b.as_deref(), params)?;
                 self.finish_float(y)
             }
+            other => Err(err(format!("{} is not a dense op", other.name()))),
+        }
+    }
+
+    /// Normalisations, attention and its parts (softmax, rotary embedding, SDPA) and embedding
+    /// lookups.
+    fn eval_attention(&mut self, op: &Op) -> Result<Slot> {
+        let n_in = self.p().node(self.id).inputs.len();
+        match op {
             Op::LayerNorm { eps } => {
                 let d = *self.ty(0)?.shape.last().unwrap_or(&1);
                 let w = self.floats(1)?.into_owned();
@@ -622,35 +671,6 @@ impl<'a> Ctx<'_, 'a> {
                 kernels::rms_norm(&mut x, d, w.as_deref(), 1.0, *eps as f32)?;
                 self.finish_float(x)
             }
-            Op::Binary { kind } => self.binary(*kind),
-            Op::BinaryScalar {
-                kind,
-                scalar,
-                scalar_lhs,
-            } => self.binary_scalar(*kind, *scalar, *scalar_lhs),
-            Op::Compare { kind } => self.compare(*kind),
-            Op::Logical { kind } => {
-                let (a, b) = (self.tensor(0)?, self.tensor(1)?);
-                let (Data::Bool(x), Data::Bool(y)) = (a.data(), b.data()) else {
-                    return Err(err("logical ops need bool inputs"));
-                };
-                let f = match kind {
-                    LogicalOp::And => |p: bool, q: bool| p && q,
-                    LogicalOp::Or => |p: bool, q: bool| p || q,
-                };
-                let (o, s) = kernels::map_binary(x, a.shape(), y, b.shape(), f)?;
-                Ok(Slot::Tensor(Tensor::bool(&s, o)?))
-            }
-            Op::Not => {
-                let t = self.take_tensor(0)?;
-                let (shape, data) = t.into_parts();
-                let Data::Bool(mut v) = data else {
-                    return Err(err("not needs a bool input"));
-                };
-                v.iter_mut().for_each(|b| *b = !*b);
-                Ok(Slot::Tensor(Tensor::bool(&shape, v)?))
-            }
-            Op::Unary { kind } => self.unary(*kind),
             Op::Softmax { axis } => {
                 let xt = self.ty(0)?.clone();
                 let r = xt.rank();
@@ -711,6 +731,128 @@ impl<'a> Ctx<'_, 'a> {
                 self.finish_float(y)
             }
             Op::Embedding => self.embedding(),
+            other => Err(err(format!(
+                "{} is not a normalisation or attention op",
+                other.name()
+            ))),
+        }
+    }
+
+    /// Elementwise maps (arithmetic, comparisons, logic, casts, select), scans and reductions.
+    fn eval_elementwise(&mut self, op: &Op) -> Result<Slot> {
+        match op {
+            Op::Binary { kind } => self.binary(*kind),
+            Op::BinaryScalar {
+                kind,
+                scalar,
+                scalar_lhs,
+            } => self.binary_scalar(*kind, *scalar, *scalar_lhs),
+            Op::Compare { kind } => self.compare(*kind),
+            Op::Logical { kind } => {
+                let (a, b) = (self.tensor(0)?, self.tensor(1)?);
+                let (Data::Bool(x), Data::Bool(y)) = (a.data(), b.data()) else {
+                    return Err(err("logical ops need bool inputs"));
+                };
+                let f = match kind {
+                    LogicalOp::And => |p: bool, q: bool| p && q,
+                    LogicalOp::Or => |p: bool, q: bool| p || q,
+                };
+                let (o, s) = kernels::map_binary(x, a.shape(), y, b.shape(), f)?;
+                Ok(Slot::Tensor(Tensor::bool(&s, o)?))
+            }
+            Op::Not => {
+                let t = self.take_tensor(0)?;
+                let (shape, data) = t.into_parts();
+                let Data::Bool(mut v) = data else {
+                    return Err(err("not needs a bool input"));
+                };
+                v.iter_mut().for_each(|b| *b = !*b);
+                Ok(Slot::Tensor(Tensor::bool(&shape, v)?))
+            }
+            Op::Unary { kind } => self.unary(*kind),
+            Op::Cast { to } => {
+                let t = self.take_tensor(0)?;
+                Ok(Slot::Tensor(cast(t, *to)?))
+            }
+            Op::Where => {
+                let c = self.tensor(0)?;
+                let a = self.tensor(1)?;
+                let b = self.tensor(2)?;
+                let Data::Bool(cv) = c.data() else {
+                    return Err(err("where: condition must be bool"));
+                };
+                let out_shape: Vec<usize>;
+                macro_rules! sel {
+                    ($var:ident) => {{
+                        let Data::$var(bv) = b.data() else {
+                            return Err(err("where: branches differ in dtype"));
+                        };
+                        let Data::$var(av) = a.data() else {
+                            unreachable!()
+                        };
+                        let (o, s) = kernels::map_ternary(
+                            (cv, c.shape()),
+                            (av, a.shape()),
+                            (bv, b.shape()),
+                            |c, x, y| if c { x } else { y },
+                        )?;
+                        out_shape = s;
+                        Data::$var(o)
+                    }};
+                }
+                let data = match a.dtype() {
+                    Dtype::F32 => sel!(F32),
+                    Dtype::Bf16 => sel!(Bf16),
+                    Dtype::F16 => sel!(F16),
+                    Dtype::I64 => sel!(I64),
+                    Dtype::I32 => sel!(I32),
+                    Dtype::U8 => sel!(U8),
+                    Dtype::Bool => sel!(Bool),
+                };
+                Ok(Slot::Tensor(Tensor::new(&out_shape, data)?))
+            }
+            Op::CumSum { axis } => {
+                let t = self.tensor(0)?;
+                let shape = t.shape().to_vec();
+                let out = match t.data() {
+                    Data::I64(v) => Data::I64(kernels::cumsum_i64(v, &shape, *axis)?),
+                    Data::I32(v) => {
+                        let w: Vec<i64> = v.iter().map(|&x| x as i64).collect();
+                        Data::I32(
+                            kernels::cumsum_i64(&w, &shape, *axis)?
+                                .into_iter()
+                                .map(|x| x as i32)
+                                .collect(),
+                        )
+                    }
+                    Data::U8(v) => {
+                        let w: Vec<i64> = v.iter().map(|&x| x as i64).collect();
+                        Data::U8(
+                            kernels::cumsum_i64(&w, &shape, *axis)?
+                                .into_iter()
+                                .map(|x| x as u8)
+                                .collect(),
+                        )
+                    }
+                    Data::Bool(_) => return Err(err("cumsum of bool (cast first)")),
+                    _ => {
+                        let x = t.float_values().unwrap_or_default();
+                        let y = kernels::cumsum_f32(&x, &shape, *axis)?;
+                        return self.finish_float(y);
+                    }
+                };
+                Ok(Slot::Tensor(Tensor::new(&shape, out)?))
+            }
+            Op::Reduce { kind, axes, .. } => self.reduce(*kind, axes),
+            other => Err(err(format!("{} is not a elementwise op", other.name()))),
+        }
+    }
+
+    /// Layout: concatenation, slicing, reshapes, permutations, broadcasts, splits and tuple
+    /// access.
+    fn eval_layout(&mut self, op: &Op) -> Result<Slot> {
+        let n_in = self.p().node(self.id).inputs.len();
+        match op {
             Op::Concat { axis } => {
                 let ts: Vec<Cow<'_, Tensor>> =
                     (0..n_in).map(|i| self.tensor(i)).collect::<Result<_>>()?;
@@ -771,80 +913,6 @@ impl<'a> Ctx<'_, 'a> {
                 let data = with_data!(t.data(), v => kernels::broadcast_to(v, t.shape(), shape)?);
                 Ok(Slot::Tensor(Tensor::new(shape, data)?))
             }
-            Op::Cast { to } => {
-                let t = self.take_tensor(0)?;
-                Ok(Slot::Tensor(cast(t, *to)?))
-            }
-            Op::CumSum { axis } => {
-                let t = self.tensor(0)?;
-                let shape = t.shape().to_vec();
-                let out = match t.data() {
-                    Data::I64(v) => Data::I64(kernels::cumsum_i64(v, &shape, *axis)?),
-                    Data::I32(v) => {
-                        let w: Vec<i64> = v.iter().map(|&x| x as i64).collect();
-                        Data::I32(
-                            kernels::cumsum_i64(&w, &shape, *axis)?
-                                .into_iter()
-                                .map(|x| x as i32)
-                                .collect(),
-                        )
-                    }
-                    Data::U8(v) => {
-                        let w: Vec<i64> = v.iter().map(|&x| x as i64).collect();
-                        Data::U8(
-                            kernels::cumsum_i64(&w, &shape, *axis)?
-                                .into_iter()
-                                .map(|x| x as u8)
-                                .collect(),
-                        )
-                    }
-                    Data::Bool(_) => return Err(err("cumsum of bool (cast first)")),
-                    _ => {
-                        let x = t.float_values().unwrap_or_default();
-                        let y = kernels::cumsum_f32(&x, &shape, *axis)?;
-                        return self.finish_float(y);
-                    }
-                };
-                Ok(Slot::Tensor(Tensor::new(&shape, out)?))
-            }
-            Op::Where => {
-                let c = self.tensor(0)?;
-                let a = self.tensor(1)?;
-                let b = self.tensor(2)?;
-                let Data::Bool(cv) = c.data() else {
-                    return Err(err("where: condition must be bool"));
-                };
-                let out_shape: Vec<usize>;
-                macro_rules! sel {
-                    ($var:ident) => {{
-                        let Data::$var(bv) = b.data() else {
-                            return Err(err("where: branches differ in dtype"));
-                        };
-                        let Data::$var(av) = a.data() else {
-                            unreachable!()
-                        };
-                        let (o, s) = kernels::map_ternary(
-                            (cv, c.shape()),
-                            (av, a.shape()),
-                            (bv, b.shape()),
-                            |c, x, y| if c { x } else { y },
-                        )?;
-                        out_shape = s;
-                        Data::$var(o)
-                    }};
-                }
-                let data = match a.dtype() {
-                    Dtype::F32 => sel!(F32),
-                    Dtype::Bf16 => sel!(Bf16),
-                    Dtype::F16 => sel!(F16),
-                    Dtype::I64 => sel!(I64),
-                    Dtype::I32 => sel!(I32),
-                    Dtype::U8 => sel!(U8),
-                    Dtype::Bool => sel!(Bool),
-                };
-                Ok(Slot::Tensor(Tensor::new(&out_shape, data)?))
-            }
-            Op::Reduce { kind, axes, .. } => self.reduce(*kind, axes),
             Op::Split { axis, sizes } => {
                 let t = self.tensor(0)?;
                 let shape = t.shape().to_vec();
@@ -881,9 +949,9 @@ impl<'a> Ctx<'_, 'a> {
                     _ => Err(err("getitem input is not a tuple")),
                 }
             }
+            other => Err(err(format!("{} is not a layout op", other.name()))),
         }
     }
-
     fn binary(&mut self, kind: BinaryOp) -> Result<Slot> {
         let at = self.ty(0)?.clone();
         let bt = self.ty(1)?.clone();
