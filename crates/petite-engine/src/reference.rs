@@ -311,6 +311,7 @@ pub struct ReferenceEngine {
     program: Program,
     inputs: Vec<IoBinding>,
     outputs: Vec<IoBinding>,
+    release: bool,
 }
 
 impl ReferenceEngine {
@@ -319,6 +320,25 @@ impl ReferenceEngine {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let file = MappedSafetensors::open(&path)?;
+        Self::from_file(path, file)
+    }
+
+    /// Maps an engine stored at `[offset, offset + len)` of `path` (a `.pte` segment) in place,
+    /// with the same checks as [`ReferenceEngine::open`].
+    pub fn open_region(path: impl AsRef<Path>, offset: u64, len: u64) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = MappedSafetensors::open_region(&path, offset, len)?;
+        Self::from_file(path, file)
+    }
+
+    /// Gives each weight's pages back after its last read in a run (default off): for engines
+    /// run once, so a whole program's weights are never resident together.
+    pub fn releasing_weights(mut self, release: bool) -> Self {
+        self.release = release;
+        self
+    }
+
+    fn from_file(path: PathBuf, file: MappedSafetensors) -> Result<Self> {
         let bad = |reason: String| Error::InvalidEngineFile {
             path: path.display().to_string(),
             backend: "reference",
@@ -363,6 +383,7 @@ impl ReferenceEngine {
             program,
             inputs,
             outputs,
+            release: false,
         })
     }
 
@@ -392,6 +413,8 @@ impl EngineRuntime for ReferenceEngine {
     }
 
     fn run(&self, inputs: BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
-        Ok(Executor::new(&self.program, &self.file)?.run(inputs)?)
+        Ok(Executor::new(&self.program, &self.file)?
+            .release_weights(self.release)
+            .run(inputs)?)
     }
 }

@@ -26,6 +26,10 @@ pub struct MappedSafetensors {
     path: PathBuf,
     file: File,
     map: Mmap,
+    /// File offset of the first mapped byte (page-aligned; 0 for a whole file).
+    map_off: usize,
+    /// File offset of the safetensors data (the region's start; 0 for a whole file).
+    start: usize,
     header: Header,
     by_name: HashMap<String, usize>,
     names: Vec<String>,
@@ -35,28 +39,60 @@ impl MappedSafetensors {
     /// Opens and maps `path`, validating its header (see [`crate::parse_header`]). Tensor bytes are
     /// not read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref().to_path_buf();
+        Self::open_inner(path.as_ref(), None)
+    }
+
+    /// Opens and maps a safetensors file stored at `[offset, offset + len)` of `path` (e.g. an
+    /// engine stored in a `.pte` segment), validating its header; tensor bytes are not read and
+    /// views, releases and residency work as for a whole file (offsets stay the file's).
+    pub fn open_region(path: impl AsRef<Path>, offset: u64, len: u64) -> Result<Self> {
+        Self::open_inner(path.as_ref(), Some((offset, len)))
+    }
+
+    fn open_inner(path: &Path, region: Option<(u64, u64)>) -> Result<Self> {
+        let path = path.to_path_buf();
         let file = File::open(&path).map_err(|e| Error::io(&path, "open", e))?;
-        let len = file
+        let file_len = file
             .metadata()
             .map_err(|e| Error::io(&path, "stat", e))?
             .len();
-        let shown = path.display().to_string();
+        let shown = match region {
+            Some((o, l)) => format!("{} bytes {o}..{}", path.display(), o.saturating_add(l)),
+            None => path.display().to_string(),
+        };
+        let (start, len) = region.unwrap_or((0, file_len));
+        if start.checked_add(len).is_none_or(|end| end > file_len) {
+            return Err(Error::Truncated {
+                file: shown,
+                reason: format!("the region runs past the end of the {file_len}-byte file"),
+            });
+        }
         if len < 8 {
             return Err(Error::Truncated {
                 file: shown,
                 reason: format!("{len} bytes, shorter than the 8-byte header length prefix"),
             });
         }
-        // SAFETY: `Mmap::map` is unsafe because the `&[u8]` it hands out is only immutable if no
-        // one changes the file while it is mapped. petite opens sources read-only and never writes
-        // them; the contract (see the type's docs) is that no other process does either. If one
-        // truncates the file anyway, touching a page past the new end raises SIGBUS (the process
-        // dies; issue 13); if one writes to it, views read the new bytes. Neither can make a view
-        // reach outside the mapping: the header is parsed once, into owned values, and views are
-        // slices of the fixed-length mapping.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, "mmap", e))?;
-        let header = parse_header(&shown, &map)?;
+        let page = page_size() as u64;
+        let map_off = start / page * page;
+        let (skip, map_len) = ((start - map_off) as usize, (start + len - map_off) as usize);
+        // SAFETY: `MmapOptions::map` is unsafe because the `&[u8]` it hands out is only
+        // immutable if no one changes the file while it is mapped. petite opens sources
+        // read-only and never writes them; the contract (see the type's docs) is that no other
+        // process does either. If one truncates the file anyway, touching a page past the new
+        // end raises SIGBUS (issue 13); if one writes to it, views read the new bytes. Neither
+        // can make a view reach outside the mapping: the header is parsed once, into owned
+        // values, and views are slices of the fixed-length mapping. The offset is page-aligned
+        // and offset + length lies inside the file (checked above).
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(map_off)
+                .len(map_len)
+                .map(&file)
+        }
+        .map_err(|e| Error::io(&path, "mmap", e))?;
+        let (map_off, start) = (map_off as usize, start as usize);
+        let header = parse_header(&shown, &map[skip..])?;
         let mut by_name = HashMap::with_capacity(header.entries.len());
         for (i, e) in header.entries.iter().enumerate() {
             by_name.insert(e.name.clone(), i);
@@ -72,6 +108,8 @@ impl MappedSafetensors {
             path,
             file,
             map,
+            map_off,
+            start,
             header,
             by_name,
             names,
@@ -88,9 +126,14 @@ impl MappedSafetensors {
         &self.header
     }
 
-    /// Size of the mapping (the whole file) in bytes.
+    /// Size of the mapping (the whole file, or the region rounded out to a page) in bytes.
     pub fn mapped_len(&self) -> usize {
         self.map.len()
+    }
+
+    /// File offset one past the last mapped byte.
+    fn map_end(&self) -> usize {
+        self.map_off + self.map.len()
     }
 
     fn entry(&self, name: &str) -> Result<&HeaderEntry> {
@@ -106,7 +149,8 @@ impl MappedSafetensors {
     /// Absolute file byte range of `name`'s data.
     pub fn file_range(&self, name: &str) -> Result<std::ops::Range<usize>> {
         let e = self.entry(name)?;
-        Ok(self.header.data_start + e.begin..self.header.data_start + e.end)
+        let s = self.start + self.header.data_start;
+        Ok(s + e.begin..s + e.end)
     }
 
     /// Drops `[start, end)` (absolute file offsets, already page-aligned, inside the mapping:
@@ -128,8 +172,11 @@ impl MappedSafetensors {
         // `data_offsets` end against the data region) rounded inward, or one clamped to the
         // mapping's length.
         unsafe {
-            self.map
-                .unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start)
+            self.map.unchecked_advise_range(
+                UncheckedAdvice::DontNeed,
+                start - self.map_off,
+                end - start,
+            )
         }
         .map_err(|e| Error::io(&self.path, "madvise(DONTNEED)", e))?;
         // SAFETY: posix_fadvise takes no pointers; `self.file` owns the fd and is open for as long
@@ -156,8 +203,8 @@ impl MappedSafetensors {
     /// the page cache, per `mincore` (whole pages).
     pub fn resident_bytes_in(&self, start: usize, end: usize) -> Result<usize> {
         let page = page_size();
-        let end = end.min(self.map.len());
-        let start = start / page * page;
+        let end = end.min(self.map_end());
+        let start = (start / page * page).max(self.map_off);
         if start >= end {
             return Ok(0);
         }
@@ -170,7 +217,7 @@ impl MappedSafetensors {
         // truncated file (beyond the new end) is reported, not faulted in.
         let rc = unsafe {
             libc::mincore(
-                self.map.as_ptr().add(start) as *mut libc::c_void,
+                self.map.as_ptr().add(start - self.map_off) as *mut libc::c_void,
                 end - start,
                 vec.as_mut_ptr(),
             )
@@ -193,7 +240,7 @@ impl MappedSafetensors {
 
     /// Bytes of the whole file that are in memory (page cache), per `mincore`.
     pub fn resident_bytes(&self) -> Result<usize> {
-        self.resident_bytes_in(0, self.map.len())
+        self.resident_bytes_in(self.map_off, self.map_end())
     }
 }
 
@@ -212,7 +259,7 @@ impl WeightSource for MappedSafetensors {
 
     fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
         let e = self.entry(name)?;
-        let s = self.header.data_start;
+        let s = self.start - self.map_off + self.header.data_start;
         Ok(TensorView {
             name: &e.name,
             dtype: e.dtype,
@@ -237,15 +284,15 @@ impl WeightSource for MappedSafetensors {
         let r = self.file_range(name)?;
         let s = r.start + start.min(r.len());
         let e = r.start + end.min(r.len());
-        let e = (e.div_ceil(page) * page).min(self.map.len());
-        self.drop_pages(s / page * page, e)
+        let e = (e.div_ceil(page) * page).min(self.map_end());
+        self.drop_pages((s / page * page).max(self.map_off), e)
     }
 
     fn unmap_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
         let page = page_size();
         let r = self.file_range(name)?;
-        let s = (r.start + start.min(r.len())) / page * page;
-        let e = ((r.start + end.min(r.len())).div_ceil(page) * page).min(self.map.len());
+        let s = ((r.start + start.min(r.len())) / page * page).max(self.map_off);
+        let e = ((r.start + end.min(r.len())).div_ceil(page) * page).min(self.map_end());
         if s >= e {
             return Ok(());
         }
@@ -255,7 +302,7 @@ impl WeightSource for MappedSafetensors {
         // tensor's (inside the file) rounded out to pages and clamped to the mapping's length.
         unsafe {
             self.map
-                .unchecked_advise_range(UncheckedAdvice::DontNeed, s, e - s)
+                .unchecked_advise_range(UncheckedAdvice::DontNeed, s - self.map_off, e - s)
         }
         .map_err(|e| Error::io(&self.path, "madvise(DONTNEED)", e))
     }
@@ -270,7 +317,7 @@ impl WeightSource for MappedSafetensors {
         let e = r.start + end.min(r.len());
         if s < e {
             self.map
-                .advise_range(memmap2::Advice::WillNeed, s, e - s)
+                .advise_range(memmap2::Advice::WillNeed, s - self.map_off, e - s)
                 .map_err(|err| Error::io(&self.path, "madvise(WILLNEED)", err))?;
         }
         Ok(())
