@@ -92,3 +92,24 @@ impl Error {
 
 /// Result alias of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod layout_tests {
+    /// Every end-to-end test file in the workspace's top-level `tests/` is a `[[test]]` of this
+    /// package (autotests is off there, so an unregistered file would silently never run).
+    #[test]
+    fn every_top_level_test_file_is_registered() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+        let mut n = 0;
+        for e in std::fs::read_dir(root.join("../../tests")).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            if let Some(stem) = name.strip_suffix(".rs") {
+                let want = format!("path = \"../../tests/{stem}.rs\"");
+                assert!(manifest.contains(&want), "tests/{name} is not a [[test]] of petite");
+                n += 1;
+            }
+        }
+        assert!(n >= 5, "found only {n} test files");
+    }
+}
