@@ -8,23 +8,31 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{Mmap, UncheckedAdvice};
 
+use crate::fault::{Registration, Role};
 use crate::header::{Header, HeaderEntry, parse_header};
 use crate::writer::PAD_PREFIX;
-use crate::{Error, Result, TensorInfo, TensorView, WeightSource, page_size};
+use crate::{Error, FileIdentity, Result, TensorInfo, TensorView, WeightSource, page_size};
 
 /// A mapped safetensors file. The mapping is `MAP_SHARED` and read-only, so giving pages back with
 /// `MADV_DONTNEED` never loses data: they fault back in from the file.
 ///
 /// As with any mapping, the file must not be changed by anyone else while it is mapped: if
-/// another process truncates it, reading a page past the new end raises SIGBUS and kills this
-/// process (no error is returned; issue 13 tracks turning that into one), and if another process
-/// writes to it, views see the new bytes. Bounds never depend on the bytes after `open`: the
-/// header is parsed once into owned values and every view is sliced from the fixed-length
-/// mapping with checked ranges.
+/// another process truncates it, reading a page past the new end raises SIGBUS. The mapping is
+/// registered with [`crate::fault`], so where the binary installed its handler that SIGBUS ends
+/// the process with a one-line error naming the file and exit code
+/// [`crate::fault::EXIT_CODE`]; without the handler it kills the process. If another process
+/// writes to it, views see the new bytes; [`MappedSafetensors::check_unchanged`] tells (size,
+/// modification time, inode against those of `open`). Bounds never depend on the bytes after
+/// `open`: the header is parsed once into owned values and every view is sliced from the
+/// fixed-length mapping with checked ranges.
 #[derive(Debug)]
 pub struct MappedSafetensors {
     path: PathBuf,
     file: File,
+    identity: FileIdentity,
+    role: Role,
+    // Declared before `map`: unregistered before the range is unmapped.
+    reg: Registration,
     map: Mmap,
     header: Header,
     by_name: HashMap<String, usize>,
@@ -35,12 +43,17 @@ impl MappedSafetensors {
     /// Opens and maps `path`, validating its header (see [`crate::parse_header`]). Tensor bytes are
     /// not read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_as(path, Role::File)
+    }
+
+    /// [`MappedSafetensors::open`], naming the file as `role` in a SIGBUS message and in
+    /// [`Error::Changed`].
+    pub fn open_as(path: impl AsRef<Path>, role: Role) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let file = File::open(&path).map_err(|e| Error::io(&path, "open", e))?;
-        let len = file
-            .metadata()
-            .map_err(|e| Error::io(&path, "stat", e))?
-            .len();
+        let md = file.metadata().map_err(|e| Error::io(&path, "stat", e))?;
+        let identity = FileIdentity::of(&md);
+        let len = md.len();
         let shown = path.display().to_string();
         if len < 8 {
             return Err(Error::Truncated {
@@ -51,11 +64,13 @@ impl MappedSafetensors {
         // SAFETY: `Mmap::map` is unsafe because the `&[u8]` it hands out is only immutable if no
         // one changes the file while it is mapped. petite opens sources read-only and never writes
         // them; the contract (see the type's docs) is that no other process does either. If one
-        // truncates the file anyway, touching a page past the new end raises SIGBUS (the process
-        // dies; issue 13); if one writes to it, views read the new bytes. Neither can make a view
-        // reach outside the mapping: the header is parsed once, into owned values, and views are
-        // slices of the fixed-length mapping.
+        // truncates the file anyway, touching a page past the new end raises SIGBUS (registered
+        // below: the binary's handler ends the process with an error naming the file); if one
+        // writes to it, views read the new bytes (`check_unchanged` tells). Neither can make a
+        // view reach outside the mapping: the header is parsed once, into owned values, and views
+        // are slices of the fixed-length mapping.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, "mmap", e))?;
+        let reg = Registration::new(map.as_ptr(), map.len(), &path, role);
         let header = parse_header(&shown, &map)?;
         let mut by_name = HashMap::with_capacity(header.entries.len());
         for (i, e) in header.entries.iter().enumerate() {
@@ -71,6 +86,9 @@ impl MappedSafetensors {
         Ok(MappedSafetensors {
             path,
             file,
+            identity,
+            role,
+            reg,
             map,
             header,
             by_name,
@@ -81,6 +99,22 @@ impl MappedSafetensors {
     /// The file this maps.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The file's identity when it was opened (of the descriptor that was mapped).
+    pub fn identity(&self) -> FileIdentity {
+        self.identity
+    }
+
+    /// What the file is, in messages.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Names the file as `role` from now on (SIGBUS message, [`Error::Changed`]).
+    pub fn set_role(&mut self, role: Role) {
+        self.role = role;
+        self.reg.set_role(role);
     }
 
     /// The validated header (entries in file order, metadata, data start).
@@ -121,7 +155,7 @@ impl MappedSafetensors {
         // mapping zeroes the pages. This mapping is a read-only MAP_SHARED file mapping: DONTNEED
         // only unmaps the pages and a later read faults the same bytes back in from the page
         // cache or the file, so live views observe no change, under the same contract as `open`
-        // (if another process truncated the file meanwhile, that read raises SIGBUS; issue 13).
+        // (if another process truncated the file meanwhile, that read raises SIGBUS: see `open`).
         // The range lies inside the mapping, which matters because DONTNEED beyond it would hit
         // whatever else is mapped there and memmap2 checks only `start` and the length apart:
         // callers pass a tensor's range (inside the file: `parse_header` checks every
@@ -251,7 +285,7 @@ impl WeightSource for MappedSafetensors {
         }
         // SAFETY: as in `drop_pages`: on this read-only MAP_SHARED file mapping DONTNEED only
         // unmaps the pages and a later read faults the same bytes back in from the page cache or
-        // the file (SIGBUS if another process truncated it meanwhile; issue 13). The range is a
+        // the file (SIGBUS if another process truncated it meanwhile: see `open`). The range is a
         // tensor's (inside the file) rounded out to pages and clamped to the mapping's length.
         unsafe {
             self.map
@@ -262,6 +296,11 @@ impl WeightSource for MappedSafetensors {
 
     fn files(&self) -> Vec<PathBuf> {
         vec![self.path.clone()]
+    }
+
+    /// The path still names the file `open` mapped, with the same size and modification time.
+    fn check_unchanged(&self) -> Result<()> {
+        self.identity.check(&self.path, self.role)
     }
 
     fn prefetch_range(&self, name: &str, start: usize, end: usize) -> Result<()> {

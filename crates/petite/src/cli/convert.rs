@@ -62,6 +62,7 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
         progress: true,
         metadata: vec![("petite.source".into(), a.checkpoint.display().to_string())],
         dtypes: Default::default(),
+        seal: false,
     };
     let r = convert(&src, &a.out, &opts)
         .with_context(|| format!("converting {}", a.checkpoint.display()))?;
