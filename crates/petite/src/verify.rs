@@ -21,7 +21,10 @@ use petite_pi05::{Pi05Config, Precision, build_prefix, build_step};
 use petite_pte::PteFile;
 use petite_pte::model::{DataLocation, EValue, Instruction, ScalarType};
 use petite_reference::{Executor, Tensor};
-use petite_weights::{Header, TensorInfo, TensorView, WeightSource, parse_header};
+use petite_weights::fault::Registration;
+use petite_weights::{
+    FileIdentity, Header, Role, TensorInfo, TensorView, WeightSource, parse_header,
+};
 use serde_json::json;
 
 use crate::engines::{REFERENCE_ID, reference_meta_keys};
@@ -423,14 +426,37 @@ fn read_table(pte: &PteFile, steps: usize, r: usize) -> Result<Vec<f32>> {
         .collect())
 }
 
-fn map_file(path: &Path) -> Result<Mmap> {
+/// A mapped `.pte`, registered with petite-weights' SIGBUS handler (`reg` is declared first, so
+/// it is unregistered before the range is unmapped), with its identity at open.
+struct MappedPte {
+    _reg: Registration,
+    map: Mmap,
+    identity: FileIdentity,
+}
+
+impl std::ops::Deref for MappedPte {
+    type Target = Mmap;
+    fn deref(&self) -> &Mmap {
+        &self.map
+    }
+}
+
+fn map_file(path: &Path) -> Result<MappedPte> {
     let f = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+    let md = f.metadata().map_err(|e| Error::io(path, "stat", e))?;
     // SAFETY: `Mmap::map` is unsafe because its `&[u8]` is immutable only while no one changes
     // the file. This process opens the `.pte` read-only and never writes it; the contract is that
     // no other process does while `verify` runs. If one truncates it anyway, touching a page past
-    // the new end raises SIGBUS and the process dies (issue 13); if one writes to it, reads see
-    // the new bytes. Neither reaches outside the mapping: every view is a checked slice of it.
-    unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, "mmap", e))
+    // the new end raises SIGBUS, which the registration below turns into an error naming the
+    // file (the binary's handler); if one writes to it, reads see the new bytes (`run_pte`
+    // checks the identity at the end). Neither reaches outside the mapping: every view is a
+    // checked slice of it.
+    let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, "mmap", e))?;
+    Ok(MappedPte {
+        _reg: Registration::new(map.as_ptr(), map.len(), path, Role::Program),
+        map,
+        identity: FileIdentity::of(&md),
+    })
 }
 
 /// Runs the exported programs from their `.pte` files on `inputs`; returns the actions.
@@ -441,6 +467,7 @@ pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<
     let step_pte = PteFile::open(&step_path)?;
     let prefix_map = map_file(&prefix_path)?;
     let step_map = map_file(&step_path)?;
+    crate::guard::stop_point("verify");
     let prefix = Loaded::new(&prefix_pte, &prefix_map)?;
     let step = Loaded::new(&step_pte, &step_map)?;
     let r = petite_pi05::programs::time_row_len(cfg);
@@ -505,6 +532,9 @@ pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<
             .and_then(|t| t.into_float_values().ok())
             .ok_or_else(|| bad(&step_path, "x_next is not a float tensor"))?;
     }
+    // The actions came from these files only if they are still the files that were mapped.
+    prefix_map.identity.check(&prefix_path, Role::Program)?;
+    step_map.identity.check(&step_path, Role::Program)?;
     Ok(x)
 }
 
@@ -582,6 +612,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         "max_abs_reference_action": scale.as_ref().ok(),
         "stages": [pte_rec, ref_rec],
     });
+    // Nothing is reported from a checkpoint that changed while it was read.
+    ck.check_unchanged()?;
     let report = opts.pte_dir.join("report.json");
     let mut full = crate::report::read_json(&report).unwrap_or_else(|_| json!({}));
     if let Some(o) = full.as_object_mut() {

@@ -44,6 +44,7 @@ pub struct ConvertArgs {
 /// Runs `petite convert`.
 pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
     let src = Checkpoint::open(&a.checkpoint)?;
+    petite::guard::stop_point("convert-cli");
     let selection = if !a.keep.is_empty() {
         Selection::Keep(a.keep)
     } else if !a.drop.is_empty() {
