@@ -16,6 +16,9 @@ use crate::{BuiltEngine, EngineBuilder, EngineJob, Error, Result};
 /// Names an engine from its plan index and standalone program (the file stem).
 pub type EngineNamer<'a> = &'a dyn Fn(usize, &Program) -> Result<String>;
 
+/// Told the path and the reason of a damaged engine file before it is rebuilt.
+pub type DamagedNotice<'a> = &'a dyn Fn(&Path, &str);
+
 /// Settings of [`build_plan`].
 pub struct BuildOptions<'a> {
     /// Release each weight's pages after the last engine that reads it is built (default on).
@@ -25,9 +28,12 @@ pub struct BuildOptions<'a> {
     /// Engine names (default [`engine_name`]). A name that pins everything the engine's bytes
     /// depend on (subgraph, weights, builder settings) makes `reuse` safe.
     pub name: Option<EngineNamer<'a>>,
-    /// Reuse a finished file from an earlier run when the builder recognises it
-    /// ([`EngineBuilder::reuse`]) instead of building (default off).
+    /// Reuse a finished file from an earlier run when its seal matches and the builder
+    /// recognises it ([`crate::reuse_engine`]) instead of building (default off).
     pub reuse: bool,
+    /// Called with the path and the reason when a file found there is damaged (truncated, wrong
+    /// size, checksum, not this backend's): it is rebuilt right after.
+    pub on_damaged: Option<DamagedNotice<'a>>,
     /// Asked before each engine; `true` stops the build with [`Error::Stopped`] (Ctrl-C). The
     /// engines already finished stay on disk for a re-run to reuse.
     pub stop: Option<&'a dyn Fn() -> bool>,
@@ -40,6 +46,7 @@ impl Default for BuildOptions<'_> {
             on_engine: None,
             name: None,
             reuse: false,
+            on_damaged: None,
             stop: None,
         }
     }
@@ -52,6 +59,7 @@ impl std::fmt::Debug for BuildOptions<'_> {
             .field("on_engine", &self.on_engine.is_some())
             .field("name", &self.name.is_some())
             .field("reuse", &self.reuse)
+            .field("on_damaged", &self.on_damaged.is_some())
             .field("stop", &self.stop.is_some())
             .finish()
     }
@@ -201,7 +209,17 @@ pub fn build_plan(
             output_values: &sub.output_values,
         };
         let found = if options.reuse {
-            builder.reuse(&dir.join(builder.file_name(&name)), &job)
+            let path = dir.join(builder.file_name(&name));
+            match crate::reuse_engine(builder, &path, &job) {
+                crate::Reuse::Reused(b) => Some(*b),
+                crate::Reuse::Absent => None,
+                crate::Reuse::Damaged(why) => {
+                    if let Some(f) = options.on_damaged {
+                        f(&path, &why);
+                    }
+                    None
+                }
+            }
         } else {
             None
         };

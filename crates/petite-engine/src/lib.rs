@@ -27,8 +27,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use build::{
-    BuildOptions, BuildReport, EngineNamer, EngineReport, RssFigures, build_plan, engine_name,
-    last_uses, release_weights,
+    BuildOptions, BuildReport, DamagedNotice, EngineNamer, EngineReport, RssFigures, build_plan,
+    engine_name, last_uses, release_weights,
 };
 pub use petite_graph::Dtype;
 use petite_graph::{Program, ValueId};
@@ -324,7 +324,8 @@ pub struct EngineJob<'a> {
 
 /// The seam between planning and a backend: builds one engine from mapped weights into a file
 /// under `dir`. Implementations stream weights (memory O(chunk), not O(engine)), write under a
-/// temporary name and rename, and remove partial files on error.
+/// temporary name, seal the finished file ([`petite_weights::seal::write_for`], which
+/// [`reuse_engine`] checks) and rename, and remove partial files on error.
 ///
 /// Everything an orchestrator needs to know about a backend is asked here (which weights it
 /// reads from the mapping file and in which dtype, what a build costs in memory, which
@@ -362,6 +363,38 @@ pub trait EngineBuilder {
         weights: &dyn WeightSource,
         dir: &Path,
     ) -> Result<BuiltEngine>;
+}
+
+/// What an earlier run left at an engine's path ([`reuse_engine`]).
+#[derive(Debug)]
+pub enum Reuse {
+    /// No file there: build it.
+    Absent,
+    /// A whole engine file for the job: use it.
+    Reused(Box<BuiltEngine>),
+    /// A file that must not be trusted (says why: truncated, wrong size, checksum, not this
+    /// backend's format): rebuild it.
+    Damaged(String),
+}
+
+/// Whether the file at `path` is a finished engine for `job` that can be reused: its seal
+/// (length and checksum recorded when the builder wrote it, [`petite_weights::seal`]) must
+/// match, then the backend's own [`EngineBuilder::reuse`] check. Builders seal every engine
+/// file before giving it its final name; a file without a seal is damaged.
+pub fn reuse_engine(builder: &dyn EngineBuilder, path: &Path, job: &EngineJob<'_>) -> Reuse {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Reuse::Absent;
+    }
+    if let Err(why) = petite_weights::seal::check(path) {
+        return Reuse::Damaged(why);
+    }
+    match builder.reuse(path, job) {
+        Some(e) => Reuse::Reused(Box::new(e)),
+        None => Reuse::Damaged(format!(
+            "not a {} engine file for this subgraph",
+            builder.backend_id()
+        )),
+    }
 }
 
 /// Runs a built engine (for backends that can run on this machine).

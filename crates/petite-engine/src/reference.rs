@@ -119,6 +119,25 @@ fn store(to: Dtype, x: f32, out: &mut Vec<u8>) {
     }
 }
 
+/// A tensor sink's write error: a source truncated under the build (petite-weights'
+/// `Changed`, raised where the kernel could not read the mapped bytes) stays that error, naming
+/// the source; anything else is an I/O error on the tensor.
+fn sink_error(name: &str, e: std::io::Error) -> Error {
+    match e
+        .get_ref()
+        .and_then(|i| i.downcast_ref::<petite_weights::Error>())
+    {
+        Some(petite_weights::Error::Changed { role, file, what }) => {
+            Error::Weights(petite_weights::Error::Changed {
+                role,
+                file: file.clone(),
+                what: what.clone(),
+            })
+        }
+        _ => Error::io(Path::new(name), "write engine tensor", e),
+    }
+}
+
 impl ReferenceBuilder {
     /// Streams weight `name` from `source` into `writer`, converting from `stored` to `declared`.
     fn stream(
@@ -133,7 +152,7 @@ impl ReferenceBuilder {
         let view = source.tensor(name)?;
         let mut sink = writer.tensor(name)?;
         let chunk = self.chunk_bytes.max(64);
-        let io = |e: std::io::Error| Error::io(Path::new(name), "write engine tensor", e);
+        let io = |e: std::io::Error| sink_error(name, e);
         if stored == declared {
             let mut off = 0;
             for c in view.bytes.chunks(chunk) {
@@ -219,7 +238,7 @@ impl ReferenceBuilder {
         // Retires the pending ranges and ends the borrow of the writer's fd.
         drop(behind);
         crate::sys::flush_and_drop(writer.file(), 0, writer.total_len());
-        let path = writer.finish()?;
+        let path = writer.finish_sealed()?;
         let file_bytes = std::fs::metadata(&path)
             .map_err(|e| Error::io(&path, "stat", e))?
             .len();
@@ -319,7 +338,7 @@ impl ReferenceEngine {
     /// declared dtype and shape.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = MappedSafetensors::open(&path)?;
+        let file = MappedSafetensors::open_as(&path, petite_weights::Role::EngineFile)?;
         Self::from_file(path, file)
     }
 
@@ -327,7 +346,8 @@ impl ReferenceEngine {
     /// with the same checks as [`ReferenceEngine::open`].
     pub fn open_region(path: impl AsRef<Path>, offset: u64, len: u64) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = MappedSafetensors::open_region(&path, offset, len)?;
+        let file =
+            MappedSafetensors::open_region(&path, petite_weights::Role::Program, offset, len)?;
         Self::from_file(path, file)
     }
 

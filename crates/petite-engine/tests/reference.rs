@@ -421,12 +421,17 @@ fn a_missing_or_misshapen_weight_names_the_engine_and_keeps_finished_engines() {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         names.sort();
+        // Each finished engine with its seal.
         let want: Vec<String> = (0..bad_engine)
-            .map(|i| format!("engine_{i:03}.ref.safetensors"))
+            .flat_map(|i| {
+                let n = format!("engine_{i:03}.ref.safetensors");
+                [n.clone(), format!("{n}.seal")]
+            })
             .collect();
         assert_eq!(names, want, "{what}");
-        for n in &names {
+        for n in names.iter().filter(|n| !n.ends_with(".seal")) {
             ReferenceEngine::open(out.join(n)).unwrap();
+            petite_weights::seal::check(&out.join(n)).unwrap();
         }
     }
 }

@@ -175,6 +175,8 @@ pub fn run_files(files: &RunFiles<'_>, precision: Precision) -> Result<RunResult
             "actions are not finite ({v} at index {i}); nothing written"
         )));
     }
+    // Nothing is written from a checkpoint that changed while it was read.
+    ck.check_unchanged()?;
     write_actions(files.out, &cfg, &result.actions)?;
     Ok(result)
 }

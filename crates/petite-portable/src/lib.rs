@@ -784,7 +784,8 @@ const MAPPING_THREADS: usize = 2;
 
 /// Writes every stored weight of `table` into a safetensors mapping file at `path` in the exact
 /// bytes a `.pte` stores (converted, transposed), through petite-weights' streaming writer
-/// (temporary name, fsync, rename: the final name never holds a partial file). Work is cut into
+/// (temporary name, fsync, seal `<path>.seal`, rename: the final name never holds a partial
+/// file, nor one built from a source that changed meanwhile). Work is cut into
 /// bands of about 8 MiB of source, converted by two threads and written at their final
 /// offsets; each band gives its source pages back behind itself, so memory stays a few bands
 /// whatever the tensor's size. `progress(done, total)` is called as bands finish. Returns the
@@ -909,7 +910,10 @@ fn write_mapping_with(
     }
     progress(done.load(Ordering::Relaxed), total);
     let len = writer.total_len();
-    writer.finish()?;
+    // A cache file: published only if the source did not change while it was read, and sealed
+    // (petite-weights' `seal`) for the next run's reuse check.
+    weights.check_unchanged()?;
+    writer.finish_sealed()?;
     Ok(len)
 }
 

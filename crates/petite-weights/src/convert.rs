@@ -92,6 +92,9 @@ pub struct ConvertOptions {
     /// Per-tensor target dtype of float tensors, overriding `dtype` (an exporter whose backend
     /// reads some weights in f32 keeps them f32, widened exactly where stored narrower).
     pub dtypes: std::collections::BTreeMap<String, Dtype>,
+    /// Seal the output ([`crate::seal`], before its rename): for cache files a later run
+    /// reuses, not for files handed to a user.
+    pub seal: bool,
 }
 
 impl Default for ConvertOptions {
@@ -106,6 +109,7 @@ impl Default for ConvertOptions {
             progress: true,
             metadata: Vec::new(),
             dtypes: std::collections::BTreeMap::new(),
+            seal: false,
         }
     }
 }
@@ -190,7 +194,8 @@ fn human(b: f64) -> String {
 /// other dtypes copied, tensors selected by `opts.selection`, every large tensor on a page
 /// boundary. Streams in chunks of `opts.chunk_bytes` on `opts.threads` threads, giving the source's
 /// pages back behind itself. The output is written under a temporary name, fsynced and renamed; on
-/// any error nothing is left under `out`. The source is only read.
+/// any error nothing is left under `out`, nor when the source changed while it was read
+/// ([`WeightSource::check_unchanged`]: [`Error::Changed`]). The source is only read.
 pub fn convert<S: WeightSource>(
     src: &S,
     out: &Path,
@@ -365,7 +370,13 @@ pub fn convert<S: WeightSource>(
         return Err(e);
     }
     let bytes_written = writer.total_len();
-    writer.finish()?;
+    // The output is published only if every byte came from the source `src` opened.
+    src.check_unchanged()?;
+    if opts.seal {
+        writer.finish_sealed()?;
+    } else {
+        writer.finish()?;
+    }
     Ok(ConvertReport {
         tensors: table.len(),
         dropped,

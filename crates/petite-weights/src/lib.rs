@@ -11,22 +11,30 @@
 //! - [`convert()`]: f32 → bf16/f16 in bounded chunks, dropping the source's pages behind itself.
 //! - [`residency`]: how much of a mapping / of this process is resident.
 //! - [`writeback`]: flushing and evicting written ranges behind a writer.
+//! - [`fault`]: a SIGBUS on a mapped file (truncated by another process) becomes a one-line
+//!   error naming it; [`FileIdentity`]: whether an input is still the file that was opened;
+//!   [`seal`]: length + checksum sidecars that let a reused cache file be trusted.
 //! - [`Error`]: every failure, naming the file and tensor.
 #![deny(missing_docs)]
 
 mod convert;
+pub mod fault;
 mod header;
+mod identity;
 mod mapped;
 mod remap;
 pub mod residency;
 mod rows;
+pub mod seal;
 mod sharded;
 mod source;
 pub mod writeback;
 mod writer;
 
 pub use convert::{ConvertOptions, ConvertReport, Selection, TargetDtype, convert};
+pub use fault::Role;
 pub use header::{Header, HeaderEntry, Index, MAX_HEADER_LEN, parse_header, parse_index};
+pub use identity::FileIdentity;
 pub use mapped::MappedSafetensors;
 pub use remap::{KeyMap, Remapped};
 pub use rows::RowSlices;
@@ -135,6 +143,19 @@ pub enum Error {
     /// A keep/drop list or key map names something the source does not have.
     #[error("{0}")]
     Selection(String),
+    /// An input file is no longer the file that was opened (size, modification time or inode
+    /// changed): whatever was computed from it is not published.
+    #[error(
+        "{role} changed or truncated while it was being read: {file} ({what}); nothing built from it was published; re-run once it is stable"
+    )]
+    Changed {
+        /// What the file is (`checkpoint`, `mapping file`, ...).
+        role: &'static str,
+        /// The file.
+        file: String,
+        /// What changed.
+        what: String,
+    },
 }
 
 fn tensor_suffix(t: &Option<String>) -> String {

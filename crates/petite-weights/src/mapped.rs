@@ -8,23 +8,31 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{Mmap, UncheckedAdvice};
 
+use crate::fault::{Registration, Role};
 use crate::header::{Header, HeaderEntry, parse_header};
 use crate::writer::PAD_PREFIX;
-use crate::{Error, Result, TensorInfo, TensorView, WeightSource, page_size};
+use crate::{Error, FileIdentity, Result, TensorInfo, TensorView, WeightSource, page_size};
 
 /// A mapped safetensors file. The mapping is `MAP_SHARED` and read-only, so giving pages back with
 /// `MADV_DONTNEED` never loses data: they fault back in from the file.
 ///
 /// As with any mapping, the file must not be changed by anyone else while it is mapped: if
-/// another process truncates it, reading a page past the new end raises SIGBUS and kills this
-/// process (no error is returned; issue 13 tracks turning that into one), and if another process
-/// writes to it, views see the new bytes. Bounds never depend on the bytes after `open`: the
-/// header is parsed once into owned values and every view is sliced from the fixed-length
-/// mapping with checked ranges.
+/// another process truncates it, reading a page past the new end raises SIGBUS. The mapping is
+/// registered with [`crate::fault`], so where the binary installed its handler that SIGBUS ends
+/// the process with a one-line error naming the file and exit code
+/// [`crate::fault::EXIT_CODE`]; without the handler it kills the process. If another process
+/// writes to it, views see the new bytes; [`MappedSafetensors::check_unchanged`] tells (size,
+/// modification time, inode against those of `open`). Bounds never depend on the bytes after
+/// `open`: the header is parsed once into owned values and every view is sliced from the
+/// fixed-length mapping with checked ranges.
 #[derive(Debug)]
 pub struct MappedSafetensors {
     path: PathBuf,
     file: File,
+    identity: FileIdentity,
+    role: Role,
+    // Declared before `map`: unregistered before the range is unmapped.
+    reg: Registration,
     map: Mmap,
     /// File offset of the first mapped byte (page-aligned; 0 for a whole file).
     map_off: usize,
@@ -39,23 +47,28 @@ impl MappedSafetensors {
     /// Opens and maps `path`, validating its header (see [`crate::parse_header`]). Tensor bytes are
     /// not read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        Self::open_inner(path.as_ref(), None)
+        Self::open_inner(path.as_ref(), Role::File, None)
+    }
+
+    /// [`MappedSafetensors::open`], naming the file as `role` in a SIGBUS message and in
+    /// [`Error::Changed`].
+    pub fn open_as(path: impl AsRef<Path>, role: Role) -> Result<Self> {
+        Self::open_inner(path.as_ref(), role, None)
     }
 
     /// Opens and maps a safetensors file stored at `[offset, offset + len)` of `path` (e.g. an
     /// engine stored in a `.pte` segment), validating its header; tensor bytes are not read and
     /// views, releases and residency work as for a whole file (offsets stay the file's).
-    pub fn open_region(path: impl AsRef<Path>, offset: u64, len: u64) -> Result<Self> {
-        Self::open_inner(path.as_ref(), Some((offset, len)))
+    pub fn open_region(path: impl AsRef<Path>, role: Role, offset: u64, len: u64) -> Result<Self> {
+        Self::open_inner(path.as_ref(), role, Some((offset, len)))
     }
 
-    fn open_inner(path: &Path, region: Option<(u64, u64)>) -> Result<Self> {
+    fn open_inner(path: &Path, role: Role, region: Option<(u64, u64)>) -> Result<Self> {
         let path = path.to_path_buf();
         let file = File::open(&path).map_err(|e| Error::io(&path, "open", e))?;
-        let file_len = file
-            .metadata()
-            .map_err(|e| Error::io(&path, "stat", e))?
-            .len();
+        let md = file.metadata().map_err(|e| Error::io(&path, "stat", e))?;
+        let identity = FileIdentity::of(&md);
+        let file_len = md.len();
         let shown = match region {
             Some((o, l)) => format!("{} bytes {o}..{}", path.display(), o.saturating_add(l)),
             None => path.display().to_string(),
@@ -80,10 +93,12 @@ impl MappedSafetensors {
         // immutable if no one changes the file while it is mapped. petite opens sources
         // read-only and never writes them; the contract (see the type's docs) is that no other
         // process does either. If one truncates the file anyway, touching a page past the new
-        // end raises SIGBUS (issue 13); if one writes to it, views read the new bytes. Neither
-        // can make a view reach outside the mapping: the header is parsed once, into owned
-        // values, and views are slices of the fixed-length mapping. The offset is page-aligned
-        // and offset + length lies inside the file (checked above).
+        // end raises SIGBUS (registered below: the binary's handler ends the process with an
+        // error naming the file); if one writes to it, views read the new bytes
+        // (`check_unchanged` tells). Neither can make a view reach outside the mapping: the
+        // header is parsed once, into owned values, and views are slices of the fixed-length
+        // mapping. The offset is page-aligned and offset + length lies inside the file (checked
+        // above).
         let map = unsafe {
             memmap2::MmapOptions::new()
                 .offset(map_off)
@@ -91,6 +106,7 @@ impl MappedSafetensors {
                 .map(&file)
         }
         .map_err(|e| Error::io(&path, "mmap", e))?;
+        let reg = Registration::new(map.as_ptr(), map.len(), &path, role);
         let (map_off, start) = (map_off as usize, start as usize);
         let header = parse_header(&shown, &map[skip..])?;
         let mut by_name = HashMap::with_capacity(header.entries.len());
@@ -107,6 +123,9 @@ impl MappedSafetensors {
         Ok(MappedSafetensors {
             path,
             file,
+            identity,
+            role,
+            reg,
             map,
             map_off,
             start,
@@ -119,6 +138,22 @@ impl MappedSafetensors {
     /// The file this maps.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The file's identity when it was opened (of the descriptor that was mapped).
+    pub fn identity(&self) -> FileIdentity {
+        self.identity
+    }
+
+    /// What the file is, in messages.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Names the file as `role` from now on (SIGBUS message, [`Error::Changed`]).
+    pub fn set_role(&mut self, role: Role) {
+        self.role = role;
+        self.reg.set_role(role);
     }
 
     /// The validated header (entries in file order, metadata, data start).
@@ -165,7 +200,7 @@ impl MappedSafetensors {
         // mapping zeroes the pages. This mapping is a read-only MAP_SHARED file mapping: DONTNEED
         // only unmaps the pages and a later read faults the same bytes back in from the page
         // cache or the file, so live views observe no change, under the same contract as `open`
-        // (if another process truncated the file meanwhile, that read raises SIGBUS; issue 13).
+        // (if another process truncated the file meanwhile, that read raises SIGBUS: see `open`).
         // The range lies inside the mapping, which matters because DONTNEED beyond it would hit
         // whatever else is mapped there and memmap2 checks only `start` and the length apart:
         // callers pass a tensor's range (inside the file: `parse_header` checks every
@@ -298,7 +333,7 @@ impl WeightSource for MappedSafetensors {
         }
         // SAFETY: as in `drop_pages`: on this read-only MAP_SHARED file mapping DONTNEED only
         // unmaps the pages and a later read faults the same bytes back in from the page cache or
-        // the file (SIGBUS if another process truncated it meanwhile; issue 13). The range is a
+        // the file (SIGBUS if another process truncated it meanwhile: see `open`). The range is a
         // tensor's (inside the file) rounded out to pages and clamped to the mapping's length.
         unsafe {
             self.map
@@ -309,6 +344,11 @@ impl WeightSource for MappedSafetensors {
 
     fn files(&self) -> Vec<PathBuf> {
         vec![self.path.clone()]
+    }
+
+    /// The path still names the file `open` mapped, with the same size and modification time.
+    fn check_unchanged(&self) -> Result<()> {
+        self.identity.check(&self.path, self.role)
     }
 
     fn prefetch_range(&self, name: &str, start: usize, end: usize) -> Result<()> {

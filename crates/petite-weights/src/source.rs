@@ -118,6 +118,14 @@ pub trait WeightSource: Sync {
         Vec::new()
     }
 
+    /// Errs ([`crate::Error::Changed`]) when a file this source reads is no longer the one it
+    /// opened (size, modification time or inode changed): whatever was computed from it must not
+    /// be published. Sources over files check each; wrappers ask their inner source. The default
+    /// (in-memory sources) has nothing to check.
+    fn check_unchanged(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Hints that bytes `start..end` of `name` will be read soon (`MADV_WILLNEED`: readahead
     /// starts now instead of page fault by page fault). The default does nothing.
     fn prefetch_range(&self, name: &str, start: usize, end: usize) -> Result<()> {

@@ -89,6 +89,7 @@ fn streamed_conversion_matches_the_vectors() {
         progress: false,
         metadata: vec![],
         dtypes: Default::default(),
+        seal: false,
     };
     convert(&MappedSafetensors::open(&src).unwrap(), &out, &opts).unwrap();
     let m = MappedSafetensors::open(&out).unwrap();

@@ -67,6 +67,7 @@ fn opts(dtype: TargetDtype, selection: Selection) -> ConvertOptions {
         progress: false,
         metadata: vec![],
         dtypes: Default::default(),
+        seal: false,
     }
 }
 

@@ -2,7 +2,7 @@
 //! region: the same tensors, bytes and errors as the file on its own.
 
 use petite_weights::{
-    Dtype, Error, MappedSafetensors, SafetensorsWriter, TensorSpec, WeightSource,
+    Dtype, Error, MappedSafetensors, Role, SafetensorsWriter, TensorSpec, WeightSource,
 };
 
 fn write_st(path: &std::path::Path) -> Vec<u8> {
@@ -31,7 +31,8 @@ fn a_region_reads_like_the_whole_file() {
         bytes.extend_from_slice(&st);
         bytes.extend_from_slice(&[0x55; 333]);
         std::fs::write(&outer, &bytes).unwrap();
-        let m = MappedSafetensors::open_region(&outer, offset as u64, st.len() as u64).unwrap();
+        let m = MappedSafetensors::open_region(&outer, Role::File, offset as u64, st.len() as u64)
+            .unwrap();
         let whole = MappedSafetensors::open(dir.path().join("e.safetensors")).unwrap();
         assert_eq!(m.names(), whole.names());
         for n in ["a", "b"] {
@@ -64,11 +65,11 @@ fn a_region_past_the_file_or_cut_short_is_refused() {
     let path = dir.path().join("e.safetensors");
     let st = write_st(&path);
     let n = st.len() as u64;
-    let e = MappedSafetensors::open_region(&path, 1, n).unwrap_err();
+    let e = MappedSafetensors::open_region(&path, Role::File, 1, n).unwrap_err();
     assert!(matches!(e, Error::Truncated { .. }), "{e}");
     assert!(e.to_string().contains("runs past the end"), "{e}");
-    let e = MappedSafetensors::open_region(&path, 0, n - 1).unwrap_err();
+    let e = MappedSafetensors::open_region(&path, Role::File, 0, n - 1).unwrap_err();
     assert!(e.to_string().contains("bytes 0.."), "names the region: {e}");
-    let e = MappedSafetensors::open_region(&path, u64::MAX, 2).unwrap_err();
+    let e = MappedSafetensors::open_region(&path, Role::File, u64::MAX, 2).unwrap_err();
     assert!(matches!(e, Error::Truncated { .. }), "{e}");
 }

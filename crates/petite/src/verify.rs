@@ -19,6 +19,7 @@ use petite_pi05::{Pi05Config, Precision, build_prefix, build_step};
 use petite_pte::PteFile;
 use petite_pte::model::{DataLocation, EValue, Instruction, ScalarType};
 use petite_reference::Tensor;
+use petite_weights::{FileIdentity, Role, WeightSource};
 use serde_json::json;
 
 use petite_engine::EngineRuntime;
@@ -317,10 +318,19 @@ pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<
     let step_path = pte_dir.join("step.pte");
     let prefix_pte = PteFile::open(&prefix_path)?;
     let step_pte = PteFile::open(&step_path)?;
+    // Identities before the engines are mapped: the actions below came from these files only
+    // if they are still the files at the end.
+    let identity = |p: &Path| -> Result<FileIdentity> {
+        let md = std::fs::metadata(p).map_err(|e| Error::io(p, "stat", e))?;
+        Ok(FileIdentity::of(&md))
+    };
+    let (prefix_id, step_id) = (identity(&prefix_path)?, identity(&step_path)?);
     // The prefix runs once: its weights go after their last read. The step runs every
     // Euler step: its weights stay.
     let prefix = Loaded::new(&prefix_pte, true)?;
     let step = Loaded::new(&step_pte, false)?;
+    // Tests truncate a `.pte` here, while its engines are mapped.
+    crate::guard::stop_point("verify");
     let r = petite_pi05::programs::time_row_len(cfg);
     let table = read_table(&step_pte, cfg.steps, r)?;
 
@@ -383,6 +393,9 @@ pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<
             .and_then(|t| t.into_float_values().ok())
             .ok_or_else(|| bad(&step_path, "x_next is not a float tensor"))?;
     }
+    // The actions came from these files only if they are still the files that were mapped.
+    prefix_id.check(&prefix_path, Role::Program)?;
+    step_id.check(&step_path, Role::Program)?;
     Ok(x)
 }
 
@@ -460,6 +473,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         "max_abs_reference_action": scale.as_ref().ok(),
         "stages": [pte_rec, ref_rec],
     });
+    // Nothing is reported from a checkpoint that changed while it was read.
+    ck.check_unchanged()?;
     let report = opts.pte_dir.join("report.json");
     let mut full = crate::report::read_json(&report).unwrap_or_else(|_| json!({}));
     if let Some(o) = full.as_object_mut() {

@@ -172,6 +172,10 @@ impl<'l> EngineStages<'l> {
             if let Some(d) = pause {
                 std::thread::sleep(d);
             }
+            crate::guard::stop_point(&format!("engine:{tag}:{}", r.index));
+        };
+        let on_damaged = |p: &std::path::Path, why: &str| {
+            crate::guard::damaged(p, "engine file", why);
         };
         let stop = || interrupted();
         let rep = petite_engine::build_plan(
@@ -185,6 +189,7 @@ impl<'l> EngineStages<'l> {
                 on_engine: Some(&on_engine),
                 name: Some(&name),
                 reuse: true,
+                on_damaged: Some(&on_damaged),
                 stop: Some(&stop),
             },
         )
@@ -261,6 +266,10 @@ impl Stages for EngineStages<'_> {
         Ok(reused)
     }
 
+    fn mapping(&self) -> Option<&petite_weights::MappedSafetensors> {
+        self.weights.as_ref().and_then(|w| w.mapping.as_ref())
+    }
+
     fn timestep(&mut self) -> Result<()> {
         self.table = Some(timestep_values(
             &self.l.progs,
@@ -295,7 +304,7 @@ impl Stages for EngineStages<'_> {
             .ok_or_else(|| Error::Usage("export stages out of order: no table yet".into()))?;
         let mut p = ProgramBuilder::new();
         forward_method(&mut p, &progs.prefix, &self.prefix_engines)?;
-        let prefix_sum = p.write(&save.prefix_pte, save.wopts)?;
+        let prefix_sum = p.write(save.staged(&save.prefix_pte), save.wopts)?;
         save.pb.inc(1);
         let mut p = ProgramBuilder::new();
         forward_method(&mut p, &progs.step, &self.step_engines)?;
@@ -306,7 +315,7 @@ impl Stages for EngineStages<'_> {
         let tv = tm.constant_tensor(ScalarType::FLOAT, &dims, idx);
         tm.outputs(&[tv]);
         p.add_method(tm)?;
-        let step_sum = p.write(&save.step_pte, save.wopts)?;
+        let step_sum = p.write(save.staged(&save.step_pte), save.wopts)?;
         save.pb.finish_and_clear();
         self.pte_bytes = [prefix_sum.file_len, step_sum.file_len];
         if !self.opts.keep_engines {

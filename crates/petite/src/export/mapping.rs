@@ -9,7 +9,8 @@ use petite_engine::EngineBuilder;
 use petite_graph::{Dtype, Program};
 use petite_pi05::inputs::CanonicalCheckpoint;
 use petite_weights::{
-    ConvertOptions, MappedSafetensors, Selection, TargetDtype, TensorInfo, TensorView, WeightSource,
+    ConvertOptions, MappedSafetensors, Role, Selection, TargetDtype, TensorInfo, TensorView,
+    WeightSource,
 };
 use sha2::{Digest, Sha256};
 
@@ -79,6 +80,13 @@ impl WeightSource for ExportWeights<'_> {
             f.push(m.path().to_path_buf());
         }
         f
+    }
+    fn check_unchanged(&self) -> petite_weights::Result<()> {
+        self.checkpoint.check_unchanged()?;
+        match &self.mapping {
+            Some(m) => m.check_unchanged(),
+            None => Ok(()),
+        }
     }
 }
 
@@ -169,11 +177,12 @@ pub(super) fn engine_mapping(
             .filter(|(_, d)| *d != Dtype::Bf16)
             .map(|(n, d)| (n.clone(), *d))
             .collect(),
+        seal: true,
         ..ConvertOptions::default()
     };
     let rep = petite_weights::convert(ck, &path, &opts)?;
     Ok(Converted {
-        file: MappedSafetensors::open(&path)?,
+        file: MappedSafetensors::open_as(&path, Role::MappingFile)?,
         reused: false,
         seconds: Some(rep.seconds),
     })
@@ -185,13 +194,17 @@ pub(super) fn path(cache: &Path, key: &str) -> PathBuf {
 }
 
 /// The mapping file at `path` if an earlier run wrote it under `key` (which covers the source
-/// files, dtype and selection) and it holds every tensor in `names`; anything else is rewritten.
+/// files, dtype and selection), its seal matches (else: a notice, and it is rebuilt) and it
+/// holds every tensor in `names`; anything else is rewritten.
 pub(super) fn current<'a>(
     path: &Path,
     key: &str,
     mut names: impl Iterator<Item = &'a str>,
 ) -> Option<MappedSafetensors> {
-    let m = MappedSafetensors::open(path).ok()?;
+    if !crate::guard::reusable(path, "mapping file") {
+        return None;
+    }
+    let m = MappedSafetensors::open_as(path, Role::MappingFile).ok()?;
     let meta_ok = m
         .header()
         .metadata

@@ -10,6 +10,11 @@
 //! checkpoint's identity and the backend settings, so an interrupted export re-run with the same
 //! arguments reuses them.
 //!
+//! Faults ([`crate::guard`]): `.petite.lock` is locked (one export per `--out`) before the
+//! first write; the inputs' identities are checked at every stage boundary and before the
+//! `.pte` files, written under staged names, are renamed to their final ones; the mapping file
+//! and engine files are reused only when their seals (length + checksum) match.
+//!
 //! `.pte` layout (what [`crate::verify`] reads back): method `forward` has one planned tensor
 //! value per value crossing an engine boundary, the program's inputs and outputs in the order of
 //! petite-pi05's program interfaces, and one delegate call per engine in plan order (args: the
@@ -32,11 +37,12 @@ use petite_pi05::programs::io;
 use petite_pi05::{Pi05Config, Precision, build_all};
 use petite_pte::WriteOptions;
 use petite_reference::Executor;
-use petite_weights::WeightSource;
+use petite_weights::{MappedSafetensors, WeightSource};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::engines::{Backend, BackendOptions};
+use crate::guard::{self, OutputDir, Watch};
 use crate::memory::{Recorder, StageRecord, status};
 use crate::{Error, Result};
 
@@ -200,15 +206,6 @@ fn bar(progress: bool, len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-/// Whether `dir` accepts new files (a probe file is created and removed).
-fn check_writable(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create output directory", e))?;
-    let probe = dir.join(format!(".petite-probe-{}", std::process::id()));
-    std::fs::File::create(&probe).map_err(|e| Error::io(dir, "write into output directory", e))?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
-}
-
 /// The timestep table: `[steps, row_len]` f32 values.
 struct Table {
     values: Vec<f32>,
@@ -276,14 +273,32 @@ impl SaveTargets {
         }
     }
 
-    /// Writes `report` as `report.json` next to the programs and returns the export's result.
+    /// Where a stage writes `path` (a `.pte` or its spec) before [`SaveTargets::finish`]
+    /// publishes it ([`guard::publish`]).
+    fn staged(&self, path: &Path) -> PathBuf {
+        guard::staged(path)
+    }
+
+    /// Publishes the staged programs (and portable specs) under their final names once the
+    /// watched inputs are unchanged ([`guard::publish`]), then writes `report` as `report.json`
+    /// next to them and returns the export's result.
     fn finish(
         self,
         opts: &ExportOptions,
+        watch: &Watch,
         report: serde_json::Value,
         table: String,
         saved: &Saved,
     ) -> Result<ExportResult> {
+        let mut files = Vec::new();
+        for f in [&self.prefix_pte, &self.step_pte] {
+            files.push((self.staged(f), f.clone()));
+            let spec = spec_path(f);
+            if self.staged(&spec).exists() {
+                files.push((self.staged(&spec), spec));
+            }
+        }
+        guard::publish(watch, &files)?;
         let report_path = opts.out.join("report.json");
         crate::report::write_json(&report_path, &report)?;
         Ok(ExportResult {
@@ -324,6 +339,8 @@ trait Stages {
     /// convert: the mapping file (`identity` pins the checkpoint and dtype); returns whether an
     /// earlier run's file was reused.
     fn convert(&mut self, identity: &str) -> Result<bool>;
+    /// The mapping file convert produced, if any (watched for changes from then on).
+    fn mapping(&self) -> Option<&MappedSafetensors>;
     /// timestep: the timestep table from this backend's weights.
     fn timestep(&mut self) -> Result<()>;
     /// Whether the backend builds engines (a backend that builds none records no engines
@@ -331,7 +348,8 @@ trait Stages {
     fn builds_engines(&self) -> bool;
     /// engines: builds (or reuses) every engine; returns whether all were reused.
     fn engines(&mut self, identity: &str) -> Result<bool>;
-    /// save: `prefix.pte` and `step.pte` (durably, under temporary names, renamed).
+    /// save: `prefix.pte` and `step.pte` (durably, under the staged names of
+    /// [`SaveTargets::staged`]; [`SaveTargets::finish`] publishes them).
     fn save(&mut self, save: &SaveTargets) -> Result<()>;
     /// The backend's part of `report.json`, with the stages' measurements.
     fn report(&self, save: &SaveTargets, stages: &[StageRecord], total: f64) -> Saved;
@@ -410,24 +428,33 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
             Box::new(engine::EngineStages::plan(&loaded, opts)?)
         }
     };
-    check_writable(&opts.out)?;
+    // One writer per output directory, taken before the first write (guard).
+    let _out = OutputDir::claim(&opts.out)?;
+    let mut watch = Watch::of_checkpoint(&loaded.ck)?;
     let identity = format!("{}|{:?}", source_key(&loaded.ck_files)?, opts.precision);
     rec.end(st, false);
     check_interrupt()?;
 
     let st = rec.begin("convert");
+    guard::stop_point("convert");
     let reused = stages.convert(&identity)?;
+    if let Some(m) = stages.mapping() {
+        watch.add(m);
+    }
+    watch.check()?;
     rec.end(st, reused);
     check_interrupt()?;
 
     let st = rec.begin("timestep");
     stages.timestep()?;
+    watch.check()?;
     rec.end(st, false);
     check_interrupt()?;
 
     if stages.builds_engines() {
         let st = rec.begin("engines");
         let all_reused = stages.engines(&identity)?;
+        watch.check()?;
         rec.end(st, all_reused);
         check_interrupt()?;
     }
@@ -443,7 +470,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     drop(stages);
     let table_text = crate::report::table(&recorded, total);
     let report = report_json(opts, loaded.checkpoint_desc.clone(), saved.rest.clone());
-    save.finish(opts, report, table_text, &saved)
+    save.finish(opts, &watch, report, table_text, &saved)
 }
 
 /// File next to a portable `.pte` describing its methods' inputs, outputs and memory plans

@@ -127,12 +127,16 @@ impl Stages for PortableStages<'_> {
                     },
                 )?;
                 pb.finish_and_clear();
-                MappedSafetensors::open(&path)?
+                MappedSafetensors::open_as(&path, petite_weights::Role::MappingFile)?
             }
         };
         self.mapping = Some(file);
         self.mapping_path = path;
         Ok(self.mapping_reused)
+    }
+
+    fn mapping(&self) -> Option<&MappedSafetensors> {
+        self.mapping.as_ref()
     }
 
     fn timestep(&mut self) -> Result<()> {
@@ -163,7 +167,7 @@ impl Stages for PortableStages<'_> {
         let (prefix_rep, prefix_sum) = petite_portable::write_program(
             &[spec(METHOD, &self.prefix)],
             constants,
-            &save.prefix_pte,
+            &save.staged(&save.prefix_pte),
             save.wopts,
         )?;
         save.pb.inc(1);
@@ -175,11 +179,11 @@ impl Stages for PortableStages<'_> {
         let (step_rep, step_sum) = petite_portable::write_program(
             &[spec(METHOD, &self.step), table_spec],
             constants,
-            &save.step_pte,
+            &save.staged(&save.step_pte),
             save.wopts,
         )?;
         for (pte, reps) in [(&save.prefix_pte, &prefix_rep), (&save.step_pte, &step_rep)] {
-            crate::report::write_json(&spec_path(pte), &json!({ "methods": reps }))?;
+            crate::report::write_json(&save.staged(&spec_path(pte)), &json!({ "methods": reps }))?;
         }
         save.pb.finish_and_clear();
         self.written = Some([
