@@ -15,6 +15,7 @@
 mod extract;
 mod options;
 mod planner;
+mod unionfind;
 
 pub use extract::EngineProgram;
 pub use options::{

@@ -2,11 +2,11 @@
 
 use std::collections::VecDeque;
 
-use petgraph::unionfind::UnionFind;
 use petite_graph::{NodeId, Op, Program, ValueId};
 use serde::{Deserialize, Serialize};
 
 use crate::options::{CostModel, EngineCost, PartitionOptions};
+use crate::unionfind::UnionFind;
 use crate::{Error, Result};
 
 /// A value an engine reads that it does not compute itself.
@@ -260,7 +260,7 @@ pub fn plan<C: CostModel>(program: &Program, options: &PartitionOptions<C>) -> R
     }
 
     // ---- Main order: topological, getitems right after their multi-output producer.
-    let mut groups = UnionFind::<u32>::new(n);
+    let mut groups = UnionFind::new(n);
     let mut main: Vec<NodeId> = Vec::new();
     let mut emitted = vec![false; n];
     for &id in &order {

@@ -1,13 +1,14 @@
 //! `Pi05Config`: the sizes of a pi0.5 model. The default is the real pi0.5 (lerobot 0.6.1,
 //! `gemma_2b` + `gemma_300m`, SigLIP So400m/14); small configs drive the tests.
 //!
-//! JSON is parsed by hand over `serde_json::Value` so every error names the full field path
-//! (`expert.heads`), which serde's derive cannot do for nested structs.
+//! JSON is read by serde derive (unknown and duplicate fields refused) through
+//! `serde_path_to_error`, so every error names the full field path (`expert.heads`), the expected
+//! form and what was found, on one line.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::{Error, Result};
 
@@ -208,91 +209,26 @@ impl Pi05Config {
     }
 
     /// Parses and validates config JSON; `origin` names the text in errors (usually its file).
+    ///
+    /// serde derive reads it (unknown and duplicate fields refused); `serde_path_to_error`
+    /// supplies the failing field's path, and [`field_error`] turns serde's message into one
+    /// line naming the field, the expected form and what was found.
     pub fn from_json_str(text: &str, origin: &str) -> Result<Self> {
-        let value: Value = serde_json::from_str(text).map_err(|e| Error::ConfigJson {
+        let not_json = |e: serde_json::Error| Error::ConfigJson {
             origin: origin.to_string(),
             message: e.to_string(),
+        };
+        let mut de = serde_json::Deserializer::from_str(text);
+        let cfg: Pi05Config = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            match inner.classify() {
+                serde_json::error::Category::Data => field_error(origin, &path, &inner),
+                _ => not_json(inner),
+            }
         })?;
-        let top = Obj::root(&value, origin)?;
-        let v = top.obj("vision")?;
-        let vision = VisionConfig {
-            image_size: v.uint("image_size")?,
-            patch_size: v.uint("patch_size")?,
-            hidden: v.uint("hidden")?,
-            layers: v.uint("layers")?,
-            heads: v.uint("heads")?,
-            mlp: v.uint("mlp")?,
-            eps: v.float("eps")?,
-        };
-        v.no_unknown(&[
-            "image_size",
-            "patch_size",
-            "hidden",
-            "layers",
-            "heads",
-            "mlp",
-            "eps",
-        ])?;
-        let l = top.obj("language")?;
-        let language = LanguageConfig {
-            width: l.uint("width")?,
-            depth: l.uint("depth")?,
-            heads: l.uint("heads")?,
-            kv_heads: l.uint("kv_heads")?,
-            head_dim: l.uint("head_dim")?,
-            mlp: l.uint("mlp")?,
-            vocab: l.uint("vocab")?,
-            eps: l.float("eps")?,
-            rope_theta: l.float("rope_theta")?,
-        };
-        l.no_unknown(&[
-            "width",
-            "depth",
-            "heads",
-            "kv_heads",
-            "head_dim",
-            "mlp",
-            "vocab",
-            "eps",
-            "rope_theta",
-        ])?;
-        let e = top.obj("expert")?;
-        let expert = ExpertConfig {
-            width: e.uint("width")?,
-            depth: e.uint("depth")?,
-            heads: e.uint("heads")?,
-            kv_heads: e.uint("kv_heads")?,
-            head_dim: e.uint("head_dim")?,
-            mlp: e.uint("mlp")?,
-            eps: e.float("eps")?,
-        };
-        e.no_unknown(&[
-            "width", "depth", "heads", "kv_heads", "head_dim", "mlp", "eps",
-        ])?;
-        let cfg = Pi05Config {
-            vision,
-            language,
-            expert,
-            cameras: top.uint("cameras")?,
-            tokens: top.uint("tokens")?,
-            chunk: top.uint("chunk")?,
-            action_dim: top.uint("action_dim")?,
-            steps: top.uint("steps")?,
-            time_min_period: top.float("time_min_period")?,
-            time_max_period: top.float("time_max_period")?,
-        };
-        top.no_unknown(&[
-            "vision",
-            "language",
-            "expert",
-            "cameras",
-            "tokens",
-            "chunk",
-            "action_dim",
-            "steps",
-            "time_min_period",
-            "time_max_period",
-        ])?;
+        // Trailing characters after the object are not JSON either.
+        de.end().map_err(not_json)?;
         cfg.validate().map_err(|e| match e {
             Error::InvalidConfig {
                 field,
@@ -469,100 +405,116 @@ impl Pi05Config {
     }
 }
 
-/// A JSON object being read, with its path for error messages.
-struct Obj<'a> {
-    origin: &'a str,
-    path: String,
-    map: &'a Map<String, Value>,
-}
-
-fn describe(v: &Value) -> String {
-    let s = v.to_string();
-    if s.len() > 40 {
-        format!("{}…", &s[..40])
-    } else {
-        s
+/// At most 40 characters of `s` (a long string value stays one short line).
+fn clip(s: &str) -> String {
+    match s.char_indices().nth(40) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_string(),
     }
 }
 
-impl<'a> Obj<'a> {
-    fn root(value: &'a Value, origin: &'a str) -> Result<Self> {
-        match value {
-            Value::Object(map) => Ok(Obj {
-                origin,
-                path: String::new(),
-                map,
-            }),
-            other => Err(Error::ConfigField {
-                origin: origin.to_string(),
-                field: "(top level)".into(),
-                expected: "a JSON object".into(),
-                found: describe(other),
-            }),
+/// The form a field of the schema takes, from the default config (which has every field):
+/// `expert` is an object, `expert.heads` an integer, `expert.eps` a number.
+fn expected_form(field: &str) -> String {
+    let schema = serde_json::to_value(Pi05Config::default()).expect("config serialises");
+    let mut at = &schema;
+    for key in field.split('.') {
+        match at.get(key) {
+            Some(v) => at = v,
+            None => return "a value".into(),
         }
     }
+    match at {
+        Value::Object(_) => "an object",
+        Value::Number(n) if n.is_u64() => "a non-negative integer",
+        _ => "a number",
+    }
+    .into()
+}
 
-    fn field_path(&self, key: &str) -> String {
-        if self.path.is_empty() {
-            key.to_string()
+/// serde's name for what it wanted, in the schema's words.
+fn expected_words(serde_expected: &str) -> String {
+    match serde_expected {
+        "usize" => "a non-negative integer".into(),
+        "f64" => "a number".into(),
+        s if s.starts_with("struct ") => "an object".into(),
+        s => s.to_string(),
+    }
+}
+
+/// The name between the first pair of backticks of a serde message (`missing field `x``).
+fn backticked(message: &str) -> Option<&str> {
+    let rest = &message[message.find('`')? + 1..];
+    Some(&rest[..rest.find('`')?])
+}
+
+/// One config error from a serde data error at `path` (`.` is the top level).
+///
+/// serde's messages have fixed forms (`missing field `x``, `unknown field `x`, expected one of
+/// ...`, `duplicate field `x``, `invalid type: F, expected E`, `invalid value: F, expected E`); a
+/// message of another form is kept whole as what was found.
+fn field_error(origin: &str, path: &str, e: &serde_json::Error) -> Error {
+    let full = e.to_string();
+    // serde_json appends the position; the field path replaces it.
+    let message = full
+        .strip_suffix(&format!(" at line {} column {}", e.line(), e.column()))
+        .unwrap_or(&full);
+    let join = |name: &str| {
+        if path == "." {
+            name.to_string()
         } else {
-            format!("{}.{key}", self.path)
+            format!("{path}.{name}")
         }
-    }
-
-    fn err(&self, key: &str, expected: &str, found: String) -> Error {
-        Error::ConfigField {
-            origin: self.origin.to_string(),
-            field: self.field_path(key),
-            expected: expected.to_string(),
-            found,
+    };
+    let at = || {
+        if path == "." {
+            "(top level)".to_string()
+        } else {
+            path.to_string()
         }
-    }
-
-    fn get(&self, key: &str, expected: &str) -> Result<&'a Value> {
-        self.map
-            .get(key)
-            .ok_or_else(|| self.err(key, expected, "nothing (the field is missing)".into()))
-    }
-
-    fn obj(&self, key: &str) -> Result<Obj<'a>> {
-        let expected = "an object";
-        match self.get(key, expected)? {
-            Value::Object(map) => Ok(Obj {
-                origin: self.origin,
-                path: self.field_path(key),
-                map,
-            }),
-            other => Err(self.err(key, expected, describe(other))),
+    };
+    let (field, expected, found) = if let Some(rest) = message.strip_prefix("missing field ") {
+        let field = join(backticked(rest).unwrap_or(rest));
+        let expected = expected_form(&field);
+        (
+            field,
+            expected,
+            "nothing (the field is missing)".to_string(),
+        )
+    } else if let Some(rest) = message.strip_prefix("duplicate field ") {
+        let name = backticked(rest).unwrap_or(rest);
+        (
+            join(name),
+            "the field once".into(),
+            format!("`{name}` twice"),
+        )
+    } else if let Some(rest) = message.strip_prefix("unknown field ") {
+        // The path already ends with the unknown key.
+        let known = rest
+            .split_once(", expected ")
+            .map(|(_, k)| k.trim_start_matches("one of ").replace('`', ""))
+            .unwrap_or_default();
+        (
+            at(),
+            format!("no such field (known: {known})"),
+            "an unknown field".into(),
+        )
+    } else if let Some(rest) = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "))
+    {
+        // `found` may hold the separator (a string value), serde's expected form never does.
+        match rest.rsplit_once(", expected ") {
+            Some((found, expected)) => (at(), expected_words(expected), clip(found)),
+            None => (at(), "a valid value".into(), clip(rest)),
         }
-    }
-
-    fn uint(&self, key: &str) -> Result<usize> {
-        let expected = "a non-negative integer";
-        let v = self.get(key, expected)?;
-        v.as_u64()
-            .and_then(|n| usize::try_from(n).ok())
-            .ok_or_else(|| self.err(key, expected, describe(v)))
-    }
-
-    fn float(&self, key: &str) -> Result<f64> {
-        let expected = "a number";
-        let v = self.get(key, expected)?;
-        v.as_f64()
-            .ok_or_else(|| self.err(key, expected, describe(v)))
-    }
-
-    fn no_unknown(&self, known: &[&str]) -> Result<()> {
-        // Map order is the file's order (preserve_order), so the first unknown key is reported.
-        for key in self.map.keys() {
-            if !known.contains(&key.as_str()) {
-                return Err(self.err(
-                    key,
-                    &format!("no such field (known: {})", known.join(", ")),
-                    "an unknown field".into(),
-                ));
-            }
-        }
-        Ok(())
+    } else {
+        (at(), "a valid value".into(), clip(message))
+    };
+    Error::ConfigField {
+        origin: origin.to_string(),
+        field,
+        expected,
+        found,
     }
 }

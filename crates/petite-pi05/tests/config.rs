@@ -176,3 +176,42 @@ fn timesteps_are_lerobots_f32_values() {
     assert_eq!(t[9].to_bits(), 0x3dcccccd);
     assert_eq!(Pi05Config::default().dt(), -0.1f32);
 }
+
+#[test]
+fn serde_errors_are_one_line_with_path_expected_found() {
+    let m = err_of(|v| v["expert"]["heads"] = Value::from(1.5));
+    assert_eq!(
+        m,
+        "cfg.json: config field `expert.heads`: expected a non-negative integer, found floating point `1.5`"
+    );
+    let m = err_of(|v| v["vision"]["eps"] = Value::from("tiny"));
+    assert_eq!(
+        m,
+        "cfg.json: config field `vision.eps`: expected a number, found string \"tiny\""
+    );
+    let m = err_of(|v| *v = Value::from(7));
+    assert_has(&m, &["`(top level)`", "an object", "integer `7`"]);
+    let m = err_of(|v| v["vision"]["mlp"] = Value::from("x".repeat(100)));
+    assert!(m.contains('…') && m.len() < 140, "{m}");
+    let m = err_of(|v| {
+        v["expert"].as_object_mut().unwrap().remove("eps");
+    });
+    assert_has(&m, &["`expert.eps`", "expected a number", "missing"]);
+    let m = err_of(|v| v["vision"]["heads"] = Value::from(-16));
+    assert_has(&m, &["`vision.heads`", "non-negative integer", "-16"]);
+    assert!(!m.contains('\n') && !m.contains("line 1"), "{m}");
+}
+
+#[test]
+fn duplicate_fields_and_trailing_text_are_refused() {
+    let text = REAL_JSON.replacen("\"cameras\": 3,", "\"cameras\": 3, \"cameras\": 4,", 1);
+    let m = Pi05Config::from_json_str(&text, "d.json")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        m.contains("`cameras`") && m.contains("once") && m.contains("twice"),
+        "{m}"
+    );
+    let e = Pi05Config::from_json_str(&format!("{REAL_JSON} x"), "t.json").unwrap_err();
+    assert!(e.to_string().contains("t.json: not valid JSON"), "{e}");
+}

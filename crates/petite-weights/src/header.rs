@@ -104,8 +104,10 @@ fn usize_array(v: &Value, what: &str) -> std::result::Result<Vec<usize>, String>
 /// Parses and validates the header of a whole safetensors file held in `bytes` (typically a
 /// mapping). `file` names the file in errors. Checks: the length prefix and header fit in the
 /// file; the header is UTF-8 JSON, an object without duplicate names; every entry has a known
-/// dtype, a shape and `data_offsets` whose byte length equals `numel × dtype size`; offsets lie in
-/// the data region and no two tensors overlap.
+/// dtype, a shape and `data_offsets` whose byte length equals `numel × dtype size`; in offset order
+/// the tensors tile the data region exactly (no overlap, no hole, no trailing bytes), as the
+/// safetensors format requires. The `safetensors` crate is this function's differential oracle
+/// (`tests/safetensors_oracle.rs`, the fuzz target).
 pub fn parse_header(file: &str, bytes: &[u8]) -> Result<Header> {
     let bad = |tensor: Option<&str>, reason: String| Error::InvalidHeader {
         file: file.to_string(),
@@ -240,19 +242,40 @@ pub fn parse_header(file: &str, bytes: &[u8]) -> Result<Header> {
             end,
         });
     }
+    // The data region is entirely indexed (the safetensors rule that stops polyglot files): in
+    // offset order every tensor starts where the previous one ends, from 0 to the region's end.
     let mut order: Vec<usize> = (0..header.entries.len()).collect();
     order.sort_by_key(|&i| (header.entries[i].begin, header.entries[i].end));
-    for w in order.windows(2) {
-        let (a, b) = (&header.entries[w[0]], &header.entries[w[1]]);
-        if b.begin < a.end && b.begin != b.end && a.begin != a.end {
+    let mut covered = 0usize;
+    let mut prev: Option<&HeaderEntry> = None;
+    for &i in &order {
+        let e = &header.entries[i];
+        if e.begin != covered {
+            let after = match prev {
+                Some(p) => format!("`{}` [{}, {}]", p.name, p.begin, p.end),
+                None => "the start of the data region".into(),
+            };
+            let what = if e.begin < covered {
+                "overlap"
+            } else {
+                "leave a hole after"
+            };
             return Err(bad(
-                Some(&b.name),
-                format!(
-                    "data_offsets [{}, {}] overlap `{}` [{}, {}]",
-                    b.begin, b.end, a.name, a.begin, a.end
-                ),
+                Some(&e.name),
+                format!("data_offsets [{}, {}] {what} {after}", e.begin, e.end),
             ));
         }
+        covered = e.end;
+        prev = Some(e);
+    }
+    if covered != data_len {
+        return Err(bad(
+            None,
+            format!(
+                "tensors cover {covered} of the {data_len} bytes of the data region (it must be \
+                 entirely indexed: no trailing bytes)"
+            ),
+        ));
     }
     Ok(header)
 }
@@ -394,6 +417,21 @@ mod tests {
             16,
         );
         assert!(e.contains("overlap"), "{e}");
+        let e = err(
+            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#,
+            12,
+        );
+        assert!(e.contains("`b`") && e.contains("hole after `a`"), "{e}");
+        let e = err(
+            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+            5,
+        );
+        assert!(e.contains("cover 4 of the 5 bytes"), "{e}");
+        let e = err(
+            r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"z":{"dtype":"F32","shape":[0],"data_offsets":[2,2]}}"#,
+            4,
+        );
+        assert!(e.contains("`z`") && e.contains("overlap `a`"), "{e}");
         let e = err(
             r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#,
             8,
