@@ -43,7 +43,7 @@ fn main() {
                 std::path::Path::new(&a[3]),
                 &ConvertOptions {
                     selection: Selection::Drop(drop_list(Layout::Lerobot)),
-                    progress: false,
+                    progress: None,
                     ..ConvertOptions::default()
                 },
             )

@@ -57,7 +57,7 @@ fn main() {
         &MappedSafetensors::open(&ck).unwrap(),
         &mapping,
         &ConvertOptions {
-            progress: false,
+            progress: None,
             ..ConvertOptions::default()
         },
     )

@@ -211,7 +211,7 @@ impl Pi05Config {
     /// Parses and validates config JSON; `origin` names the text in errors (usually its file).
     ///
     /// serde derive reads it (unknown and duplicate fields refused); `serde_path_to_error`
-    /// supplies the failing field's path, and [`field_error`] turns serde's message into one
+    /// supplies the failing field's path, and `field_error` turns serde's message into one
     /// line naming the field, the expected form and what was found.
     pub fn from_json_str(text: &str, origin: &str) -> Result<Self> {
         let not_json = |e: serde_json::Error| Error::ConfigJson {

@@ -3,11 +3,10 @@
 //! pages are given back behind the reader, and written output is flushed and evicted behind the
 //! writer (on an 8 GB device the page cache shares DRAM with everything else).
 
-use std::io::IsTerminal;
 use std::os::fd::AsFd;
 use std::path::Path;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::writeback::WriteBehind;
@@ -74,6 +73,23 @@ impl Selection {
     }
 }
 
+/// A conversion's progress callback: `(source bytes read so far, total source bytes)`.
+#[derive(Clone)]
+pub struct Progress(Arc<dyn Fn(u64, u64) + Send + Sync>);
+
+impl Progress {
+    /// Wraps `f`; it is called from a reporter thread while the conversion runs.
+    pub fn new(f: impl Fn(u64, u64) + Send + Sync + 'static) -> Self {
+        Progress(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress(..)")
+    }
+}
+
 /// Options of [`convert`].
 #[derive(Debug, Clone)]
 pub struct ConvertOptions {
@@ -85,8 +101,9 @@ pub struct ConvertOptions {
     pub chunk_bytes: usize,
     /// Worker threads (2 is enough to overlap reading, converting and writing).
     pub threads: usize,
-    /// Print progress (bytes, rate, ETA) on stderr when it is a terminal.
-    pub progress: bool,
+    /// Told how far the conversion is, about four times a second and once at the end (`None`:
+    /// silent). The library prints nothing itself; the caller draws a bar or a log line.
+    pub progress: Option<Progress>,
     /// Extra `__metadata__` entries for the output.
     pub metadata: Vec<(String, String)>,
     /// Per-tensor target dtype of float tensors, overriding `dtype` (an exporter whose backend
@@ -106,7 +123,7 @@ impl Default for ConvertOptions {
             threads: std::thread::available_parallelism()
                 .map(|n| n.get().min(4))
                 .unwrap_or(2),
-            progress: true,
+            progress: None,
             metadata: Vec::new(),
             dtypes: std::collections::BTreeMap::new(),
             seal: false,
@@ -180,14 +197,6 @@ struct Item {
     /// Element range within the tensor.
     start: usize,
     end: usize,
-}
-
-fn human(b: f64) -> String {
-    if b >= (1u64 << 30) as f64 {
-        format!("{:.2} GiB", b / (1u64 << 30) as f64)
-    } else {
-        format!("{:.1} MiB", b / (1u64 << 20) as f64)
-    }
 }
 
 /// Converts `src` into a safetensors file at `out`: floats to `opts.dtype` (round-to-nearest-even),
@@ -279,32 +288,16 @@ pub fn convert<S: WeightSource>(
     let done = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let first_err: Mutex<Option<Error>> = Mutex::new(None);
-    let show = opts.progress && std::io::stderr().is_terminal();
     let fd = writer.file().as_fd();
     std::thread::scope(|scope| {
-        if show {
+        if let Some(report) = &opts.progress {
             let (done, stop) = (&done, &stop);
             scope.spawn(move || {
-                let start = Instant::now();
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(250));
-                    let d = done.load(Ordering::Relaxed) as f64;
-                    let secs = start.elapsed().as_secs_f64().max(1e-3);
-                    let rate = d / secs;
-                    let eta = if rate > 0.0 {
-                        (total_src as f64 - d) / rate
-                    } else {
-                        0.0
-                    };
-                    eprint!(
-                        "\rconvert: {} / {} read, {}/s, ETA {:.0} s   ",
-                        human(d),
-                        human(total_src as f64),
-                        human(rate),
-                        eta
-                    );
+                    (report.0)(done.load(Ordering::Relaxed), total_src);
                 }
-                eprintln!();
+                (report.0)(done.load(Ordering::Relaxed), total_src);
             });
         }
         let workers: Vec<_> = (0..opts.threads.max(1))

@@ -31,7 +31,7 @@ mod source;
 pub mod writeback;
 mod writer;
 
-pub use convert::{ConvertOptions, ConvertReport, Selection, TargetDtype, convert};
+pub use convert::{ConvertOptions, ConvertReport, Progress, Selection, TargetDtype, convert};
 pub use fault::Role;
 pub use header::{Header, HeaderEntry, Index, MAX_HEADER_LEN, parse_header, parse_index};
 pub use identity::FileIdentity;

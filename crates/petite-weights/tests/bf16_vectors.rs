@@ -86,7 +86,7 @@ fn streamed_conversion_matches_the_vectors() {
         selection: Selection::All,
         chunk_bytes: 12_345, // odd chunk size: chunk edges fall mid-page
         threads: 2,
-        progress: false,
+        progress: None,
         metadata: vec![],
         dtypes: Default::default(),
         seal: false,

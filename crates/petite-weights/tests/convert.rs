@@ -64,7 +64,7 @@ fn opts(dtype: TargetDtype, selection: Selection) -> ConvertOptions {
         selection,
         chunk_bytes: 4096, // many chunks, several per tensor, two threads racing
         threads: 2,
-        progress: false,
+        progress: None,
         metadata: vec![],
         dtypes: Default::default(),
         seal: false,

@@ -45,7 +45,7 @@ fn output_disk_full_midway_fails_cleanly_and_leaves_no_file() {
         selection: Selection::All,
         chunk_bytes: 16 * 1024,
         threads: 2,
-        progress: false,
+        progress: None,
         metadata: vec![],
         dtypes: Default::default(),
         seal: false,

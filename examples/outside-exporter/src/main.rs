@@ -76,7 +76,7 @@ fn main() -> Result<()> {
         dtype: TargetDtype::Bf16,
         chunk_bytes: 16 << 10,
         threads: 1,
-        progress: false,
+        progress: None,
         ..ConvertOptions::default()
     };
     let report = petite_weights::convert(&ckpt, &mapping_path, &opts)?;

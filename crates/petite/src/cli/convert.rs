@@ -60,7 +60,7 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
         selection,
         chunk_bytes: usize::try_from(a.chunk.max(1)).unwrap_or(usize::MAX),
         threads: a.threads.max(1),
-        progress: true,
+        progress: progress_line(),
         metadata: vec![("petite.source".into(), a.checkpoint.display().to_string())],
         dtypes: Default::default(),
         seal: false,
@@ -79,4 +79,32 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
         r.bytes_read as f64 / (1u64 << 20) as f64 / r.seconds.max(1e-9)
     );
     Ok(())
+}
+
+/// `convert: 3.10 GiB / 15.44 GiB read, 1.02 GiB/s, ETA 12 s` redrawn on stderr when it is a
+/// terminal (nothing otherwise).
+fn progress_line() -> Option<petite_weights::Progress> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let start = std::time::Instant::now();
+    Some(petite_weights::Progress::new(move |done, total| {
+        let secs = start.elapsed().as_secs_f64().max(1e-3);
+        let rate = done as f64 / secs;
+        let eta = if rate > 0.0 {
+            (total.saturating_sub(done)) as f64 / rate
+        } else {
+            0.0
+        };
+        eprint!(
+            "\rconvert: {} / {} read, {}/s, ETA {eta:.0} s   ",
+            petite::memory::human(done),
+            petite::memory::human(total),
+            petite::memory::human(rate as u64),
+        );
+        if done >= total {
+            eprintln!();
+        }
+    }))
 }

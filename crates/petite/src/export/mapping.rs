@@ -166,11 +166,18 @@ pub(super) fn engine_mapping(
         });
     }
     clear_stale(cache, &path)?;
+    let pb = super::bar(progress, 0, "convert");
     let opts = ConvertOptions {
         dtype: TargetDtype::Bf16,
         selection: Selection::Keep(selection.iter().map(|(n, _)| n.clone()).collect()),
         threads: 2,
-        progress,
+        progress: Some(petite_weights::Progress::new({
+            let pb = pb.clone();
+            move |done, total| {
+                pb.set_length(total);
+                pb.set_position(done);
+            }
+        })),
         metadata: vec![(KEY_META.to_string(), key)],
         dtypes: selection
             .iter()
@@ -180,7 +187,9 @@ pub(super) fn engine_mapping(
         seal: true,
         ..ConvertOptions::default()
     };
-    let rep = petite_weights::convert(ck, &path, &opts)?;
+    let rep = petite_weights::convert(ck, &path, &opts);
+    pb.finish_and_clear();
+    let rep = rep?;
     Ok(Converted {
         file: MappedSafetensors::open_as(&path, Role::MappingFile)?,
         reused: false,
