@@ -133,7 +133,7 @@ fn floats(d: Dtype) -> bool {
 fn round_scalar(x: f64, dtype: Dtype) -> f64 {
     let f = x as f32;
     match dtype {
-        Dtype::Bf16 => half::bf16::from_f32(f).to_f32() as f64,
+        Dtype::Bf16 => petite_dtype::round_through_bf16(f) as f64,
         Dtype::F16 => half::f16::from_f32(f).to_f32() as f64,
         _ => f as f64,
     }

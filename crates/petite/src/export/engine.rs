@@ -35,7 +35,11 @@ pub(super) struct EngineStages<'l> {
     step_plan: Plan,
     selection: Vec<(String, petite_graph::Dtype)>,
     weights: Option<ExportWeights<'l>>,
-    mapping: Option<(std::path::PathBuf, u64, bool, Option<f64>)>,
+    /// Whether the convert stage reused an earlier mapping file, and what converting cost.
+    mapping_reused: bool,
+    convert_seconds: Option<f64>,
+    /// Engines built by this run (the rest were reused).
+    built: usize,
     table: Option<Table>,
     prefix_engines: Vec<BuiltEngine>,
     step_engines: Vec<BuiltEngine>,
@@ -133,7 +137,9 @@ impl<'l> EngineStages<'l> {
             step_plan,
             selection,
             weights: None,
-            mapping: None,
+            mapping_reused: true,
+            convert_seconds: None,
+            built: 0,
             table: None,
             prefix_engines: vec![],
             step_engines: vec![],
@@ -221,6 +227,7 @@ impl<'l> EngineStages<'l> {
             })
             .collect();
         Ok(Built {
+            built: rep.reports.iter().filter(|r| !r.reused).count(),
             engines: rep.engines,
             records,
         })
@@ -231,6 +238,7 @@ impl<'l> EngineStages<'l> {
 struct Built {
     engines: Vec<BuiltEngine>,
     records: Vec<serde_json::Value>,
+    built: usize,
 }
 
 impl Stages for EngineStages<'_> {
@@ -251,13 +259,9 @@ impl Stages for EngineStages<'_> {
         let reused = converted.as_ref().is_none_or(|c| c.reused);
         if let Some(c) = &converted {
             self.builder.attach_mapping(c.file.path())?;
-            self.mapping = Some((
-                c.file.path().to_path_buf(),
-                c.file.mapped_len() as u64,
-                c.reused,
-                c.seconds,
-            ));
+            self.convert_seconds = c.seconds;
         }
+        self.mapping_reused = reused;
         self.weights = Some(ExportWeights {
             mapping: converted.map(|c| c.file),
             from_mapping: self.selection.iter().map(|(n, _)| n.clone()).collect(),
@@ -292,8 +296,9 @@ impl Stages for EngineStages<'_> {
         self.pb.finish_and_clear();
         self.prefix_engines = prefix.engines;
         self.step_engines = step.engines;
+        self.built = prefix.built + step.built;
         self.records = [prefix.records, step.records];
-        Ok(self.built() == 0)
+        Ok(self.built == 0)
     }
 
     fn save(&mut self, save: &SaveTargets) -> Result<()> {
@@ -342,14 +347,13 @@ impl Stages for EngineStages<'_> {
             .map(|e| e.file_bytes)
             .sum();
         let pte_bytes = self.pte_bytes[0] + self.pte_bytes[1];
-        let (mapping_path, mapping_bytes, mapping_reused, convert_seconds) = match &self.mapping {
-            Some((p, b, r, s)) => (Some(p.display().to_string()), *b, *r, *s),
-            None => (None, 0, true, None),
-        };
+        let mapping_path = self.mapping().map(|m| m.path().display().to_string());
+        let mapping_bytes = self.mapping().map_or(0, |m| m.mapped_len() as u64);
+        let (mapping_reused, convert_seconds) = (self.mapping_reused, self.convert_seconds);
         let mapping_written = if mapping_reused { 0 } else { mapping_bytes };
         let written_logical = mapping_written + pte_bytes + engine_bytes;
-        let built = self.built();
-        let reused = self.records.iter().flatten().count() - built;
+        let built = self.built;
+        let reused = self.records.iter().map(Vec::len).sum::<usize>() - built;
         let rest = json!({
             "engine_cap": self.engine_cap,
             "memory_budget": self.memory_budget,
@@ -393,16 +397,6 @@ impl Stages for EngineStages<'_> {
             engines_reused: reused,
             engines_built: built,
         }
-    }
-}
-
-impl EngineStages<'_> {
-    fn built(&self) -> usize {
-        self.records
-            .iter()
-            .flatten()
-            .filter(|r| r["reused"] != true)
-            .count()
     }
 }
 
