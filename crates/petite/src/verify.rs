@@ -163,10 +163,8 @@ impl WeightSource for RegionWeights<'_> {
         for n in names {
             let e = self.entry(n)?;
             let s = self.start + self.header.data_start;
-            let (a, b) = (
-                (s + e.begin).div_ceil(page) * page,
-                (s + e.end) / page * page,
-            );
+            let r = petite_weights::page::inward(s + e.begin..s + e.end, page);
+            let (a, b) = (r.start, r.end);
             if a < b {
                 // SAFETY: `self.map` is a read-only MAP_SHARED file mapping (`map_file`): DONTNEED
                 // only unmaps the pages and a later read faults the same bytes back in from the
