@@ -518,7 +518,7 @@ fn forward_method(
         let d = m.delegate(DelegateSpec {
             id: e.backend_id.clone(),
             processed: Processed::Segment(seg),
-            compile_specs: vec![],
+            compile_specs: engines::compile_specs(e),
         });
         let mut args = Vec::new();
         for &v in e.input_values.iter().chain(&e.output_values) {
@@ -596,6 +596,7 @@ fn build_engines(
             "builder_peak_rss_bytes": eng.stats.map(|s| s.builder_peak_rss_bytes),
             "build_s": eng.stats.map(|s| s.build_s),
             "plan_bytes": eng.stats.map(|s| s.plan_bytes),
+            "compile_specs": engines::compile_specs_json(&eng),
         }));
         built.push(eng);
         pb.inc(1);
@@ -718,6 +719,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     // The costliest engine to build under the backend's memory model (by dtype mix).
     let mut engine_need = 0u64;
     for (plan, program) in [(&prefix_plan, &progs.prefix), (&step_plan, &progs.step)] {
+        builder.check_plan(program, plan)?; // e.g. a weight-streaming budget below one layer
         for e in &plan.engines {
             engine_need = engine_need.max(memory.bytes(WeightBytes::of_engine(program, e)));
         }
