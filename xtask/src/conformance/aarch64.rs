@@ -2,8 +2,8 @@
 //! architecture; linker named in `.cargo/config.toml`) and run under `qemu-aarch64` (Debian
 //! `qemu-user`, the cross sysroot `/usr/aarch64-linux-gnu`): the small-golden export and
 //! `petite verify` of every small golden, with the `.pte` files' sha256 compared against the
-//! x86-64 binary's output of the same command (they must be byte-identical); petite-reference's
-//! GEMM-order tests under qemu (the timestep table in `step.pte` comes from that GEMM); then one
+//! x86-64 binary's output of the same command (they must be byte-identical); `petite doctor`'s
+//! GEMM-order check on both (the timestep table in `step.pte` comes from that GEMM); then one
 //! export under qemu with 64 KiB guest pages (`qemu-aarch64 -p 65536`; the binary asks the OS for
 //! its page size), verified, its engines checked to hold the same tensors laid out for 64 KiB.
 //!
@@ -60,19 +60,23 @@ pub fn run() -> Result<()> {
     let x86 = util::release_petite()?;
     let t_x86_build = t.elapsed().as_secs_f64();
     // The one GEMM summation order, bit for bit, on aarch64's NEON kernels too (the reason
-    // step.pte's timestep table is the same on both): petite-reference's matmul tests under
-    // qemu (release profile: shares the cross build's dependencies).
+    // step.pte's timestep table is the same on both): `petite doctor` checks it where it runs.
     let t = Instant::now();
-    util::cargo(&[
-        "test",
-        "--release",
-        "-p",
-        "petite-reference",
-        "--lib",
-        "--target",
-        TARGET,
-        "matmul",
-    ])?;
+    for (what, out) in [
+        ("x86-64", Command::new(&x86).arg("doctor").output()?),
+        (
+            "aarch64 (qemu)",
+            under_qemu(&qemu, &arm, None).arg("doctor").output()?,
+        ),
+    ] {
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().find(|l| l.starts_with("gemm: ")).unwrap_or("");
+        ensure!(
+            line.starts_with("gemm: the documented summation order"),
+            "{what}: `petite doctor` says `{line}`"
+        );
+        eprintln!("xtask: aarch64: {what}: {line}");
+    }
     let t_gemm = t.elapsed().as_secs_f64();
 
     let root = util::root();
@@ -155,7 +159,7 @@ pub fn run() -> Result<()> {
     );
     std::fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
     eprintln!(
-        "xtask: aarch64: {:.1} s in all (tools {t_tools:.1} s, cross build {t_build:.1} s, x86-64 build {t_x86_build:.1} s, GEMM order tests under qemu {t_gemm:.1} s, x86-64 exports {t_native:.1} s, qemu exports + verifies {t_emulated:.1} s, 64 KiB pages {t_big:.1} s)",
+        "xtask: aarch64: {:.1} s in all (tools {t_tools:.1} s, cross build {t_build:.1} s, x86-64 build {t_x86_build:.1} s, GEMM order checks {t_gemm:.1} s, x86-64 exports {t_native:.1} s, qemu exports + verifies {t_emulated:.1} s, 64 KiB pages {t_big:.1} s)",
         t0.elapsed().as_secs_f64()
     );
     Ok(())

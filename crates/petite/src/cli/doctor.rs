@@ -26,6 +26,12 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<()> {
         std::env::consts::ARCH,
         petite_weights::page_size()
     );
+    // The reference executor's GEMM (and so step.pte's timestep table) in its one summation
+    // order on this CPU: what makes exports byte-identical across x86-64 and aarch64.
+    match petite_reference::kernels::summation_order_check() {
+        Ok(n) => println!("gemm: the documented summation order, bit for bit ({n} shapes)"),
+        Err(e) => println!("gemm: NOT the documented summation order: {e}"),
+    }
     match petite_engine::gpu::probe() {
         Some(g) => println!(
             "gpu: {} (compute capability {}.{}, {:.1} GiB, {})",
