@@ -103,7 +103,7 @@ fn header(schema_dir: &Path) -> Result<String> {
     for s in SCHEMAS {
         let bytes = std::fs::read(schema_dir.join(s))?;
         let digest = Sha256::digest(&bytes);
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = hex::encode(digest);
         h.push_str(&format!("// schema-sha256 {s} {hex}\n"));
     }
     h.push_str(

@@ -7,7 +7,7 @@ mod conformance;
 mod export_pi05;
 mod util;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 /// petite's automation tasks.
@@ -22,8 +22,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every check CI runs: rustfmt, clippy (-D warnings), all tests, and the conformance tier
-    /// against real ExecuTorch / lerobot software in venvs under target/.
+    /// Every check CI runs: rustfmt, clippy (-D warnings), rustdoc (-D warnings), all tests (doc
+    /// tests included), packaging of the embeddable crates, the outside exporter
+    /// (`examples/outside-exporter`), and the conformance tier against real ExecuTorch / lerobot
+    /// software in venvs under target/.
     Ci,
     /// Conformance against real ExecuTorch and lerobot software (venvs under target/).
     Conformance(conformance::Args),
@@ -57,7 +59,51 @@ fn ci() -> Result<()> {
         "-D",
         "warnings",
     ])?;
+    // Rustdoc warnings (broken intra-doc links among them) fail CI.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    util::run(
+        std::process::Command::new(&cargo)
+            .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings")
+            .current_dir(util::root()),
+    )?;
+    // Unit, property and integration tests, and the doc tests (every embeddable crate's README
+    // example is its crate-level doc test).
     util::cargo(&["test", "--workspace"])?;
+    embeddable()?;
     conformance::run(&conformance::Args::default())?;
     Ok(())
+}
+
+/// The crates another exporter can embed: packaged as for a registry (every path dependency
+/// has a version, nothing publish-only is missing), and used from outside the workspace.
+const EMBEDDABLE: &[&str] = &[
+    "petite-dtype",
+    "petite-graph",
+    "petite-weights",
+    "petite-pte",
+    "petite-partition",
+    "petite-portable",
+];
+
+fn embeddable() -> Result<()> {
+    // Packaged together: dependencies among them resolve through cargo's local overlay, not
+    // crates.io. Not verified here (that rebuilds each one); the outside exporter below builds
+    // them as a dependent would.
+    let mut args = vec!["package", "--no-verify", "--allow-dirty"];
+    for p in EMBEDDABLE {
+        args.extend(["-p", p]);
+    }
+    util::cargo(&args)?;
+    // A tiny exporter with its own workspace and lock file, depending on them by version.
+    let target = util::target_dir().join("outside-exporter");
+    let manifest = "examples/outside-exporter/Cargo.toml";
+    util::cargo(&["fmt", "--manifest-path", manifest, "--", "--check"])?;
+    util::cargo(&[
+        "run",
+        "--manifest-path",
+        manifest,
+        "--target-dir",
+        target.to_str().context("target directory is not UTF-8")?,
+    ])
 }

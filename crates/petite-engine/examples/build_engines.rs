@@ -82,6 +82,7 @@ fn main() {
                     &BuildOptions {
                         release_after_last_use: true,
                         on_engine: Some(&cb),
+                        ..BuildOptions::default()
                     },
                 )
                 .unwrap();

@@ -18,18 +18,12 @@ use petite_pi05::{
     Pi05Config, Precision, PrefixOptions, build_all, build_prefix_with, programs::io,
 };
 use petite_reference::{Executor, Tensor};
-use petite_weights::{
-    ConvertOptions, Dtype as WDtype, MappedSafetensors, SafetensorsWriter, TensorSpec, convert,
-};
-
-fn wdtype(d: petite_graph::Dtype) -> WDtype {
-    petite_engine::reference::weights_dtype(d)
-}
+use petite_weights::{ConvertOptions, MappedSafetensors, SafetensorsWriter, TensorSpec, convert};
 
 fn save(path: &Path, tensors: &[(String, &Tensor)]) {
     let table: Vec<TensorSpec> = tensors
         .iter()
-        .map(|(n, t)| TensorSpec::new(n.clone(), wdtype(t.dtype()), t.shape()))
+        .map(|(n, t)| TensorSpec::new(n.clone(), t.dtype(), t.shape()))
         .collect();
     let w = SafetensorsWriter::create(path, &table, &[]).unwrap();
     for (n, t) in tensors {

@@ -1,5 +1,6 @@
 //! The sequential build driver: engines in plan order, each built from the mapped weights into
-//! its own file, then every weight whose last reader it was is released.
+//! its own file (or a finished file from an earlier run reused), then every weight whose last
+//! reader it was is released. The one driver of a plan: the exporter and the benches call it.
 
 use std::path::Path;
 use std::time::Instant;
@@ -12,12 +13,30 @@ use serde::Serialize;
 
 use crate::{BuiltEngine, EngineBuilder, EngineJob, Error, Result};
 
+/// Names an engine from its plan index and standalone program (the file stem).
+pub type EngineNamer<'a> = &'a dyn Fn(usize, &Program) -> Result<String>;
+
+/// Told the path and the reason of a damaged engine file before it is rebuilt.
+pub type DamagedNotice<'a> = &'a dyn Fn(&Path, &str);
+
 /// Settings of [`build_plan`].
 pub struct BuildOptions<'a> {
     /// Release each weight's pages after the last engine that reads it is built (default on).
     pub release_after_last_use: bool,
     /// Called after each engine is built and its weights released (progress, residency logs).
     pub on_engine: Option<&'a dyn Fn(&EngineReport)>,
+    /// Engine names (default [`engine_name`]). A name that pins everything the engine's bytes
+    /// depend on (subgraph, weights, builder settings) makes `reuse` safe.
+    pub name: Option<EngineNamer<'a>>,
+    /// Reuse a finished file from an earlier run when its seal matches and the builder
+    /// recognises it ([`crate::reuse_engine`]) instead of building (default off).
+    pub reuse: bool,
+    /// Called with the path and the reason when a file found there is damaged (truncated, wrong
+    /// size, checksum, not this backend's): it is rebuilt right after.
+    pub on_damaged: Option<DamagedNotice<'a>>,
+    /// Asked before each engine; `true` stops the build with [`Error::Stopped`] (Ctrl-C). The
+    /// engines already finished stay on disk for a re-run to reuse.
+    pub stop: Option<&'a dyn Fn() -> bool>,
 }
 
 impl Default for BuildOptions<'_> {
@@ -25,6 +44,10 @@ impl Default for BuildOptions<'_> {
         BuildOptions {
             release_after_last_use: true,
             on_engine: None,
+            name: None,
+            reuse: false,
+            on_damaged: None,
+            stop: None,
         }
     }
 }
@@ -34,6 +57,10 @@ impl std::fmt::Debug for BuildOptions<'_> {
         f.debug_struct("BuildOptions")
             .field("release_after_last_use", &self.release_after_last_use)
             .field("on_engine", &self.on_engine.is_some())
+            .field("name", &self.name.is_some())
+            .field("reuse", &self.reuse)
+            .field("on_damaged", &self.on_damaged.is_some())
+            .field("stop", &self.stop.is_some())
             .finish()
     }
 }
@@ -45,8 +72,12 @@ pub struct EngineReport {
     pub index: usize,
     /// Engine name.
     pub name: String,
-    /// Wall time of the build (release excluded).
+    /// Wall time of the build, or of the reuse check (release excluded).
     pub seconds: f64,
+    /// Whether a finished file from an earlier run was reused instead of building.
+    pub reused: bool,
+    /// What the build cost, where the builder measures it (absent when reused).
+    pub stats: Option<crate::BuildStats>,
     /// Bytes of the engine file.
     pub file_bytes: u64,
     /// Weight bytes the engine reads (as the plan counts them).
@@ -91,7 +122,7 @@ pub struct BuildReport {
     pub reports: Vec<EngineReport>,
     /// Wall time of the whole build.
     pub seconds: f64,
-    /// Total bytes of engine files written.
+    /// Total bytes of engine files written (reused files not counted).
     pub bytes_written: u64,
 }
 
@@ -158,23 +189,45 @@ pub fn build_plan(
     let mut reports = Vec::with_capacity(plan.engines.len());
     let mut bytes_written = 0;
     for (i, e) in plan.engines.iter().enumerate() {
-        let name = engine_name(i);
+        if options.stop.is_some_and(|stop| stop()) {
+            return Err(Error::Stopped { index: i });
+        }
         let sub = plan
             .engine_program(program, i)
-            .map_err(|err| Error::from(err).in_engine(i, &name))?;
+            .map_err(|err| Error::from(err).in_engine(i, &engine_name(i)))?;
+        let name = match options.name {
+            Some(f) => f(i, &sub.program).map_err(|err| err.in_engine(i, &engine_name(i)))?,
+            None => engine_name(i),
+        };
         let reset = crate::sys::reset_peak_rss();
         let t = Instant::now();
-        let built = builder.build(
-            &EngineJob {
-                index: i,
-                name: &name,
-                program: &sub.program,
-                input_values: &sub.input_values,
-                output_values: &sub.output_values,
-            },
-            weights,
-            dir,
-        )?;
+        let job = EngineJob {
+            index: i,
+            name: &name,
+            program: &sub.program,
+            input_values: &sub.input_values,
+            output_values: &sub.output_values,
+        };
+        let found = if options.reuse {
+            let path = dir.join(builder.file_name(&name));
+            match crate::reuse_engine(builder, &path, &job) {
+                crate::Reuse::Reused(b) => Some(*b),
+                crate::Reuse::Absent => None,
+                crate::Reuse::Damaged(why) => {
+                    if let Some(f) = options.on_damaged {
+                        f(&path, &why);
+                    }
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let reused = found.is_some();
+        let built = match found {
+            Some(b) => b,
+            None => builder.build(&job, weights, dir)?,
+        };
         let seconds = t.elapsed().as_secs_f64();
         let peak_rss = rss().map(|r| r.peak);
         drop(sub);
@@ -182,11 +235,15 @@ pub fn build_plan(
             release_weights(weights, &last_use[i])
                 .map_err(|err| Error::from(err).in_engine(i, &name))?;
         }
-        bytes_written += built.file_bytes;
+        if !reused {
+            bytes_written += built.file_bytes;
+        }
         let report = EngineReport {
             index: i,
             name,
             seconds,
+            reused,
+            stats: built.stats,
             file_bytes: built.file_bytes,
             weight_bytes: e.weight_bytes,
             released: last_use[i]

@@ -6,7 +6,7 @@
 //!   directory and returns what a `.pte` writer needs ([`BuiltEngine`]: backend id, I/O
 //!   bindings, and the delegate payload as a [`FileRegion`], never a `Vec` of the engine).
 //! - [`EngineRuntime`]: runs a built engine, for backends that can run on this machine.
-//! - [`reference`]: the engine file is a safetensors file (the subgraph as JSON in
+//! - [`reference`](mod@reference): the engine file is a safetensors file (the subgraph as JSON in
 //!   `__metadata__`, its weights in the declared dtype, page-aligned), executed by
 //!   petite-reference with its weights mapped from the file.
 //! - [`tensorrt`]: one ONNX model per engine ([`onnx`]; weights as external data pointing into
@@ -27,8 +27,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use build::{
-    BuildOptions, BuildReport, EngineReport, RssFigures, build_plan, engine_name, last_uses,
-    release_weights,
+    BuildOptions, BuildReport, DamagedNotice, EngineNamer, EngineReport, RssFigures, build_plan,
+    engine_name, last_uses, release_weights,
 };
 pub use petite_graph::Dtype;
 use petite_graph::{Program, ValueId};
@@ -100,6 +100,13 @@ pub enum Error {
     /// A setting or call order the backend cannot honour (says what to do instead).
     #[error("{0}")]
     Usage(String),
+    /// [`BuildOptions::stop`] asked to stop before engine `index`; the engines before it are
+    /// finished on disk.
+    #[error("stopped before engine {index}")]
+    Stopped {
+        /// The first engine not built.
+        index: usize,
+    },
     /// The TensorRT build ran and failed (non-zero exit, killed, or no plan written).
     #[error("TensorRT build failed ({status}); last output:\n{log_tail}")]
     TensorRtBuild {
@@ -331,7 +338,8 @@ pub struct EngineJob<'a> {
 
 /// The seam between planning and a backend: builds one engine from mapped weights into a file
 /// under `dir`. Implementations stream weights (memory O(chunk), not O(engine)), write under a
-/// temporary name and rename, and remove partial files on error.
+/// temporary name, seal the finished file ([`petite_weights::seal::write_for`], which
+/// [`reuse_engine`] checks) and rename, and remove partial files on error.
 ///
 /// Everything an orchestrator needs to know about a backend is asked here (which weights it
 /// reads from the mapping file and in which dtype, what a build costs in memory, which
@@ -374,6 +382,38 @@ pub trait EngineBuilder {
     fn check_plan(&self, program: &Program, plan: &petite_partition::Plan) -> Result<()> {
         let _ = (program, plan);
         Ok(())
+    }
+}
+
+/// What an earlier run left at an engine's path ([`reuse_engine`]).
+#[derive(Debug)]
+pub enum Reuse {
+    /// No file there: build it.
+    Absent,
+    /// A whole engine file for the job: use it.
+    Reused(Box<BuiltEngine>),
+    /// A file that must not be trusted (says why: truncated, wrong size, checksum, not this
+    /// backend's format): rebuild it.
+    Damaged(String),
+}
+
+/// Whether the file at `path` is a finished engine for `job` that can be reused: its seal
+/// (length and checksum recorded when the builder wrote it, [`petite_weights::seal`]) must
+/// match, then the backend's own [`EngineBuilder::reuse`] check. Builders seal every engine
+/// file before giving it its final name; a file without a seal is damaged.
+pub fn reuse_engine(builder: &dyn EngineBuilder, path: &Path, job: &EngineJob<'_>) -> Reuse {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Reuse::Absent;
+    }
+    if let Err(why) = petite_weights::seal::check(path) {
+        return Reuse::Damaged(why);
+    }
+    match builder.reuse(path, job) {
+        Some(e) => Reuse::Reused(Box::new(e)),
+        None => Reuse::Damaged(format!(
+            "not a {} engine file for this subgraph",
+            builder.backend_id()
+        )),
     }
 }
 

@@ -16,9 +16,7 @@ use std::path::{Path, PathBuf};
 use petite_graph::{Dtype, Op, Program, ShapeDisplay, WeightInfo};
 use petite_reference::{Executor, Tensor};
 use petite_weights::writeback::WriteBehind;
-use petite_weights::{
-    Dtype as WDtype, MappedSafetensors, RowSlices, SafetensorsWriter, TensorSpec, WeightSource,
-};
+use petite_weights::{MappedSafetensors, RowSlices, SafetensorsWriter, TensorSpec, WeightSource};
 
 use crate::{
     BuildMemory, BuilderInfo, BuiltEngine, EngineBuilder, EngineJob, EngineRuntime, Error,
@@ -39,13 +37,10 @@ pub const SUFFIX: &str = ".ref.safetensors";
 /// Output written back and dropped from the page cache every this many bytes.
 const FLUSH_BYTES: u64 = 64 << 20;
 
-/// The petite-weights dtype of a graph dtype.
-pub use petite_reference::weights_dtype;
-
 /// Checks that `source` holds weight `w` with its shape (for a row range: the rows exist and the
 /// row shape agrees) and a dtype convertible to its declared one (any float for a float
 /// declaration, the same dtype otherwise); returns the stored dtype.
-pub fn check_weight(source: &dyn WeightSource, w: &WeightInfo) -> Result<WDtype> {
+pub fn check_weight(source: &dyn WeightSource, w: &WeightInfo) -> Result<Dtype> {
     let expected = match w.rows {
         None => format!("{}{}", w.dtype.name(), ShapeDisplay(&w.shape)),
         Some([a, b]) => format!(
@@ -62,7 +57,7 @@ pub fn check_weight(source: &dyn WeightSource, w: &WeightInfo) -> Result<WDtype>
     let dtype_ok = if w.dtype.is_float() {
         info.dtype.is_float()
     } else {
-        info.dtype == weights_dtype(w.dtype)
+        info.dtype == w.dtype
     };
     let shape_ok = match w.rows {
         None => info.shape == w.shape,
@@ -107,10 +102,10 @@ impl Default for ReferenceBuilder {
 }
 
 /// Widens one stored float element to f32 (exact for bf16/f16).
-fn load_f32(dtype: WDtype, b: &[u8]) -> f32 {
+fn load_f32(dtype: Dtype, b: &[u8]) -> f32 {
     match dtype {
-        WDtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        WDtype::Bf16 => f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16),
+        Dtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        Dtype::Bf16 => f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16),
         _ => half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32(),
     }
 }
@@ -118,11 +113,28 @@ fn load_f32(dtype: WDtype, b: &[u8]) -> f32 {
 /// Appends `x` rounded to `to` (round-to-nearest-even, the executor's rule) to `out`.
 fn store(to: Dtype, x: f32, out: &mut Vec<u8>) {
     match to {
-        Dtype::Bf16 => {
-            out.extend_from_slice(&petite_reference::bf16::f32_to_bf16_bits(x).to_le_bytes())
-        }
+        Dtype::Bf16 => out.extend_from_slice(&petite_dtype::bf16_bits(x).to_le_bytes()),
         Dtype::F16 => out.extend_from_slice(&half::f16::from_f32(x).to_bits().to_le_bytes()),
         _ => out.extend_from_slice(&x.to_le_bytes()),
+    }
+}
+
+/// A tensor sink's write error: a source truncated under the build (petite-weights'
+/// `Changed`, raised where the kernel could not read the mapped bytes) stays that error, naming
+/// the source; anything else is an I/O error on the tensor.
+fn sink_error(name: &str, e: std::io::Error) -> Error {
+    match e
+        .get_ref()
+        .and_then(|i| i.downcast_ref::<petite_weights::Error>())
+    {
+        Some(petite_weights::Error::Changed { role, file, what }) => {
+            Error::Weights(petite_weights::Error::Changed {
+                role,
+                file: file.clone(),
+                what: what.clone(),
+            })
+        }
+        _ => Error::io(Path::new(name), "write engine tensor", e),
     }
 }
 
@@ -133,15 +145,15 @@ impl ReferenceBuilder {
         source: &dyn WeightSource,
         writer: &SafetensorsWriter,
         name: &str,
-        stored: WDtype,
+        stored: Dtype,
         declared: Dtype,
         behind: &mut (WriteBehind, u64),
     ) -> Result<()> {
         let view = source.tensor(name)?;
         let mut sink = writer.tensor(name)?;
         let chunk = self.chunk_bytes.max(64);
-        let io = |e: std::io::Error| Error::io(Path::new(name), "write engine tensor", e);
-        if stored == weights_dtype(declared) {
+        let io = |e: std::io::Error| sink_error(name, e);
+        if stored == declared {
             let mut off = 0;
             for c in view.bytes.chunks(chunk) {
                 sink.write_all(c).map_err(io)?;
@@ -207,7 +219,7 @@ impl ReferenceBuilder {
         let mut table = Vec::with_capacity(weights.len());
         for w in &weights {
             stored.insert(w.name.as_str(), (check_weight(source, w)?, w.dtype));
-            table.push(TensorSpec::new(&w.name, weights_dtype(w.dtype), &w.shape));
+            table.push(TensorSpec::new(&w.name, w.dtype, &w.shape));
         }
         let path = dir.join(format!("{}{SUFFIX}", job.name));
         let meta = vec![
@@ -226,7 +238,7 @@ impl ReferenceBuilder {
         // Retires the pending ranges and ends the borrow of the writer's fd.
         drop(behind);
         crate::sys::flush_and_drop(writer.file(), 0, writer.total_len());
-        let path = writer.finish()?;
+        let path = writer.finish_sealed()?;
         let file_bytes = std::fs::metadata(&path)
             .map_err(|e| Error::io(&path, "stat", e))?
             .len();
@@ -319,6 +331,7 @@ pub struct ReferenceEngine {
     program: Program,
     inputs: Vec<IoBinding>,
     outputs: Vec<IoBinding>,
+    release: bool,
 }
 
 impl ReferenceEngine {
@@ -326,7 +339,27 @@ impl ReferenceEngine {
     /// declared dtype and shape.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = MappedSafetensors::open(&path)?;
+        let file = MappedSafetensors::open_as(&path, petite_weights::Role::EngineFile)?;
+        Self::from_file(path, file)
+    }
+
+    /// Maps an engine stored at `[offset, offset + len)` of `path` (a `.pte` segment) in place,
+    /// with the same checks as [`ReferenceEngine::open`].
+    pub fn open_region(path: impl AsRef<Path>, offset: u64, len: u64) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file =
+            MappedSafetensors::open_region(&path, petite_weights::Role::Program, offset, len)?;
+        Self::from_file(path, file)
+    }
+
+    /// Gives each weight's pages back after its last read in a run (default off): for engines
+    /// run once, so a whole program's weights are never resident together.
+    pub fn releasing_weights(mut self, release: bool) -> Self {
+        self.release = release;
+        self
+    }
+
+    fn from_file(path: PathBuf, file: MappedSafetensors) -> Result<Self> {
         let bad = |reason: String| Error::InvalidEngineFile {
             path: path.display().to_string(),
             backend: "reference",
@@ -353,7 +386,7 @@ impl ReferenceEngine {
             let info = file
                 .info(&w.name)
                 .map_err(|_| bad(format!("weight `{}` is missing", w.name)))?;
-            if info.dtype != weights_dtype(w.dtype) || info.shape != w.shape {
+            if info.dtype != w.dtype || info.shape != w.shape {
                 return Err(bad(format!(
                     "weight `{}`: expected {}{}, found {}{}",
                     w.name,
@@ -371,6 +404,7 @@ impl ReferenceEngine {
             program,
             inputs,
             outputs,
+            release: false,
         })
     }
 
@@ -400,6 +434,8 @@ impl EngineRuntime for ReferenceEngine {
     }
 
     fn run(&self, inputs: BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
-        Ok(Executor::new(&self.program, &self.file)?.run(inputs)?)
+        Ok(Executor::new(&self.program, &self.file)?
+            .release_weights(self.release)
+            .run(inputs)?)
     }
 }

@@ -635,7 +635,7 @@ impl EngineBuilder for TensorRtBuilder {
     }
 
     fn attach_mapping(&self, mapping: &Path) -> Result<()> {
-        let m = MappedSafetensors::open(mapping)?;
+        let m = MappedSafetensors::open_as(mapping, petite_weights::Role::MappingFile)?;
         let entry = (mapping.to_path_buf(), locations(m.header()));
         if let Err(entry) = self.mapping.set(entry)
             && self.mapping.get().map(|(p, _)| p) != Some(&entry.0)
@@ -837,6 +837,8 @@ pub mod blob {
                 )));
             }
             f.sync_all().map_err(|e| Error::io(&tmp, "fsync", e))?;
+            // Sealed before the rename: a blob under its final name always has its seal.
+            petite_weights::seal::write_for(&tmp, out)?;
             std::fs::rename(&tmp, out).map_err(|e| Error::io(out, "rename", e))
         })();
         if res.is_err() {

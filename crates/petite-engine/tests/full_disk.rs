@@ -8,7 +8,7 @@ use petite_engine::reference::{ReferenceBuilder, ReferenceEngine};
 use petite_engine::{BuildOptions, build_plan};
 use petite_graph::{Builder, Dtype};
 use petite_partition::{PartitionOptions, plan};
-use petite_weights::{Dtype as WDtype, MappedSafetensors, SafetensorsWriter, TensorSpec};
+use petite_weights::{MappedSafetensors, SafetensorsWriter, TensorSpec};
 
 #[test]
 fn disk_full_midway_names_the_engine_keeps_finished_ones_and_removes_the_partial_one() {
@@ -25,8 +25,8 @@ fn disk_full_midway_names_the_engine_keeps_finished_ones_and_removes_the_partial
     let program = b.finish().unwrap();
     let path = dir.path().join("w.safetensors");
     let table = [
-        TensorSpec::new("w0", WDtype::F32, &[64, 64]),
-        TensorSpec::new("w1", WDtype::F32, &[4096, 64]),
+        TensorSpec::new("w0", Dtype::F32, &[64, 64]),
+        TensorSpec::new("w1", Dtype::F32, &[4096, 64]),
     ];
     let w = SafetensorsWriter::create(&path, &table, &[]).unwrap();
     for t in &table {
@@ -65,10 +65,19 @@ fn disk_full_midway_names_the_engine_keeps_finished_ones_and_removes_the_partial
     .to_string();
     assert!(err.contains("engine 1 (engine_001)"), "{err}");
     assert!(err.to_lowercase().contains("file too large"), "{err}");
-    let names: Vec<String> = std::fs::read_dir(&out)
+    let mut names: Vec<String> = std::fs::read_dir(&out)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(names, vec!["engine_000.ref.safetensors".to_string()]);
+    names.sort();
+    // The finished engine and its seal; nothing of the partial one.
+    assert_eq!(
+        names,
+        vec![
+            "engine_000.ref.safetensors".to_string(),
+            "engine_000.ref.safetensors.seal".to_string()
+        ]
+    );
     ReferenceEngine::open(out.join(&names[0])).unwrap();
+    petite_weights::seal::check(&out.join(&names[0])).unwrap();
 }

@@ -244,6 +244,7 @@ fn mapping_residency_drops_engine_by_engine_after_last_use() {
         &BuildOptions {
             release_after_last_use: true,
             on_engine: Some(&cb),
+            ..BuildOptions::default()
         },
     )
     .unwrap();
@@ -293,6 +294,7 @@ fn mapping_residency_drops_engine_by_engine_after_last_use() {
         &BuildOptions {
             release_after_last_use: false,
             on_engine: None,
+            ..BuildOptions::default()
         },
     )
     .unwrap();
@@ -419,12 +421,17 @@ fn a_missing_or_misshapen_weight_names_the_engine_and_keeps_finished_engines() {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         names.sort();
+        // Each finished engine with its seal.
         let want: Vec<String> = (0..bad_engine)
-            .map(|i| format!("engine_{i:03}.ref.safetensors"))
+            .flat_map(|i| {
+                let n = format!("engine_{i:03}.ref.safetensors");
+                [n.clone(), format!("{n}.seal")]
+            })
             .collect();
         assert_eq!(names, want, "{what}");
-        for n in &names {
+        for n in names.iter().filter(|n| !n.ends_with(".seal")) {
             ReferenceEngine::open(out.join(n)).unwrap();
+            petite_weights::seal::check(&out.join(n)).unwrap();
         }
     }
 }

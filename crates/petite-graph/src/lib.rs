@@ -1,4 +1,6 @@
-//! petite-graph: the IR every petite stage works on.
+#![doc = include_str!("../README.md")]
+//!
+//! ## API map
 //!
 //! A [`Program`] is a list of [`Node`]s; each node holds an [`Op`] (attributes included), the
 //! ids of the values it reads and the [`ValueType`] of the one value it produces, so a value's
@@ -10,10 +12,11 @@
 //!
 //! Programs are written with the [`Builder`] (types inferred and checked per node, errors
 //! naming the node's id, op and label), checked with [`Program::validate`], walked with the
-//! iterative [`Program::topo_order`] / [`Program::ancestors`], and serialised with serde
-//! deterministically (vectors only; no hash maps). The exact semantics of every op — input
-//! order, shapes, broadcasting, dtype rules, axis conventions — are documented on [`Op`] and in
-//! the [`op`] module. This crate does no numerics and knows nothing else in the workspace.
+//! iterative [`Program::topo_order`] / [`Program::ancestors`], cut with
+//! [`Program::subprogram`], and serialised with serde deterministically (vectors only; no hash
+//! maps). The exact semantics of every op — input order, shapes, broadcasting, dtype rules, axis
+//! conventions — are documented on [`Op`] and in the [`op`] module. Failures are [`Error`]s
+//! naming the node ([`NodeDesc`]).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

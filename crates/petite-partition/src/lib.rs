@@ -1,26 +1,14 @@
-//! petite-partition: splits a petite-graph [`Program`](petite_graph::Program) into engines that
-//! each build within a memory cap, and says in which order to build them and when each weight
-//! is no longer needed.
+#![doc = include_str!("../README.md")]
 //!
-//! A backend that compiles a whole program at once needs several times the program's weights in
-//! host memory; built engine by engine, it needs several times one engine's. [`plan`] works on
-//! shapes and weight *names* only (it never touches weight bytes), in time linear in the program,
-//! with iterative walks only. The rules (see [`plan`] for details):
+//! ## API map
 //!
-//! * **Cap.** Each engine reads at most `engine_cap` bytes of weights, unless a single atomic
-//!   group reads more on its own; it then gets an engine whose only weights are its own, marked
-//!   [`Engine::over_cap`].
-//! * **Atomic groups.** A multi-output producer and all its `getitem`s stay in one engine, so
-//!   only plain tensors cross engine boundaries.
-//! * **Recompute.** A value computed only from program inputs and constants (attention masks,
-//!   positions, rotary tables) and larger than `crossing_limit` is recomputed inside every engine
-//!   that reads it instead of crossing; everything else crosses as an engine output/input.
-//! * **Cheap cuts.** The plan minimises `engines × engine_overhead + bytes crossing the cuts`,
-//!   so cuts land where little crosses (for a transformer: between layers, where only the
-//!   residual stream crosses, not inside attention or the MLP).
-//! * **Deterministic.** Same program and options, same [`Plan`], byte for byte as JSON.
-//!
-//! The crate knows no backend, no file format and no model.
+//! * [`plan`]: the planner (its docs give the algorithm step by step).
+//! * [`PartitionOptions`]: cap, crossing limit, positional recompute, engine overhead, and the
+//!   [`CostModel`] ([`DefaultCost`] unless replaced).
+//! * [`Plan`]: [`Engine`]s in build order (with [`EngineInput`]s / [`EngineOutput`]s),
+//!   [`Boundary`]s, [`WeightUse`]s; [`Plan::engine_program`] extracts one engine as an
+//!   [`EngineProgram`].
+//! * [`Error`]: every failure, naming the setting or node.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -6,12 +6,12 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::check;
+use petite_dtype::to_bf16;
 use petite_graph::{Builder, Dtype, NodeId, Program};
 use petite_partition::{PartitionOptions, Plan, plan};
 use petite_pi05::{
     Pi05Config, Precision, PrefixOptions, build_prefix, build_prefix_with, build_step,
 };
-use petite_reference::bf16::f32_to_bf16;
 use petite_reference::{Data, Executor, MemoryWeights, Tensor};
 use proptest::prelude::*;
 
@@ -38,7 +38,7 @@ fn random_weights(p: &Program, seed: u64) -> MemoryWeights {
         match info.dtype {
             Dtype::F32 => w.insert_f32(&info.name, &info.shape, &v).unwrap(),
             Dtype::Bf16 => {
-                let bits: Vec<u16> = v.iter().map(|x| f32_to_bf16(*x).to_bits()).collect();
+                let bits: Vec<u16> = v.iter().map(|x| to_bf16(*x).to_bits()).collect();
                 w.insert_bf16_bits(&info.name, &info.shape, &bits).unwrap()
             }
             other => panic!("weight dtype {other:?}"),
@@ -57,7 +57,7 @@ fn random_inputs(p: &Program, seed: u64) -> BTreeMap<String, Tensor> {
         let shape = &t.shape;
         let data = match t.dtype {
             Dtype::F32 => Data::F32((0..n).map(|_| rng.f32(1.0)).collect()),
-            Dtype::Bf16 => Data::Bf16((0..n).map(|_| f32_to_bf16(rng.f32(1.0))).collect()),
+            Dtype::Bf16 => Data::Bf16((0..n).map(|_| to_bf16(rng.f32(1.0))).collect()),
             Dtype::I64 => Data::I64((0..n).map(|_| (rng.next() % 8) as i64).collect()),
             Dtype::U8 => Data::U8(
                 (0..n)

@@ -131,21 +131,10 @@ pub fn inv_freq(cfg: &Pi05Config, precision: Precision) -> Vec<f32> {
             let v = 1.0f32 / (cfg.language.rope_theta as f32).powf(e);
             match precision {
                 Precision::F32 => v,
-                Precision::Bf16 => bf16_round(v),
+                Precision::Bf16 => petite_dtype::round_through_bf16(v),
             }
         })
         .collect()
-}
-
-/// Rounds an f32 to the nearest bf16 (ties to even), returned as f32.
-fn bf16_round(v: f32) -> f32 {
-    let bits = v.to_bits();
-    if v.is_nan() {
-        return v;
-    }
-    let lsb = (bits >> 16) & 1;
-    let rounded = bits.wrapping_add(0x7fff + lsb) & 0xffff_0000;
-    f32::from_bits(rounded)
 }
 
 /// Program-building context: the builder, the checkpoint's shapes and the precision.

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use petite_reference::Executor;
 pub use petite_reference::Tensor;
-use petite_weights::{Dtype as WDtype, SafetensorsWriter, TensorSpec, WeightSource};
+use petite_weights::{Dtype, SafetensorsWriter, TensorSpec, WeightSource};
 
 use crate::config::Pi05Config;
 use crate::inputs::{Inputs, check_weights, open_checkpoint};
@@ -114,7 +114,7 @@ pub fn run_model(
 
 /// Writes `actions` f32 `[chunk, action_dim]` to `out` (temporary name, then rename).
 pub fn write_actions(out: &Path, cfg: &Pi05Config, actions: &[f32]) -> Result<PathBuf> {
-    let spec = TensorSpec::new("actions", WDtype::F32, &[cfg.chunk, cfg.action_dim]);
+    let spec = TensorSpec::new("actions", Dtype::F32, &[cfg.chunk, cfg.action_dim]);
     let w = SafetensorsWriter::create(out, &[spec], &[])?;
     let bytes: Vec<u8> = actions.iter().flat_map(|v| v.to_le_bytes()).collect();
     w.write_at("actions", 0, &bytes)?;
@@ -175,6 +175,8 @@ pub fn run_files(files: &RunFiles<'_>, precision: Precision) -> Result<RunResult
             "actions are not finite ({v} at index {i}); nothing written"
         )));
     }
+    // Nothing is written from a checkpoint that changed while it was read.
+    ck.check_unchanged()?;
     write_actions(files.out, &cfg, &result.actions)?;
     Ok(result)
 }

@@ -1,9 +1,10 @@
-//! petite-portable: petite-graph programs as ExecuTorch `.pte` methods made of portable kernel
-//! calls (`aten::mm.out`, `aten::_softmax.out`, …), with no delegate, so any ExecuTorch runtime on
-//! any CPU runs them — and ExecuTorch's own runtime can check petite's programs end to end.
+#![doc = include_str!("../README.md")]
+//!
+//! ## API map
 //!
 //! * [`lower()`]: ops → kernel calls with full schema argument lists ([`lower::Lowered`]).
 //! * [`plan()`]: one planned buffer, memory reused by value lifetime (greedy by size).
+//! * [`plan_portable`]: lower + plan from shapes alone, the [`ExportReport`] an export would give.
 //! * [`export_portable`]: writes a one-method `.pte`; each weight is converted (and transposed
 //!   where the lowering stores it so) straight into the constant segment, in bounded chunks from
 //!   the mapped [`WeightSource`]: written once, never all in memory.
@@ -12,9 +13,10 @@
 //!   column bands, two threads, source pages unmapped behind), then `.pte` files with
 //!   several methods whose constants are regions of that file, copied in-kernel
 //!   (`copy_file_range`).
+//! * [`Error`]: every failure, naming the node, op or weight.
 //!
-//! Knows nothing of pi0.5. Only operators registered by both `executorch-numpy-runtime` 1.4.0
-//! and the `executorch` 1.5.1 pybindings are emitted ([`OPERATORS`]).
+//! Only operators registered by both `executorch-numpy-runtime` 1.4.0 and the `executorch` 1.5.1
+//! pybindings are emitted ([`OPERATORS`]).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -31,9 +33,7 @@ use petite_graph::{Dtype, Program};
 use petite_pte::model::ScalarType;
 use petite_pte::{MethodBuilder, ProgramBuilder, SegmentData, WriteOptions, WriteSummary};
 use petite_weights::writeback::WriteBehind;
-use petite_weights::{
-    Dtype as WDtype, MappedSafetensors, SafetensorsWriter, TensorSpec, TensorView, WeightSource,
-};
+use petite_weights::{MappedSafetensors, SafetensorsWriter, TensorSpec, TensorView, WeightSource};
 use serde::Serialize;
 
 pub use lower::{Lowered, lower, row_source};
@@ -268,19 +268,6 @@ fn build_method(name: &str, l: &Lowered, p: &MemoryPlan, constant: &[u32]) -> Me
     m
 }
 
-fn same_dtype(from: WDtype, to: Dtype) -> bool {
-    matches!(
-        (from, to),
-        (WDtype::F32, Dtype::F32)
-            | (WDtype::Bf16, Dtype::Bf16)
-            | (WDtype::F16, Dtype::F16)
-            | (WDtype::I64, Dtype::I64)
-            | (WDtype::I32, Dtype::I32)
-            | (WDtype::U8, Dtype::U8)
-            | (WDtype::Bool, Dtype::Bool)
-    )
-}
-
 /// One element conversion, monomorphised so the band kernels inline it: `I` source bytes in,
 /// `O` stored bytes out (little-endian).
 trait Elem {
@@ -314,19 +301,7 @@ fn f16_of(s: &[u8]) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32()
 }
 
-/// `half::bf16::from_f32(x).to_bits()` without branches (round to nearest even; a NaN keeps
-/// its sign and upper payload with the quiet bit set), so the tile loops stay tight.
-#[inline(always)]
-fn bf16_bits(x: f32) -> u16 {
-    let b = x.to_bits();
-    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
-    let nan = ((b >> 16) as u16) | 0x0040;
-    if b & 0x7fff_ffff > 0x7f80_0000 {
-        nan
-    } else {
-        rounded
-    }
-}
+use petite_dtype::bf16_bits;
 
 macro_rules! float_elem {
     ($name:ident, $i:expr, $o:expr, |$s:ident, $d:ident| $body:expr) => {
@@ -376,8 +351,8 @@ enum Conv {
 
 impl Conv {
     /// Same dtype copies bytes; float ↔ float converts; anything else does not convert.
-    fn of(from: WDtype, to: Dtype) -> Option<Conv> {
-        if same_dtype(from, to) {
+    fn of(from: Dtype, to: Dtype) -> Option<Conv> {
+        if from == to {
             return Some(match from.size() {
                 1 => Conv::Same1,
                 2 => Conv::Same2,
@@ -386,12 +361,12 @@ impl Conv {
             });
         }
         Some(match (from, to) {
-            (WDtype::F32, Dtype::Bf16) => Conv::F32Bf16,
-            (WDtype::F32, Dtype::F16) => Conv::F32F16,
-            (WDtype::Bf16, Dtype::F32) => Conv::Bf16F32,
-            (WDtype::F16, Dtype::F32) => Conv::F16F32,
-            (WDtype::Bf16, Dtype::F16) => Conv::Bf16F16,
-            (WDtype::F16, Dtype::Bf16) => Conv::F16Bf16,
+            (Dtype::F32, Dtype::Bf16) => Conv::F32Bf16,
+            (Dtype::F32, Dtype::F16) => Conv::F32F16,
+            (Dtype::Bf16, Dtype::F32) => Conv::Bf16F32,
+            (Dtype::F16, Dtype::F32) => Conv::F16F32,
+            (Dtype::Bf16, Dtype::F16) => Conv::Bf16F16,
+            (Dtype::F16, Dtype::Bf16) => Conv::F16Bf16,
             _ => return None,
         })
     }
@@ -491,7 +466,7 @@ struct Layout {
 }
 
 impl Layout {
-    fn new(w: &StoredWeight, from: WDtype) -> Result<Layout> {
+    fn new(w: &StoredWeight, from: Dtype) -> Result<Layout> {
         let conv = Conv::of(from, w.dtype).ok_or_else(|| Error::Weight {
             name: w.name.clone(),
             reason: format!(
@@ -774,19 +749,6 @@ pub fn stored_weights(methods: &[&Lowered]) -> Vec<StoredWeight> {
     out
 }
 
-/// petite-weights' dtype of a petite-graph dtype.
-fn weights_dtype(d: Dtype) -> WDtype {
-    match d {
-        Dtype::F32 => WDtype::F32,
-        Dtype::Bf16 => WDtype::Bf16,
-        Dtype::F16 => WDtype::F16,
-        Dtype::I64 => WDtype::I64,
-        Dtype::I32 => WDtype::I32,
-        Dtype::U8 => WDtype::U8,
-        Dtype::Bool => WDtype::Bool,
-    }
-}
-
 /// Checks from headers only (no tensor bytes read) that `weights` holds every stored weight
 /// with the right shape and a dtype that converts to the stored one.
 pub fn check_weights(table: &[StoredWeight], weights: &dyn WeightSource) -> Result<()> {
@@ -802,7 +764,7 @@ pub fn check_weights(table: &[StoredWeight], weights: &dyn WeightSource) -> Resu
                 reason: format!("expected shape {want:?}, found {:?}", info.shape),
             });
         }
-        let ok = info.dtype.is_float() && w.dtype.is_float() || same_dtype(info.dtype, w.dtype);
+        let ok = info.dtype.is_float() && w.dtype.is_float() || info.dtype == w.dtype;
         if !ok {
             return Err(Error::Weight {
                 name: w.name.clone(),
@@ -822,7 +784,8 @@ const MAPPING_THREADS: usize = 2;
 
 /// Writes every stored weight of `table` into a safetensors mapping file at `path` in the exact
 /// bytes a `.pte` stores (converted, transposed), through petite-weights' streaming writer
-/// (temporary name, fsync, rename: the final name never holds a partial file). Work is cut into
+/// (temporary name, fsync, seal `<path>.seal`, rename: the final name never holds a partial
+/// file, nor one built from a source that changed meanwhile). Work is cut into
 /// bands of about 8 MiB of source, converted by two threads and written at their final
 /// offsets; each band gives its source pages back behind itself, so memory stays a few bands
 /// whatever the tensor's size. `progress(done, total)` is called as bands finish. Returns the
@@ -860,7 +823,7 @@ fn write_mapping_with(
     check_weights(table, weights)?;
     let specs: Vec<TensorSpec> = table
         .iter()
-        .map(|w| TensorSpec::new(&w.key, weights_dtype(w.dtype), &w.shape))
+        .map(|w| TensorSpec::new(&w.key, w.dtype, &w.shape))
         .collect();
     let writer = SafetensorsWriter::create(path, &specs, metadata)?;
     let index: std::collections::HashMap<&str, usize> = table
@@ -947,7 +910,10 @@ fn write_mapping_with(
     }
     progress(done.load(Ordering::Relaxed), total);
     let len = writer.total_len();
-    writer.finish()?;
+    // A cache file: published only if the source did not change while it was read, and sealed
+    // (petite-weights' `seal`) for the next run's reuse check.
+    weights.check_unchanged()?;
+    writer.finish_sealed()?;
     Ok(len)
 }
 
@@ -988,7 +954,7 @@ pub fn write_program(
         Constants::Mapping(map) => {
             for w in &table {
                 let info = map.info(&w.key)?;
-                if info.dtype != weights_dtype(w.dtype) || info.shape != w.shape {
+                if info.dtype != w.dtype || info.shape != w.shape {
                     return Err(Error::Weight {
                         name: w.key.clone(),
                         reason: format!(

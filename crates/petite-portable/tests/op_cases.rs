@@ -598,7 +598,7 @@ fn row_range_weights_map_as_just_their_rows() {
         assert_eq!(v.shape, &[z - a, 4]);
         let want: Vec<u16> = vals[a * 4..z * 4]
             .iter()
-            .map(|x| petite_reference::bf16::f32_to_bf16(*x).to_bits())
+            .map(|x| petite_dtype::to_bf16(*x).to_bits())
             .collect();
         let got: Vec<u16> = v
             .bytes

@@ -105,9 +105,11 @@ pub fn parse(head: &[u8], file_len: u64) -> Result<Layout> {
         )));
     }
     if program_size > file_len {
-        return Err(Error::Header(format!(
-            "program_size {program_size} exceeds the file size {file_len}"
-        )));
+        return Err(Error::Truncated {
+            what: format!("file (eh00 program_size {program_size} exceeds the file size)"),
+            len: file_len,
+            need: program_size,
+        });
     }
     if root < min_program || root >= program_size {
         return Err(Error::Header(format!(
@@ -127,9 +129,13 @@ pub fn parse(head: &[u8], file_len: u64) -> Result<Layout> {
             ))
         })?;
         if end > file_len {
-            return Err(Error::Header(format!(
-                "segments end at {end} (base {segment_base_offset} + {data} bytes) but the file has {file_len} bytes"
-            )));
+            return Err(Error::Truncated {
+                what: format!(
+                    "file (eh00: segments end at {end}, base {segment_base_offset} + {data} bytes)"
+                ),
+                len: file_len,
+                need: end,
+            });
         }
     }
     Ok(Layout {

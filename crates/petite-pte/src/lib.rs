@@ -1,15 +1,19 @@
-//! petite-pte: write, read and verify ExecuTorch `.pte` programs.
+#![doc = include_str!("../README.md")]
+//!
+//! ## API map
 //!
 //! The reference exporter held every engine in memory to save a program; here the large parts of
-//! a `.pte` (engines, named data) are segments streamed from files at write time, so writing costs
-//! about one buffer whatever the engines weigh. The crate knows the file format only (no graphs,
-//! no backends) so another exporter can embed it.
+//! a `.pte` (engines, named data) are segments streamed from files at write time.
 //!
 //! * [`ProgramBuilder`] / [`MethodBuilder`]: typed construction (values, exact kernel-call
 //!   arguments, delegates, planned memory, constants, segments, named data).
-//! * [`write_pte`]: the flatbuffer plus the `eh00` header, segments copied with `copy_file_range`,
-//!   written to a temporary name and renamed into place.
+//! * [`SegmentData`]: where a segment's bytes come from (memory, a file region, parts, or a
+//!   [`FillFn`] callback at write time).
+//! * [`write_pte`] / [`write_pte_streamed`]: the flatbuffer plus the `eh00` header, segments
+//!   copied with `copy_file_range`, written to a temporary name and renamed into place.
 //! * [`PteFile::open`] / [`read_bytes`]: header, flatbuffers verifier, structural checks.
+//! * [`summary::summarize`]: what `petite inspect` prints.
+//! * [`Error`]: every failure, typed.
 //!
 //! Format facts: ExecuTorch's `program.fbs` (vendored in `schema/`, BSD-3-Clause).
 #![deny(missing_docs)]

@@ -473,3 +473,24 @@ fn full_disk_child() {
         );
     }
 }
+
+#[test]
+fn a_file_cut_after_its_flatbuffer_is_a_truncated_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("engine.bin");
+    std::fs::write(&src, vec![7u8; 1000]).unwrap();
+    let out = dir.path().join("p.pte");
+    small_builder(SegmentData::file(&src).unwrap())
+        .write(&out, WriteOptions::default())
+        .unwrap();
+    let b = std::fs::read(&out).unwrap();
+    let (_, layout) = read_bytes(&b).unwrap();
+    for len in layout.program_size as usize..b.len() {
+        match read_bytes(&b[..len]) {
+            Err(Error::Truncated { len: l, need, .. }) => {
+                assert_eq!((l, need), (len as u64, b.len() as u64), "cut at {len}");
+            }
+            other => panic!("cut at {len}: expected Error::Truncated, got {other:?}"),
+        }
+    }
+}

@@ -6,16 +6,16 @@
 //! place), and after a weight's last reader the source may give its pages back.
 //! Nodes no output depends on are not run.
 
-use crate::bf16::{bf16_bits_to_f32, round_f32_through_bf16};
 use crate::kernels::{self, Conv2dParams, Reduce, SdpaShape};
 use crate::tensor::{Data, Tensor};
 use crate::{Error, Result};
 use half::f16;
+use petite_dtype::{bf16_bits_to_f32, round_through_bf16};
 use petite_graph::{
     BinaryOp, CompareOp, Dtype, LogicalOp, NodeId, Op, Program, ReduceOp, ShapeDisplay, TensorType,
     UnaryOp, ValueType,
 };
-use petite_weights::{Dtype as WDtype, WeightSource};
+use petite_weights::WeightSource;
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -324,11 +324,11 @@ fn tensor_type(p: &Program, v: NodeId) -> Result<&TensorType> {
 
 /// Converts a weight view to f32 values as the program declares it: stored f32 declared bf16
 /// is rounded to bf16 (nearest even) first; bf16/f16 storage is widened exactly.
-fn view_to_f32<'v>(bytes: &'v [u8], stored: WDtype, declared: Dtype) -> Result<Cow<'v, [f32]>> {
+fn view_to_f32<'v>(bytes: &'v [u8], stored: Dtype, declared: Dtype) -> Result<Cow<'v, [f32]>> {
     const CHUNK: usize = 1 << 16;
     let mut out: Vec<f32>;
     match stored {
-        WDtype::F32 => {
+        Dtype::F32 => {
             if declared == Dtype::F32
                 && let Ok(s) = bytemuck::try_cast_slice::<u8, f32>(bytes)
             {
@@ -343,7 +343,7 @@ fn view_to_f32<'v>(bytes: &'v [u8], stored: WDtype, declared: Dtype) -> Result<C
                     }
                 });
         }
-        WDtype::Bf16 => {
+        Dtype::Bf16 => {
             out = vec![0.0; bytes.len() / 2];
             out.par_chunks_mut(CHUNK)
                 .zip(bytes.par_chunks(CHUNK * 2))
@@ -353,7 +353,7 @@ fn view_to_f32<'v>(bytes: &'v [u8], stored: WDtype, declared: Dtype) -> Result<C
                     }
                 });
         }
-        WDtype::F16 => {
+        Dtype::F16 => {
             out = bytes
                 .chunks_exact(2)
                 .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
@@ -367,28 +367,14 @@ fn view_to_f32<'v>(bytes: &'v [u8], stored: WDtype, declared: Dtype) -> Result<C
         }
     }
     match (declared, stored) {
-        (Dtype::Bf16, WDtype::Bf16) | (Dtype::F16, WDtype::F16) | (Dtype::F32, _) => {}
+        (Dtype::Bf16, Dtype::Bf16) | (Dtype::F16, Dtype::F16) | (Dtype::F32, _) => {}
         (Dtype::Bf16, _) => out
             .par_chunks_mut(CHUNK)
-            .for_each(|c| c.iter_mut().for_each(|x| *x = round_f32_through_bf16(*x))),
+            .for_each(|c| c.iter_mut().for_each(|x| *x = round_through_bf16(*x))),
         (Dtype::F16, _) => out.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
         (d, _) => return Err(err(format!("declared {d}, which is not a float dtype"))),
     }
     Ok(Cow::Owned(out))
-}
-
-/// petite-weights' dtype of a petite-graph dtype (the two crates know nothing of each other;
-/// this crate, which reads weights for graphs, is where they meet).
-pub fn weights_dtype(d: Dtype) -> WDtype {
-    match d {
-        Dtype::F32 => WDtype::F32,
-        Dtype::Bf16 => WDtype::Bf16,
-        Dtype::F16 => WDtype::F16,
-        Dtype::I64 => WDtype::I64,
-        Dtype::I32 => WDtype::I32,
-        Dtype::U8 => WDtype::U8,
-        Dtype::Bool => WDtype::Bool,
-    }
 }
 
 macro_rules! with_data {
@@ -473,7 +459,7 @@ impl<'a> Ctx<'_, 'a> {
             let vals = view_to_f32(view.bytes, view.dtype, declared.dtype)?;
             return Tensor::from_f32_as(declared.dtype, &declared.shape, vals.into_owned());
         }
-        if view.dtype != weights_dtype(declared.dtype) {
+        if view.dtype != declared.dtype {
             return Err(err(format!(
                 "weight {:?}: declared {declared}, stored as {}",
                 view.name,
@@ -543,16 +529,56 @@ impl<'a> Ctx<'_, 'a> {
         Ok(Slot::Tensor(Tensor::from_f32_as(t.dtype, &t.shape, v)?))
     }
 
+    /// Evaluates the current node: dispatch to its op family's kernels.
     fn eval(&mut self) -> Result<Slot> {
-        let node = self.p().node(self.id);
-        let n_in = node.inputs.len();
-        match &node.op {
+        let op = &self.p().node(self.id).op;
+        match op {
+            Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } => self.eval_sources(op),
+            Op::Linear | Op::MatMul | Op::Conv2d { .. } => self.eval_dense(op),
+            Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Softmax { .. }
+            | Op::Rope
+            | Op::Attention { .. }
+            | Op::Embedding => self.eval_attention(op),
+            Op::Binary { .. }
+            | Op::BinaryScalar { .. }
+            | Op::Compare { .. }
+            | Op::Logical { .. }
+            | Op::Not
+            | Op::Unary { .. }
+            | Op::Cast { .. }
+            | Op::Where
+            | Op::CumSum { .. }
+            | Op::Reduce { .. } => self.eval_elementwise(op),
+            Op::Concat { .. }
+            | Op::Slice { .. }
+            | Op::Reshape { .. }
+            | Op::Permute { .. }
+            | Op::Expand { .. }
+            | Op::Split { .. }
+            | Op::GetItem { .. } => self.eval_layout(op),
+        }
+    }
+
+    /// Graph sources: inputs (bound before the run), weights (read lazily by their consumers),
+    /// inline constants.
+    fn eval_sources(&mut self, op: &Op) -> Result<Slot> {
+        match op {
             Op::Input { .. } => Err(err("inputs are bound before the run")),
             Op::Weight { .. } => Ok(Slot::Weight),
             Op::Constant { data } => {
                 let t = self.out_ty()?;
                 Ok(Slot::Tensor(Tensor::from_bytes(t.dtype, &t.shape, data)?))
             }
+            other => Err(err(format!("{} is not a sources op", other.name()))),
+        }
+    }
+
+    /// Dense products: linear layers, batched matmuls, the patch-embedding convolution.
+    fn eval_dense(&mut self, op: &Op) -> Result<Slot> {
+        let n_in = self.p().node(self.id).inputs.len();
+        match op {
             Op::Linear => {
                 let xt = self.ty(0)?;
                 let wt = self.ty(1)?;
@@ -617,6 +643,15 @@ impl<'a> Ctx<'_, 'a> {
                 let y = kernels::conv2d(&x, &w, b.as_deref(), params)?;
                 self.finish_float(y)
             }
+            other => Err(err(format!("{} is not a dense op", other.name()))),
+        }
+    }
+
+    /// Normalisations, attention and its parts (softmax, rotary embedding, SDPA) and embedding
+    /// lookups.
+    fn eval_attention(&mut self, op: &Op) -> Result<Slot> {
+        let n_in = self.p().node(self.id).inputs.len();
+        match op {
             Op::LayerNorm { eps } => {
                 let d = *self.ty(0)?.shape.last().unwrap_or(&1);
                 let w = self.floats(1)?.into_owned();
@@ -636,35 +671,6 @@ impl<'a> Ctx<'_, 'a> {
                 kernels::rms_norm(&mut x, d, w.as_deref(), 1.0, *eps as f32)?;
                 self.finish_float(x)
             }
-            Op::Binary { kind } => self.binary(*kind),
-            Op::BinaryScalar {
-                kind,
-                scalar,
-                scalar_lhs,
-            } => self.binary_scalar(*kind, *scalar, *scalar_lhs),
-            Op::Compare { kind } => self.compare(*kind),
-            Op::Logical { kind } => {
-                let (a, b) = (self.tensor(0)?, self.tensor(1)?);
-                let (Data::Bool(x), Data::Bool(y)) = (a.data(), b.data()) else {
-                    return Err(err("logical ops need bool inputs"));
-                };
-                let f = match kind {
-                    LogicalOp::And => |p: bool, q: bool| p && q,
-                    LogicalOp::Or => |p: bool, q: bool| p || q,
-                };
-                let (o, s) = kernels::map_binary(x, a.shape(), y, b.shape(), f)?;
-                Ok(Slot::Tensor(Tensor::bool(&s, o)?))
-            }
-            Op::Not => {
-                let t = self.take_tensor(0)?;
-                let (shape, data) = t.into_parts();
-                let Data::Bool(mut v) = data else {
-                    return Err(err("not needs a bool input"));
-                };
-                v.iter_mut().for_each(|b| *b = !*b);
-                Ok(Slot::Tensor(Tensor::bool(&shape, v)?))
-            }
-            Op::Unary { kind } => self.unary(*kind),
             Op::Softmax { axis } => {
                 let xt = self.ty(0)?.clone();
                 let r = xt.rank();
@@ -725,6 +731,128 @@ impl<'a> Ctx<'_, 'a> {
                 self.finish_float(y)
             }
             Op::Embedding => self.embedding(),
+            other => Err(err(format!(
+                "{} is not a normalisation or attention op",
+                other.name()
+            ))),
+        }
+    }
+
+    /// Elementwise maps (arithmetic, comparisons, logic, casts, select), scans and reductions.
+    fn eval_elementwise(&mut self, op: &Op) -> Result<Slot> {
+        match op {
+            Op::Binary { kind } => self.binary(*kind),
+            Op::BinaryScalar {
+                kind,
+                scalar,
+                scalar_lhs,
+            } => self.binary_scalar(*kind, *scalar, *scalar_lhs),
+            Op::Compare { kind } => self.compare(*kind),
+            Op::Logical { kind } => {
+                let (a, b) = (self.tensor(0)?, self.tensor(1)?);
+                let (Data::Bool(x), Data::Bool(y)) = (a.data(), b.data()) else {
+                    return Err(err("logical ops need bool inputs"));
+                };
+                let f = match kind {
+                    LogicalOp::And => |p: bool, q: bool| p && q,
+                    LogicalOp::Or => |p: bool, q: bool| p || q,
+                };
+                let (o, s) = kernels::map_binary(x, a.shape(), y, b.shape(), f)?;
+                Ok(Slot::Tensor(Tensor::bool(&s, o)?))
+            }
+            Op::Not => {
+                let t = self.take_tensor(0)?;
+                let (shape, data) = t.into_parts();
+                let Data::Bool(mut v) = data else {
+                    return Err(err("not needs a bool input"));
+                };
+                v.iter_mut().for_each(|b| *b = !*b);
+                Ok(Slot::Tensor(Tensor::bool(&shape, v)?))
+            }
+            Op::Unary { kind } => self.unary(*kind),
+            Op::Cast { to } => {
+                let t = self.take_tensor(0)?;
+                Ok(Slot::Tensor(cast(t, *to)?))
+            }
+            Op::Where => {
+                let c = self.tensor(0)?;
+                let a = self.tensor(1)?;
+                let b = self.tensor(2)?;
+                let Data::Bool(cv) = c.data() else {
+                    return Err(err("where: condition must be bool"));
+                };
+                let out_shape: Vec<usize>;
+                macro_rules! sel {
+                    ($var:ident) => {{
+                        let Data::$var(bv) = b.data() else {
+                            return Err(err("where: branches differ in dtype"));
+                        };
+                        let Data::$var(av) = a.data() else {
+                            unreachable!()
+                        };
+                        let (o, s) = kernels::map_ternary(
+                            (cv, c.shape()),
+                            (av, a.shape()),
+                            (bv, b.shape()),
+                            |c, x, y| if c { x } else { y },
+                        )?;
+                        out_shape = s;
+                        Data::$var(o)
+                    }};
+                }
+                let data = match a.dtype() {
+                    Dtype::F32 => sel!(F32),
+                    Dtype::Bf16 => sel!(Bf16),
+                    Dtype::F16 => sel!(F16),
+                    Dtype::I64 => sel!(I64),
+                    Dtype::I32 => sel!(I32),
+                    Dtype::U8 => sel!(U8),
+                    Dtype::Bool => sel!(Bool),
+                };
+                Ok(Slot::Tensor(Tensor::new(&out_shape, data)?))
+            }
+            Op::CumSum { axis } => {
+                let t = self.tensor(0)?;
+                let shape = t.shape().to_vec();
+                let out = match t.data() {
+                    Data::I64(v) => Data::I64(kernels::cumsum_i64(v, &shape, *axis)?),
+                    Data::I32(v) => {
+                        let w: Vec<i64> = v.iter().map(|&x| x as i64).collect();
+                        Data::I32(
+                            kernels::cumsum_i64(&w, &shape, *axis)?
+                                .into_iter()
+                                .map(|x| x as i32)
+                                .collect(),
+                        )
+                    }
+                    Data::U8(v) => {
+                        let w: Vec<i64> = v.iter().map(|&x| x as i64).collect();
+                        Data::U8(
+                            kernels::cumsum_i64(&w, &shape, *axis)?
+                                .into_iter()
+                                .map(|x| x as u8)
+                                .collect(),
+                        )
+                    }
+                    Data::Bool(_) => return Err(err("cumsum of bool (cast first)")),
+                    _ => {
+                        let x = t.float_values().unwrap_or_default();
+                        let y = kernels::cumsum_f32(&x, &shape, *axis)?;
+                        return self.finish_float(y);
+                    }
+                };
+                Ok(Slot::Tensor(Tensor::new(&shape, out)?))
+            }
+            Op::Reduce { kind, axes, .. } => self.reduce(*kind, axes),
+            other => Err(err(format!("{} is not a elementwise op", other.name()))),
+        }
+    }
+
+    /// Layout: concatenation, slicing, reshapes, permutations, broadcasts, splits and tuple
+    /// access.
+    fn eval_layout(&mut self, op: &Op) -> Result<Slot> {
+        let n_in = self.p().node(self.id).inputs.len();
+        match op {
             Op::Concat { axis } => {
                 let ts: Vec<Cow<'_, Tensor>> =
                     (0..n_in).map(|i| self.tensor(i)).collect::<Result<_>>()?;
@@ -785,80 +913,6 @@ impl<'a> Ctx<'_, 'a> {
                 let data = with_data!(t.data(), v => kernels::broadcast_to(v, t.shape(), shape)?);
                 Ok(Slot::Tensor(Tensor::new(shape, data)?))
             }
-            Op::Cast { to } => {
-                let t = self.take_tensor(0)?;
-                Ok(Slot::Tensor(cast(t, *to)?))
-            }
-            Op::CumSum { axis } => {
-                let t = self.tensor(0)?;
-                let shape = t.shape().to_vec();
-                let out = match t.data() {
-                    Data::I64(v) => Data::I64(kernels::cumsum_i64(v, &shape, *axis)?),
-                    Data::I32(v) => {
-                        let w: Vec<i64> = v.iter().map(|&x| x as i64).collect();
-                        Data::I32(
-                            kernels::cumsum_i64(&w, &shape, *axis)?
-                                .into_iter()
-                                .map(|x| x as i32)
-                                .collect(),
-                        )
-                    }
-                    Data::U8(v) => {
-                        let w: Vec<i64> = v.iter().map(|&x| x as i64).collect();
-                        Data::U8(
-                            kernels::cumsum_i64(&w, &shape, *axis)?
-                                .into_iter()
-                                .map(|x| x as u8)
-                                .collect(),
-                        )
-                    }
-                    Data::Bool(_) => return Err(err("cumsum of bool (cast first)")),
-                    _ => {
-                        let x = t.float_values().unwrap_or_default();
-                        let y = kernels::cumsum_f32(&x, &shape, *axis)?;
-                        return self.finish_float(y);
-                    }
-                };
-                Ok(Slot::Tensor(Tensor::new(&shape, out)?))
-            }
-            Op::Where => {
-                let c = self.tensor(0)?;
-                let a = self.tensor(1)?;
-                let b = self.tensor(2)?;
-                let Data::Bool(cv) = c.data() else {
-                    return Err(err("where: condition must be bool"));
-                };
-                let out_shape: Vec<usize>;
-                macro_rules! sel {
-                    ($var:ident) => {{
-                        let Data::$var(bv) = b.data() else {
-                            return Err(err("where: branches differ in dtype"));
-                        };
-                        let Data::$var(av) = a.data() else {
-                            unreachable!()
-                        };
-                        let (o, s) = kernels::map_ternary(
-                            (cv, c.shape()),
-                            (av, a.shape()),
-                            (bv, b.shape()),
-                            |c, x, y| if c { x } else { y },
-                        )?;
-                        out_shape = s;
-                        Data::$var(o)
-                    }};
-                }
-                let data = match a.dtype() {
-                    Dtype::F32 => sel!(F32),
-                    Dtype::Bf16 => sel!(Bf16),
-                    Dtype::F16 => sel!(F16),
-                    Dtype::I64 => sel!(I64),
-                    Dtype::I32 => sel!(I32),
-                    Dtype::U8 => sel!(U8),
-                    Dtype::Bool => sel!(Bool),
-                };
-                Ok(Slot::Tensor(Tensor::new(&out_shape, data)?))
-            }
-            Op::Reduce { kind, axes, .. } => self.reduce(*kind, axes),
             Op::Split { axis, sizes } => {
                 let t = self.tensor(0)?;
                 let shape = t.shape().to_vec();
@@ -895,9 +949,9 @@ impl<'a> Ctx<'_, 'a> {
                     _ => Err(err("getitem input is not a tuple")),
                 }
             }
+            other => Err(err(format!("{} is not a layout op", other.name()))),
         }
     }
-
     fn binary(&mut self, kind: BinaryOp) -> Result<Slot> {
         let at = self.ty(0)?.clone();
         let bt = self.ty(1)?.clone();
@@ -943,7 +997,7 @@ impl<'a> Ctx<'_, 'a> {
         if dt.is_float() {
             // The scalar is first converted to x's dtype.
             let s = match dt {
-                Dtype::Bf16 => round_f32_through_bf16(scalar as f32),
+                Dtype::Bf16 => round_through_bf16(scalar as f32),
                 Dtype::F16 => f16::from_f32(scalar as f32).to_f32(),
                 _ => scalar as f32,
             };

@@ -15,7 +15,7 @@ mod memory;
 mod tensor;
 
 pub use compare::{CompareError, max_abs_diff};
-pub use executor::{Executor, NoWeights, RunStats, cast, run, weights_dtype};
+pub use executor::{Executor, NoWeights, RunStats, cast, run};
 pub use memory::MemoryWeights;
 pub use tensor::{Data, Tensor};
 

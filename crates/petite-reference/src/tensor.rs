@@ -1,8 +1,8 @@
 //! Owned tensors: the executor's values, inputs and outputs.
 
-use crate::bf16::{bf16_bits_to_f32, f32_to_bf16};
 use crate::{Error, Result};
 use half::{bf16, f16};
+use petite_dtype::{bf16_bits_to_f32, to_bf16};
 use petite_graph::{Dtype, ShapeDisplay};
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -235,7 +235,7 @@ impl Tensor {
             Dtype::Bf16 => Data::Bf16(
                 v.par_iter()
                     .with_min_len(PAR_MIN)
-                    .map(|&x| f32_to_bf16(x))
+                    .map(|&x| to_bf16(x))
                     .collect(),
             ),
             Dtype::F16 => Data::F16(v.iter().map(|&x| f16::from_f32(x)).collect()),

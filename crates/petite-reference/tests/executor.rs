@@ -2,7 +2,6 @@
 
 use petite_graph::{Builder, Dtype, NodeId, Program};
 use petite_reference::{Data, Error, Executor, MemoryWeights, NoWeights, Tensor, run};
-use petite_weights::Dtype as WDtype;
 use std::collections::BTreeMap;
 
 fn inputs(list: Vec<(&str, Tensor)>) -> BTreeMap<String, Tensor> {
@@ -271,7 +270,7 @@ fn bad_inputs_and_weights_get_named_errors() {
     );
     // weight stored as an integer type
     let mut wi = MemoryWeights::new();
-    wi.insert_bytes("proj.weight", WDtype::I32, &[3, 2], vec![0; 24])
+    wi.insert_bytes("proj.weight", Dtype::I32, &[3, 2], vec![0; 24])
         .unwrap();
     let msg = run(&p, &wi, inputs(vec![("x", good_x())]))
         .unwrap_err()
@@ -569,14 +568,14 @@ fn weight_source_returning_short_bytes_is_an_error() {
         }
         fn info(&self, _: &str) -> petite_weights::Result<petite_weights::TensorInfo> {
             Ok(petite_weights::TensorInfo {
-                dtype: WDtype::F32,
+                dtype: Dtype::F32,
                 shape: vec![2, 2],
             })
         }
         fn tensor(&self, _: &str) -> petite_weights::Result<petite_weights::TensorView<'_>> {
             Ok(petite_weights::TensorView {
                 name: "w",
-                dtype: WDtype::F32,
+                dtype: Dtype::F32,
                 shape: &[2, 2],
                 bytes: &[0u8; 12],
             })

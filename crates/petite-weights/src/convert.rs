@@ -92,6 +92,9 @@ pub struct ConvertOptions {
     /// Per-tensor target dtype of float tensors, overriding `dtype` (an exporter whose backend
     /// reads some weights in f32 keeps them f32, widened exactly where stored narrower).
     pub dtypes: std::collections::BTreeMap<String, Dtype>,
+    /// Seal the output ([`crate::seal`], before its rename): for cache files a later run
+    /// reuses, not for files handed to a user.
+    pub seal: bool,
 }
 
 impl Default for ConvertOptions {
@@ -106,6 +109,7 @@ impl Default for ConvertOptions {
             progress: true,
             metadata: Vec::new(),
             dtypes: std::collections::BTreeMap::new(),
+            seal: false,
         }
     }
 }
@@ -123,19 +127,6 @@ pub struct ConvertReport {
     pub bytes_written: u64,
     /// Wall-clock seconds.
     pub seconds: f64,
-}
-
-/// f32 → bf16 bits, round-to-nearest-even, as PyTorch's `c10::BFloat16` and `ml_dtypes` do.
-/// NaN becomes the quiet NaN `0x7FC0` with the input's sign (PyTorch's scalar path gives
-/// `0x7FC0` for every NaN; ml_dtypes keeps the sign), never infinity.
-#[inline]
-pub fn bf16_bits_from_f32(x: f32) -> u16 {
-    let b = x.to_bits();
-    if b & 0x7fff_ffff > 0x7f80_0000 {
-        ((b >> 16) as u16 & 0x8000) | 0x7fc0
-    } else {
-        ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
-    }
 }
 
 fn f16_bits_from_f32(x: f32) -> u16 {
@@ -162,12 +153,12 @@ fn convert_chunk(from: Dtype, to: Dtype, src: &[u8], out: &mut Vec<u8>) {
         (Dtype::F32, Dtype::Bf16) => {
             for (o, c) in out.chunks_exact_mut(2).zip(src.chunks_exact(4)) {
                 let x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                o.copy_from_slice(&bf16_bits_from_f32(x).to_le_bytes());
+                o.copy_from_slice(&petite_dtype::bf16_bits(x).to_le_bytes());
             }
         }
         (_, Dtype::Bf16) => {
             for (o, c) in out.chunks_exact_mut(2).zip(src.chunks_exact(from.size())) {
-                o.copy_from_slice(&bf16_bits_from_f32(widen(c)).to_le_bytes());
+                o.copy_from_slice(&petite_dtype::bf16_bits(widen(c)).to_le_bytes());
             }
         }
         (_, Dtype::F16) => {
@@ -203,7 +194,8 @@ fn human(b: f64) -> String {
 /// other dtypes copied, tensors selected by `opts.selection`, every large tensor on a page
 /// boundary. Streams in chunks of `opts.chunk_bytes` on `opts.threads` threads, giving the source's
 /// pages back behind itself. The output is written under a temporary name, fsynced and renamed; on
-/// any error nothing is left under `out`. The source is only read.
+/// any error nothing is left under `out`, nor when the source changed while it was read
+/// ([`WeightSource::check_unchanged`]: [`Error::Changed`]). The source is only read.
 pub fn convert<S: WeightSource>(
     src: &S,
     out: &Path,
@@ -378,7 +370,13 @@ pub fn convert<S: WeightSource>(
         return Err(e);
     }
     let bytes_written = writer.total_len();
-    writer.finish()?;
+    // The output is published only if every byte came from the source `src` opened.
+    src.check_unchanged()?;
+    if opts.seal {
+        writer.finish_sealed()?;
+    } else {
+        writer.finish()?;
+    }
     Ok(ConvertReport {
         tensors: table.len(),
         dropped,
@@ -391,26 +389,6 @@ pub fn convert<S: WeightSource>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bf16_rounding_cases() {
-        // Exactly representable values pass through.
-        assert_eq!(bf16_bits_from_f32(1.0), 0x3f80);
-        assert_eq!(bf16_bits_from_f32(-2.0), 0xc000);
-        // Halfway cases round to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7.
-        assert_eq!(bf16_bits_from_f32(f32::from_bits(0x3f80_8000)), 0x3f80);
-        assert_eq!(bf16_bits_from_f32(f32::from_bits(0x3f81_8000)), 0x3f82);
-        // Above halfway rounds up; below rounds down.
-        assert_eq!(bf16_bits_from_f32(f32::from_bits(0x3f80_8001)), 0x3f81);
-        assert_eq!(bf16_bits_from_f32(f32::from_bits(0x3f80_7fff)), 0x3f80);
-        // Overflow to infinity at the top; infinities and zeros keep their sign.
-        assert_eq!(bf16_bits_from_f32(f32::MAX), 0x7f80);
-        assert_eq!(bf16_bits_from_f32(f32::NEG_INFINITY), 0xff80);
-        assert_eq!(bf16_bits_from_f32(-0.0), 0x8000);
-        // NaN stays NaN (even a payload that would round into the infinity pattern).
-        assert_eq!(bf16_bits_from_f32(f32::from_bits(0x7f80_0001)), 0x7fc0);
-        assert_eq!(bf16_bits_from_f32(f32::from_bits(0xffff_ffff)), 0xffc0);
-    }
 
     #[test]
     fn selection_rules() {

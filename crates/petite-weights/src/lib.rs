@@ -1,6 +1,8 @@
-//! petite-weights: memory-mapped safetensors checkpoints, streamed f32 → bf16 conversion and
-//! page residency control. Knows nothing of graphs, engines or pi0.5.
+#![doc = include_str!("../README.md")]
 //!
+//! ## API map
+//!
+//! - [`WeightSource`]: the seam every reader of weights goes through.
 //! - [`MappedSafetensors`]: one mapped `.safetensors` file as a [`WeightSource`] (zero-copy views).
 //! - [`Checkpoint`]: a single file or a sharded checkpoint (`model.safetensors.index.json`).
 //! - [`Remapped`]: a source seen through a caller-supplied [`KeyMap`] (layout differences).
@@ -9,24 +11,32 @@
 //! - [`convert()`]: f32 → bf16/f16 in bounded chunks, dropping the source's pages behind itself.
 //! - [`residency`]: how much of a mapping / of this process is resident.
 //! - [`page`]: the OS page size (asked once) and the page rounding, page size as a parameter.
+//! - [`writeback`]: flushing and evicting written ranges behind a writer.
+//! - [`fault`]: a SIGBUS on a mapped file (truncated by another process) becomes a one-line
+//!   error naming it; [`FileIdentity`]: whether an input is still the file that was opened;
+//!   [`seal`]: length + checksum sidecars that let a reused cache file be trusted.
+//! - [`Error`]: every failure, naming the file and tensor.
 #![deny(missing_docs)]
 
 mod convert;
+pub mod fault;
 mod header;
+mod identity;
 mod mapped;
 pub mod page;
 mod remap;
 pub mod residency;
 mod rows;
+pub mod seal;
 mod sharded;
 mod source;
 pub mod writeback;
 mod writer;
 
-pub use convert::{
-    ConvertOptions, ConvertReport, Selection, TargetDtype, bf16_bits_from_f32, convert,
-};
+pub use convert::{ConvertOptions, ConvertReport, Selection, TargetDtype, convert};
+pub use fault::Role;
 pub use header::{Header, HeaderEntry, Index, MAX_HEADER_LEN, parse_header, parse_index};
+pub use identity::FileIdentity;
 pub use mapped::MappedSafetensors;
 /// The OS page size (4 KiB on x86-64 and Jetson kernels, 16/64 KiB on some aarch64 ones).
 pub use page::page_size;
@@ -146,6 +156,19 @@ pub enum Error {
         page: usize,
         /// The OS page size.
         os: usize,
+    },
+    /// An input file is no longer the file that was opened (size, modification time or inode
+    /// changed): whatever was computed from it is not published.
+    #[error(
+        "{role} changed or truncated while it was being read: {file} ({what}); nothing built from it was published; re-run once it is stable"
+    )]
+    Changed {
+        /// What the file is (`checkpoint`, `mapping file`, ...).
+        role: &'static str,
+        /// The file.
+        file: String,
+        /// What changed.
+        what: String,
     },
 }
 

@@ -8,24 +8,36 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{Mmap, UncheckedAdvice};
 
+use crate::fault::{Registration, Role};
 use crate::header::{Header, HeaderEntry, parse_header};
 use crate::writer::PAD_PREFIX;
-use crate::{Error, Result, TensorInfo, TensorView, WeightSource, page, page_size};
+use crate::{Error, FileIdentity, Result, TensorInfo, TensorView, WeightSource, page, page_size};
 
 /// A mapped safetensors file. The mapping is `MAP_SHARED` and read-only, so giving pages back with
 /// `MADV_DONTNEED` never loses data: they fault back in from the file.
 ///
 /// As with any mapping, the file must not be changed by anyone else while it is mapped: if
-/// another process truncates it, reading a page past the new end raises SIGBUS and kills this
-/// process (no error is returned; issue 13 tracks turning that into one), and if another process
-/// writes to it, views see the new bytes. Bounds never depend on the bytes after `open`: the
-/// header is parsed once into owned values and every view is sliced from the fixed-length
-/// mapping with checked ranges.
+/// another process truncates it, reading a page past the new end raises SIGBUS. The mapping is
+/// registered with [`crate::fault`], so where the binary installed its handler that SIGBUS ends
+/// the process with a one-line error naming the file and exit code
+/// [`crate::fault::EXIT_CODE`]; without the handler it kills the process. If another process
+/// writes to it, views see the new bytes; [`MappedSafetensors::check_unchanged`] tells (size,
+/// modification time, inode against those of `open`). Bounds never depend on the bytes after
+/// `open`: the header is parsed once into owned values and every view is sliced from the
+/// fixed-length mapping with checked ranges.
 #[derive(Debug)]
 pub struct MappedSafetensors {
     path: PathBuf,
     file: File,
+    identity: FileIdentity,
+    role: Role,
+    // Declared before `map`: unregistered before the range is unmapped.
+    reg: Registration,
     map: Mmap,
+    /// File offset of the first mapped byte (page-aligned; 0 for a whole file).
+    map_off: usize,
+    /// File offset of the safetensors data (the region's start; 0 for a whole file).
+    start: usize,
     header: Header,
     by_name: HashMap<String, usize>,
     names: Vec<String>,
@@ -37,28 +49,68 @@ impl MappedSafetensors {
     /// Opens and maps `path`, validating its header (see [`crate::parse_header`]). Tensor bytes are
     /// not read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref().to_path_buf();
+        Self::open_inner(path.as_ref(), Role::File, None)
+    }
+
+    /// [`MappedSafetensors::open`], naming the file as `role` in a SIGBUS message and in
+    /// [`Error::Changed`].
+    pub fn open_as(path: impl AsRef<Path>, role: Role) -> Result<Self> {
+        Self::open_inner(path.as_ref(), role, None)
+    }
+
+    /// Opens and maps a safetensors file stored at `[offset, offset + len)` of `path` (e.g. an
+    /// engine stored in a `.pte` segment), validating its header; tensor bytes are not read and
+    /// views, releases and residency work as for a whole file (offsets stay the file's).
+    pub fn open_region(path: impl AsRef<Path>, role: Role, offset: u64, len: u64) -> Result<Self> {
+        Self::open_inner(path.as_ref(), role, Some((offset, len)))
+    }
+
+    fn open_inner(path: &Path, role: Role, region: Option<(u64, u64)>) -> Result<Self> {
+        let path = path.to_path_buf();
         let file = File::open(&path).map_err(|e| Error::io(&path, "open", e))?;
-        let len = file
-            .metadata()
-            .map_err(|e| Error::io(&path, "stat", e))?
-            .len();
-        let shown = path.display().to_string();
+        let md = file.metadata().map_err(|e| Error::io(&path, "stat", e))?;
+        let identity = FileIdentity::of(&md);
+        let file_len = md.len();
+        let shown = match region {
+            Some((o, l)) => format!("{} bytes {o}..{}", path.display(), o.saturating_add(l)),
+            None => path.display().to_string(),
+        };
+        let (start, len) = region.unwrap_or((0, file_len));
+        if start.checked_add(len).is_none_or(|end| end > file_len) {
+            return Err(Error::Truncated {
+                file: shown,
+                reason: format!("the region runs past the end of the {file_len}-byte file"),
+            });
+        }
         if len < 8 {
             return Err(Error::Truncated {
                 file: shown,
                 reason: format!("{len} bytes, shorter than the 8-byte header length prefix"),
             });
         }
-        // SAFETY: `Mmap::map` is unsafe because the `&[u8]` it hands out is only immutable if no
-        // one changes the file while it is mapped. petite opens sources read-only and never writes
-        // them; the contract (see the type's docs) is that no other process does either. If one
-        // truncates the file anyway, touching a page past the new end raises SIGBUS (the process
-        // dies; issue 13); if one writes to it, views read the new bytes. Neither can make a view
-        // reach outside the mapping: the header is parsed once, into owned values, and views are
-        // slices of the fixed-length mapping.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, "mmap", e))?;
-        let header = parse_header(&shown, &map)?;
+        let page = page_size() as u64;
+        let map_off = start / page * page;
+        let (skip, map_len) = ((start - map_off) as usize, (start + len - map_off) as usize);
+        // SAFETY: `MmapOptions::map` is unsafe because the `&[u8]` it hands out is only
+        // immutable if no one changes the file while it is mapped. petite opens sources
+        // read-only and never writes them; the contract (see the type's docs) is that no other
+        // process does either. If one truncates the file anyway, touching a page past the new
+        // end raises SIGBUS (registered below: the binary's handler ends the process with an
+        // error naming the file); if one writes to it, views read the new bytes
+        // (`check_unchanged` tells). Neither can make a view reach outside the mapping: the
+        // header is parsed once, into owned values, and views are slices of the fixed-length
+        // mapping. The offset is page-aligned and offset + length lies inside the file (checked
+        // above).
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(map_off)
+                .len(map_len)
+                .map(&file)
+        }
+        .map_err(|e| Error::io(&path, "mmap", e))?;
+        let reg = Registration::new(map.as_ptr(), map.len(), &path, role);
+        let (map_off, start) = (map_off as usize, start as usize);
+        let header = parse_header(&shown, &map[skip..])?;
         let mut by_name = HashMap::with_capacity(header.entries.len());
         for (i, e) in header.entries.iter().enumerate() {
             by_name.insert(e.name.clone(), i);
@@ -73,7 +125,12 @@ impl MappedSafetensors {
         Ok(MappedSafetensors {
             path,
             file,
+            identity,
+            role,
+            reg,
             map,
+            map_off,
+            start,
             header,
             by_name,
             names,
@@ -99,14 +156,35 @@ impl MappedSafetensors {
         &self.path
     }
 
+    /// The file's identity when it was opened (of the descriptor that was mapped).
+    pub fn identity(&self) -> FileIdentity {
+        self.identity
+    }
+
+    /// What the file is, in messages.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Names the file as `role` from now on (SIGBUS message, [`Error::Changed`]).
+    pub fn set_role(&mut self, role: Role) {
+        self.role = role;
+        self.reg.set_role(role);
+    }
+
     /// The validated header (entries in file order, metadata, data start).
     pub fn header(&self) -> &Header {
         &self.header
     }
 
-    /// Size of the mapping (the whole file) in bytes.
+    /// Size of the mapping (the whole file, or the region rounded out to a page) in bytes.
     pub fn mapped_len(&self) -> usize {
         self.map.len()
+    }
+
+    /// File offset one past the last mapped byte.
+    fn map_end(&self) -> usize {
+        self.map_off + self.map.len()
     }
 
     fn entry(&self, name: &str) -> Result<&HeaderEntry> {
@@ -122,7 +200,8 @@ impl MappedSafetensors {
     /// Absolute file byte range of `name`'s data.
     pub fn file_range(&self, name: &str) -> Result<std::ops::Range<usize>> {
         let e = self.entry(name)?;
-        Ok(self.header.data_start + e.begin..self.header.data_start + e.end)
+        let s = self.start + self.header.data_start;
+        Ok(s + e.begin..s + e.end)
     }
 
     /// Drops `[start, end)` (absolute file offsets, already page-aligned, inside the mapping:
@@ -137,15 +216,18 @@ impl MappedSafetensors {
         // mapping zeroes the pages. This mapping is a read-only MAP_SHARED file mapping: DONTNEED
         // only unmaps the pages and a later read faults the same bytes back in from the page
         // cache or the file, so live views observe no change, under the same contract as `open`
-        // (if another process truncated the file meanwhile, that read raises SIGBUS; issue 13).
+        // (if another process truncated the file meanwhile, that read raises SIGBUS: see `open`).
         // The range lies inside the mapping, which matters because DONTNEED beyond it would hit
         // whatever else is mapped there and memmap2 checks only `start` and the length apart:
         // callers pass a tensor's range (inside the file: `parse_header` checks every
         // `data_offsets` end against the data region) rounded inward, or one clamped to the
         // mapping's length.
         unsafe {
-            self.map
-                .unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start)
+            self.map.unchecked_advise_range(
+                UncheckedAdvice::DontNeed,
+                start - self.map_off,
+                end - start,
+            )
         }
         .map_err(|e| Error::io(&self.path, "madvise(DONTNEED)", e))?;
         // SAFETY: posix_fadvise takes no pointers; `self.file` owns the fd and is open for as long
@@ -172,8 +254,8 @@ impl MappedSafetensors {
     /// the page cache, per `mincore` (whole pages).
     pub fn resident_bytes_in(&self, start: usize, end: usize) -> Result<usize> {
         let page = page_size();
-        let end = end.min(self.map.len());
-        let start = start / page * page;
+        let end = end.min(self.map_end());
+        let start = (start / page * page).max(self.map_off);
         if start >= end {
             return Ok(0);
         }
@@ -186,7 +268,7 @@ impl MappedSafetensors {
         // truncated file (beyond the new end) is reported, not faulted in.
         let rc = unsafe {
             libc::mincore(
-                self.map.as_ptr().add(start) as *mut libc::c_void,
+                self.map.as_ptr().add(start - self.map_off) as *mut libc::c_void,
                 end - start,
                 vec.as_mut_ptr(),
             )
@@ -209,7 +291,7 @@ impl MappedSafetensors {
 
     /// Bytes of the whole file that are in memory (page cache), per `mincore`.
     pub fn resident_bytes(&self) -> Result<usize> {
-        self.resident_bytes_in(0, self.map.len())
+        self.resident_bytes_in(self.map_off, self.map_end())
     }
 }
 
@@ -228,7 +310,7 @@ impl WeightSource for MappedSafetensors {
 
     fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
         let e = self.entry(name)?;
-        let s = self.header.data_start;
+        let s = self.start - self.map_off + self.header.data_start;
         Ok(TensorView {
             name: &e.name,
             dtype: e.dtype,
@@ -251,8 +333,10 @@ impl WeightSource for MappedSafetensors {
         let r = self.file_range(name)?;
         let s = r.start + start.min(r.len());
         let e = r.start + end.min(r.len());
-        let p = page::outward(s..e, self.page, self.map.len());
-        self.drop_pages(p.start, p.end)
+        // Rounded to this mapping's page (a multiple of the OS page, so every bound is an OS page
+        // boundary too), clamped to what is mapped.
+        let p = page::outward(s..e, self.page, self.map_end());
+        self.drop_pages(p.start.max(self.map_off), p.end)
     }
 
     fn unmap_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
@@ -260,19 +344,19 @@ impl WeightSource for MappedSafetensors {
         let p = page::outward(
             r.start + start.min(r.len())..r.start + end.min(r.len()),
             self.page,
-            self.map.len(),
+            self.map_end(),
         );
-        let (s, e) = (p.start, p.end);
+        let (s, e) = (p.start.max(self.map_off), p.end);
         if s >= e {
             return Ok(());
         }
         // SAFETY: as in `drop_pages`: on this read-only MAP_SHARED file mapping DONTNEED only
         // unmaps the pages and a later read faults the same bytes back in from the page cache or
-        // the file (SIGBUS if another process truncated it meanwhile; issue 13). The range is a
+        // the file (SIGBUS if another process truncated it meanwhile: see `open`). The range is a
         // tensor's (inside the file) rounded out to pages and clamped to the mapping's length.
         unsafe {
             self.map
-                .unchecked_advise_range(UncheckedAdvice::DontNeed, s, e - s)
+                .unchecked_advise_range(UncheckedAdvice::DontNeed, s - self.map_off, e - s)
         }
         .map_err(|e| Error::io(&self.path, "madvise(DONTNEED)", e))
     }
@@ -281,13 +365,18 @@ impl WeightSource for MappedSafetensors {
         vec![self.path.clone()]
     }
 
+    /// The path still names the file `open` mapped, with the same size and modification time.
+    fn check_unchanged(&self) -> Result<()> {
+        self.identity.check(&self.path, self.role)
+    }
+
     fn prefetch_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
         let r = self.file_range(name)?;
         let s = r.start + start.min(r.len());
         let e = r.start + end.min(r.len());
         if s < e {
             self.map
-                .advise_range(memmap2::Advice::WillNeed, s, e - s)
+                .advise_range(memmap2::Advice::WillNeed, s - self.map_off, e - s)
                 .map_err(|err| Error::io(&self.path, "madvise(WILLNEED)", err))?;
         }
         Ok(())

@@ -129,4 +129,7 @@ impl<S: WeightSource> WeightSource for Remapped<S> {
     fn files(&self) -> Vec<std::path::PathBuf> {
         self.inner.files()
     }
+    fn check_unchanged(&self) -> Result<()> {
+        self.inner.check_unchanged()
+    }
 }

@@ -173,6 +173,10 @@ impl<S: WeightSource + ?Sized> WeightSource for RowSlices<'_, S> {
         self.inner.files()
     }
 
+    fn check_unchanged(&self) -> Result<()> {
+        self.inner.check_unchanged()
+    }
+
     fn prefetch_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
         match self.slices.get(name) {
             None => self.inner.prefetch_range(name, start, end),

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::header::parse_index;
-use crate::{Error, MappedSafetensors, Result, TensorInfo, TensorView, WeightSource};
+use crate::{Error, MappedSafetensors, Result, Role, TensorInfo, TensorView, WeightSource};
 
 /// A single mapped file or a sharded checkpoint. Each shard is mapped once; a lookup goes to the
 /// shard the index names.
@@ -36,7 +36,7 @@ impl Checkpoint {
     }
 
     fn open_file(path: &Path) -> Result<Self> {
-        let m = MappedSafetensors::open(path)?;
+        let m = MappedSafetensors::open_as(path, Role::Checkpoint)?;
         let names = m.names();
         let by_name = names.iter().map(|n| (n.clone(), 0)).collect();
         Ok(Checkpoint {
@@ -69,7 +69,7 @@ impl Checkpoint {
                             tensor: name.clone(),
                         });
                     }
-                    shards.push(MappedSafetensors::open(&p)?);
+                    shards.push(MappedSafetensors::open_as(&p, Role::Checkpoint)?);
                     shard_of.insert(shard.clone(), shards.len() - 1);
                     shards.len() - 1
                 }
@@ -141,5 +141,8 @@ impl WeightSource for Checkpoint {
     }
     fn files(&self) -> Vec<PathBuf> {
         self.shards.iter().map(|s| s.path().to_path_buf()).collect()
+    }
+    fn check_unchanged(&self) -> Result<()> {
+        self.shards.iter().try_for_each(|s| s.check_unchanged())
     }
 }

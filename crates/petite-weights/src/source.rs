@@ -3,68 +3,7 @@
 
 use crate::{Error, Result};
 
-/// Element type of a stored tensor. Only what checkpoints and mapping files hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Dtype {
-    /// IEEE binary32.
-    F32,
-    /// bfloat16 (upper half of an f32).
-    Bf16,
-    /// IEEE binary16.
-    F16,
-    /// signed 64-bit integer.
-    I64,
-    /// signed 32-bit integer.
-    I32,
-    /// unsigned byte.
-    U8,
-    /// boolean, one byte per element.
-    Bool,
-}
-
-impl Dtype {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            Dtype::F32 | Dtype::I32 => 4,
-            Dtype::Bf16 | Dtype::F16 => 2,
-            Dtype::I64 => 8,
-            Dtype::U8 | Dtype::Bool => 1,
-        }
-    }
-
-    /// True for F32, BF16 and F16 (the dtypes conversion rounds).
-    pub fn is_float(self) -> bool {
-        matches!(self, Dtype::F32 | Dtype::Bf16 | Dtype::F16)
-    }
-
-    /// Parses the safetensors spelling; `None` for dtypes petite does not handle (F64, I8, ...).
-    pub fn from_safetensors_name(s: &str) -> Option<Dtype> {
-        Some(match s {
-            "F32" => Dtype::F32,
-            "BF16" => Dtype::Bf16,
-            "F16" => Dtype::F16,
-            "I64" => Dtype::I64,
-            "I32" => Dtype::I32,
-            "U8" => Dtype::U8,
-            "BOOL" => Dtype::Bool,
-            _ => return None,
-        })
-    }
-
-    /// The safetensors spelling (`"F32"`, `"BF16"`, ...).
-    pub fn safetensors_name(self) -> &'static str {
-        match self {
-            Dtype::F32 => "F32",
-            Dtype::Bf16 => "BF16",
-            Dtype::F16 => "F16",
-            Dtype::I64 => "I64",
-            Dtype::I32 => "I32",
-            Dtype::U8 => "U8",
-            Dtype::Bool => "BOOL",
-        }
-    }
-}
+pub use petite_dtype::Dtype;
 
 /// A borrowed, zero-copy view of one tensor's bytes (little-endian, row-major).
 #[derive(Debug, Clone, Copy)]
@@ -177,6 +116,14 @@ pub trait WeightSource: Sync {
     /// The files this source reads (so writers can refuse to replace one). Default: none known.
     fn files(&self) -> Vec<std::path::PathBuf> {
         Vec::new()
+    }
+
+    /// Errs ([`crate::Error::Changed`]) when a file this source reads is no longer the one it
+    /// opened (size, modification time or inode changed): whatever was computed from it must not
+    /// be published. Sources over files check each; wrappers ask their inner source. The default
+    /// (in-memory sources) has nothing to check.
+    fn check_unchanged(&self) -> Result<()> {
+        Ok(())
     }
 
     /// Hints that bytes `start..end` of `name` will be read soon (`MADV_WILLNEED`: readahead

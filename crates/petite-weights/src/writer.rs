@@ -292,8 +292,11 @@ impl SafetensorsWriter {
             });
         }
         let file = self.file.as_ref().expect("file open until finish");
-        file.write_all_at(bytes, s.offset + offset)
-            .map_err(|e| Error::io(&self.tmp, "write", e))?;
+        file.write_all_at(bytes, s.offset + offset).map_err(|e| {
+            // `bytes` may be a view of a mapped source that was truncated meanwhile.
+            crate::fault::efault_on_mapped(&e, bytes)
+                .unwrap_or_else(|| Error::io(&self.tmp, "write", e))
+        })?;
         let before = s.written.fetch_add(n, Ordering::SeqCst);
         if before + n > s.len {
             return Err(Error::ByteCount {
@@ -316,7 +319,18 @@ impl SafetensorsWriter {
 
     /// Checks that every tensor received exactly its byte count, fsyncs the file, renames it to
     /// the output name and fsyncs the directory. On error the temporary file is removed.
-    pub fn finish(mut self) -> Result<PathBuf> {
+    pub fn finish(self) -> Result<PathBuf> {
+        self.finish_inner(false)
+    }
+
+    /// [`SafetensorsWriter::finish`] for a cache file: between the fsync and the rename the
+    /// finished file is sealed ([`crate::seal`]: `<out>.seal`), so a file under the final name
+    /// always has the seal a later reuse checks.
+    pub fn finish_sealed(self) -> Result<PathBuf> {
+        self.finish_inner(true)
+    }
+
+    fn finish_inner(mut self, seal: bool) -> Result<PathBuf> {
         for s in &self.slots {
             let w = s.written.load(Ordering::SeqCst);
             if w != s.len {
@@ -337,6 +351,9 @@ impl SafetensorsWriter {
         file.sync_all()
             .map_err(|e| Error::io(&self.tmp, "fsync", e))?;
         drop(file);
+        if seal {
+            crate::seal::write_for(&self.tmp, &self.out)?;
+        }
         std::fs::rename(&self.tmp, &self.out).map_err(|e| Error::io(&self.out, "rename", e))?;
         if let Some(dir) = self.out.parent() {
             let dir = if dir.as_os_str().is_empty() {

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use petite_weights::{
     ConvertOptions, Dtype, MappedSafetensors, SafetensorsWriter, Selection, TargetDtype,
-    TensorSpec, WeightSource, bf16_bits_from_f32, convert, page_size,
+    TensorSpec, WeightSource, convert, page_size,
 };
 
 fn f32s(n: usize, seed: u32) -> Vec<f32> {
@@ -67,6 +67,7 @@ fn opts(dtype: TargetDtype, selection: Selection) -> ConvertOptions {
         progress: false,
         metadata: vec![],
         dtypes: Default::default(),
+        seal: false,
     }
 }
 
@@ -102,7 +103,12 @@ fn f32_to_bf16_rounds_every_element_and_drops_what_was_asked() {
                 let got = v.as_bf16().unwrap();
                 for (k, (g, c)) in got.iter().zip(bytes.chunks_exact(4)).enumerate() {
                     let x = f32::from_le_bytes(c.try_into().unwrap());
-                    assert_eq!(g.to_bits(), bf16_bits_from_f32(x), "{} [{k}] = {x}", t.name);
+                    assert_eq!(
+                        g.to_bits(),
+                        petite_dtype::bf16_bits(x),
+                        "{} [{k}] = {x}",
+                        t.name
+                    );
                 }
             }
             _ => {

@@ -48,6 +48,7 @@ fn output_disk_full_midway_fails_cleanly_and_leaves_no_file() {
         progress: false,
         metadata: vec![],
         dtypes: Default::default(),
+        seal: false,
     };
     let e = convert(&src, &out, &opts).unwrap_err().to_string();
     assert!(e.contains("out.safetensors") && e.contains("write"), "{e}");

@@ -193,3 +193,62 @@ fn a_page_below_the_os_page_is_refused() {
             .is_err()
     );
 }
+
+/// A region mapping (an engine inside a `.pte`) starts on an OS page that need not be a
+/// multiple of a coarser release page: releases and unmaps rounded to 16 or 64 KiB are clamped to
+/// what is mapped (a range below the mapping would be another mapping's memory), drop exactly the
+/// clamped pages, and every byte still reads.
+#[test]
+fn region_releases_at_coarser_pages_stay_inside_the_mapping() {
+    use petite_weights::Role;
+    let os = page_size();
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().join("e.safetensors");
+    let table = write(&st, os);
+    let inner = std::fs::read(&st).unwrap();
+    for offset in [3 * os, 5 * os + 100] {
+        let outer = dir.path().join(format!("outer-{offset}.bin"));
+        let mut bytes = vec![0xAAu8; offset];
+        bytes.extend_from_slice(&inner);
+        std::fs::write(&outer, &bytes).unwrap();
+        for release in PAGES.into_iter().filter(|&r| r >= os) {
+            let m = MappedSafetensors::open_region(
+                &outer,
+                Role::File,
+                offset as u64,
+                inner.len() as u64,
+            )
+            .unwrap()
+            .with_page_size(release)
+            .unwrap();
+            let want: Vec<Vec<u8>> = table
+                .iter()
+                .map(|t| m.tensor(&t.name).unwrap().bytes.to_vec())
+                .collect();
+            // The first tensor from its first byte: rounded down to `release` it would start
+            // below the mapping whenever the region's page is not a `release` multiple.
+            let first = &table
+                .iter()
+                .min_by_key(|t| m.file_range(&t.name).unwrap().start)
+                .unwrap()
+                .name;
+            let r = m.file_range(first).unwrap();
+            let map_start = offset / os * os;
+            let map_end = map_start + m.mapped_len();
+            let full = m.process_resident_bytes().expect("procfs");
+            m.release_range(first, 0, r.len()).unwrap();
+            let p = page::outward(r.clone(), release, map_end);
+            let expect = page::align_up((p.end - p.start.max(map_start)) as u64, os as u64);
+            let after = m.process_resident_bytes().unwrap();
+            assert_eq!(
+                full - after,
+                expect,
+                "offset {offset}, release page {release}"
+            );
+            m.unmap_range(first, 0, 1).unwrap();
+            for (k, t) in table.iter().enumerate() {
+                assert_eq!(m.tensor(&t.name).unwrap().bytes, &want[k][..], "{}", t.name);
+            }
+        }
+    }
+}

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use petite_engine::reference::{self, ReferenceBuilder};
 use petite_engine::tensorrt::{Tool, ToolKind, ToolSearch};
 use petite_engine::{BuiltEngine, EngineBuilder};
-use petite_weights::WeightSource;
 
 use crate::{Error, Result};
 
@@ -132,27 +131,5 @@ pub fn payload(e: &BuiltEngine) -> (PathBuf, u64, u64) {
     (e.payload.path.clone(), e.payload.offset, e.payload.len)
 }
 
-/// The reference engine format: `__metadata__` keys of an engine file.
-pub fn reference_meta_keys() -> (&'static str, &'static str, &'static str) {
-    (
-        reference::META_FORMAT,
-        reference::FORMAT,
-        reference::META_PROGRAM,
-    )
-}
-
 /// Backend id of reference engines.
 pub const REFERENCE_ID: &str = reference::BACKEND_ID;
-
-/// For each engine of `plan`, the weights (whole tensors and row ranges) whose last reader it is.
-pub fn last_uses(plan: &petite_partition::Plan) -> Vec<Vec<&petite_partition::WeightUse>> {
-    petite_engine::last_uses(plan)
-}
-
-/// Releases the pages of `uses` (a row range releases only its rows' bytes).
-pub fn release_weights(
-    source: &dyn WeightSource,
-    uses: &[&petite_partition::WeightUse],
-) -> Result<()> {
-    Ok(petite_engine::release_weights(source, uses)?)
-}

@@ -5,6 +5,7 @@
 
 pub mod engines;
 pub mod export;
+pub mod guard;
 pub mod memory;
 pub mod report;
 pub mod verify;
@@ -78,6 +79,45 @@ pub enum Error {
     /// JSON (de)serialisation of the report.
     #[error("report JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// Another process holds the output directory's lock ([`guard::OutputDir`]).
+    #[error(
+        "{dir}: another petite process ({}) is writing into this output directory; wait for it to finish or choose another --out (lock: {dir}/{lock}, released when that process ends)",
+        match .pid { Some(p) => format!("pid {p}"), None => "pid unknown".to_string() },
+        lock = guard::LOCK_FILE
+    )]
+    Locked {
+        /// The output directory.
+        dir: String,
+        /// The holder's pid, as it wrote it into the lock file.
+        pid: Option<u32>,
+    },
+}
+
+/// Whether `e` is petite-weights' "input changed" ([`petite_weights::Error::Changed`]).
+fn weights_changed(e: &petite_weights::Error) -> bool {
+    matches!(e, petite_weights::Error::Changed { .. })
+}
+
+fn engine_changed(e: &petite_engine::Error) -> bool {
+    match e {
+        petite_engine::Error::Weights(w) => weights_changed(w),
+        petite_engine::Error::Engine { source, .. } => engine_changed(source),
+        _ => false,
+    }
+}
+
+impl Error {
+    /// Whether this is an input that changed while it was read (the binary exits with
+    /// [`petite_weights::fault::EXIT_CODE`] for it, as for a SIGBUS on a truncated input).
+    pub fn is_input_changed(&self) -> bool {
+        match self {
+            Error::Weights(w) => weights_changed(w),
+            Error::Pi05(petite_pi05::Error::Weights(w)) => weights_changed(w),
+            Error::Portable(petite_portable::Error::Weights(w)) => weights_changed(w),
+            Error::Engine(e) => engine_changed(e),
+            _ => false,
+        }
+    }
 }
 
 impl Error {
@@ -92,3 +132,27 @@ impl Error {
 
 /// Result alias of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod layout_tests {
+    /// Every end-to-end test file in the workspace's top-level `tests/` is a `[[test]]` of this
+    /// package (autotests is off there, so an unregistered file would silently never run).
+    #[test]
+    fn every_top_level_test_file_is_registered() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+        let mut n = 0;
+        for e in std::fs::read_dir(root.join("../../tests")).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            if let Some(stem) = name.strip_suffix(".rs") {
+                let want = format!("path = \"../../tests/{stem}.rs\"");
+                assert!(
+                    manifest.contains(&want),
+                    "tests/{name} is not a [[test]] of petite"
+                );
+                n += 1;
+            }
+        }
+        assert!(n >= 5, "found only {n} test files");
+    }
+}

@@ -32,7 +32,44 @@ enum Cmd {
     Doctor(cli::doctor::DoctorArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+/// Exit codes: 0 success; 1 any error (the message says what and where); 74 (`EX_IOERR`,
+/// [`petite_weights::fault::EXIT_CODE`]) an input changed or was truncated while it was read
+/// (a SIGBUS on a mapped file, or an identity check at a stage boundary); 2 bad command line
+/// (clap).
+fn main() -> std::process::ExitCode {
+    // Before any file is mapped: a SIGBUS on a mapped input becomes an error naming the file.
+    petite_weights::fault::install_sigbus_handler();
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // As anyhow's own report for `main() -> anyhow::Result`.
+            eprintln!("Error: {e:?}");
+            std::process::ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+fn exit_code(e: &anyhow::Error) -> u8 {
+    let changed = e.chain().any(|c| {
+        c.downcast_ref::<petite::Error>()
+            .is_some_and(petite::Error::is_input_changed)
+            || c.downcast_ref::<petite_weights::Error>()
+                .is_some_and(|w| matches!(w, petite_weights::Error::Changed { .. }))
+            || c.downcast_ref::<petite_pi05::Error>().is_some_and(|p| {
+                matches!(
+                    p,
+                    petite_pi05::Error::Weights(petite_weights::Error::Changed { .. })
+                )
+            })
+    });
+    if changed {
+        petite_weights::fault::EXIT_CODE as u8
+    } else {
+        1
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Convert(a) => cli::convert::run(a),

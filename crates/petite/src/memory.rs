@@ -27,26 +27,15 @@ pub struct Status {
     pub file: u64,
 }
 
-/// Reads `/proc/self/status`; `None` off Linux or if the fields are missing.
+/// Reads `/proc/self/status` (through petite-weights' one reader); `None` off Linux or if the
+/// fields are missing.
 pub fn status() -> Option<Status> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
-    let mut s = Status::default();
-    let mut seen = 0;
-    for line in text.lines() {
-        let (k, v) = line.split_once(':')?;
-        let kb = || -> Option<u64> {
-            Some(v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()? * 1024)
-        };
-        match k {
-            "VmHWM" => s.hwm = kb()?,
-            "VmRSS" => s.rss = kb()?,
-            "RssAnon" => s.anon = kb()?,
-            "RssFile" => s.file = kb()?,
-            _ => continue,
-        }
-        seen += 1;
-    }
-    (seen >= 3).then_some(s)
+    petite_weights::residency::rss().map(|r| Status {
+        hwm: r.peak,
+        rss: r.total,
+        anon: r.anon,
+        file: r.file,
+    })
 }
 
 /// `(read_bytes, write_bytes)` of `/proc/self/io`: bytes this process made the storage layer

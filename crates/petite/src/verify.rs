@@ -9,22 +9,23 @@
 //! driven by the script embedded in this binary ([`run_portable`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use memmap2::{Mmap, UncheckedAdvice};
 use petite_graph::Program;
 use petite_pi05::inputs::{Inputs, check_weights, open_checkpoint};
 use petite_pi05::programs::io;
 use petite_pi05::{Pi05Config, Precision, build_prefix, build_step};
 use petite_pte::PteFile;
 use petite_pte::model::{DataLocation, EValue, Instruction, ScalarType};
-use petite_reference::{Executor, Tensor};
-use petite_weights::{Header, TensorInfo, TensorView, WeightSource, parse_header};
+use petite_reference::Tensor;
+use petite_weights::{FileIdentity, Role, WeightSource};
 use serde_json::json;
 
-use crate::engines::{REFERENCE_ID, reference_meta_keys};
+use petite_engine::EngineRuntime;
+use petite_engine::reference::ReferenceEngine;
+
+use crate::engines::REFERENCE_ID;
 use crate::export::{METHOD, TABLE_METHOD};
 use crate::memory::Recorder;
 use crate::{Error, Result};
@@ -114,80 +115,6 @@ pub fn seeded_inputs(cfg: &Pi05Config, seed: u64) -> Inputs {
     }
 }
 
-/// One engine's weights as a [`WeightSource`] over its region of a mapped `.pte`.
-struct RegionWeights<'m> {
-    map: &'m Mmap,
-    start: usize,
-    header: Header,
-    by_name: HashMap<String, usize>,
-}
-
-impl RegionWeights<'_> {
-    fn entry(&self, name: &str) -> petite_weights::Result<&petite_weights::HeaderEntry> {
-        self.by_name
-            .get(name)
-            .map(|&i| &self.header.entries[i])
-            .ok_or_else(|| petite_weights::Error::MissingTensor {
-                file: "engine segment".into(),
-                name: name.to_string(),
-            })
-    }
-}
-
-impl WeightSource for RegionWeights<'_> {
-    fn names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.by_name.keys().cloned().collect();
-        v.sort();
-        v
-    }
-    fn info(&self, name: &str) -> petite_weights::Result<TensorInfo> {
-        let e = self.entry(name)?;
-        Ok(TensorInfo {
-            dtype: e.dtype,
-            shape: e.shape.clone(),
-        })
-    }
-    fn tensor(&self, name: &str) -> petite_weights::Result<TensorView<'_>> {
-        let e = self.entry(name)?;
-        let s = self.start + self.header.data_start;
-        Ok(TensorView {
-            name: &e.name,
-            dtype: e.dtype,
-            shape: &e.shape,
-            bytes: &self.map[s + e.begin..s + e.end],
-        })
-    }
-    /// Gives the tensors' whole pages back (they fault back in from the `.pte` if read again).
-    fn release(&self, names: &[&str]) -> petite_weights::Result<()> {
-        let page = petite_weights::page_size();
-        for n in names {
-            let e = self.entry(n)?;
-            let s = self.start + self.header.data_start;
-            let r = petite_weights::page::inward(s + e.begin..s + e.end, page);
-            let (a, b) = (r.start, r.end);
-            if a < b {
-                // SAFETY: `self.map` is a read-only MAP_SHARED file mapping (`map_file`): DONTNEED
-                // only unmaps the pages and a later read faults the same bytes back in from the
-                // page cache or the file, so live views see the same bytes (if another process
-                // truncated the `.pte` meanwhile, that read raises SIGBUS; issue 13). [a, b) is
-                // a tensor's range rounded inward to pages, inside the region, which
-                // `RegionWeights` checked lies inside the mapping (memmap2 itself checks only
-                // the start and the length apart).
-                let _ = unsafe {
-                    self.map
-                        .unchecked_advise_range(UncheckedAdvice::DontNeed, a, b - a)
-                };
-            }
-        }
-        Ok(())
-    }
-}
-
-struct Engine<'m> {
-    program: Program,
-    weights: RegionWeights<'m>,
-}
-
 fn bad(path: &Path, reason: impl Into<String>) -> Error {
     Error::BadPte {
         path: path.display().to_string(),
@@ -195,48 +122,13 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
-fn open_engine<'m>(pte: &PteFile, map: &'m Mmap, segment: usize) -> Result<Engine<'m>> {
+/// The reference engine in `segment` of `pte`, mapped in place from the `.pte` (never read into
+/// memory), through the backend's own loader.
+fn open_engine(pte: &PteFile, segment: usize, release: bool) -> Result<ReferenceEngine> {
     let (start, len) = pte.segment_range(segment)?;
-    let (start, len) = (start as usize, len as usize);
-    // Checked: `release` hands ranges inside this region to an unsafe `madvise`.
-    if start.checked_add(len).is_none_or(|end| end > map.len()) {
-        return Err(bad(
-            pte.path(),
-            format!("segment {segment} runs past the file"),
-        ));
-    }
-    let what = format!("{} segment {segment}", pte.path().display());
-    let header = parse_header(&what, &map[start..start + len])?;
-    let (k_format, format, k_program) = reference_meta_keys();
-    let get = |k: &str| header.metadata.iter().find(|(m, _)| m == k).map(|(_, v)| v);
-    if get(k_format).map(String::as_str) != Some(format) {
-        return Err(bad(
-            pte.path(),
-            format!(
-                "segment {segment}: not a reference engine (format {:?})",
-                get(k_format)
-            ),
-        ));
-    }
-    let json = get(k_program)
-        .ok_or_else(|| bad(pte.path(), format!("segment {segment}: no engine program")))?;
-    let program = Program::from_json(json)?;
-    program.validate()?;
-    let by_name = header
-        .entries
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (e.name.clone(), i))
-        .collect();
-    Ok(Engine {
-        program,
-        weights: RegionWeights {
-            map,
-            start,
-            header,
-            by_name,
-        },
-    })
+    let engine = ReferenceEngine::open_region(pte.path(), start, len)
+        .map_err(|e| bad(pte.path(), format!("segment {segment}: {e}")))?;
+    Ok(engine.releasing_weights(release))
 }
 
 fn graph_dtype(s: ScalarType) -> Option<petite_graph::Dtype> {
@@ -253,15 +145,15 @@ fn graph_dtype(s: ScalarType) -> Option<petite_graph::Dtype> {
     })
 }
 
-/// A `.pte` opened for running: the reader's verified program, the file mapped, engines parsed
-/// once per segment.
+/// A `.pte` opened for running: the reader's verified program and its engines, each mapped
+/// once per segment (`release`: each weight's pages given back after its last read in a run).
 struct Loaded<'m> {
     pte: &'m PteFile,
-    engines: HashMap<usize, Engine<'m>>,
+    engines: HashMap<usize, ReferenceEngine>,
 }
 
 impl<'m> Loaded<'m> {
-    fn new(pte: &'m PteFile, map: &'m Mmap) -> Result<Self> {
+    fn new(pte: &'m PteFile, release: bool) -> Result<Self> {
         let plan = method(pte, METHOD)?;
         let mut engines = HashMap::new();
         for (i, d) in plan.delegates.iter().enumerate() {
@@ -282,14 +174,14 @@ impl<'m> Loaded<'m> {
             }
             let seg = d.processed.index as usize;
             if let std::collections::hash_map::Entry::Vacant(v) = engines.entry(seg) {
-                v.insert(open_engine(pte, map, seg)?);
+                v.insert(open_engine(pte, seg, release)?);
             }
         }
         Ok(Loaded { pte, engines })
     }
 
     /// Runs `forward` on `inputs` (the method's inputs, in order); returns its outputs.
-    fn run(&self, inputs: Vec<Tensor>, keep_weights: bool) -> Result<Vec<Tensor>> {
+    fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
         let plan = method(self.pte, METHOD)?;
         let path = self.pte.path();
         if inputs.len() != plan.inputs.len() {
@@ -333,30 +225,29 @@ impl<'m> Loaded<'m> {
                 };
                 let d = &plan.delegates[*delegate_index as usize];
                 let e = &self.engines[&(d.processed.index as usize)];
-                let n_in = e.program.inputs.len();
-                if args.len() != n_in + e.program.outputs.len() {
+                let program = e.program();
+                let n_in = program.inputs.len();
+                if args.len() != n_in + program.outputs.len() {
                     return Err(bad(
                         path,
                         format!(
                             "delegate {delegate_index}: {} args for an engine with {} inputs and {} outputs",
                             args.len(),
                             n_in,
-                            e.program.outputs.len()
+                            program.outputs.len()
                         ),
                     ));
                 }
                 let mut ins = BTreeMap::new();
-                for (&id, a) in e.program.inputs.iter().zip(&args[..n_in]) {
-                    let name = e.program.input_name(id).unwrap_or_default().to_string();
+                for (&id, a) in program.inputs.iter().zip(&args[..n_in]) {
+                    let name = program.input_name(id).unwrap_or_default().to_string();
                     let t = values.get(a).cloned().ok_or_else(|| {
                         bad(path, format!("value {a} is read before it is written"))
                     })?;
                     ins.insert(name, t);
                 }
-                let mut outs = Executor::new(&e.program, &e.weights)?
-                    .release_weights(!keep_weights)
-                    .run(ins)?;
-                for (o, a) in e.program.outputs.iter().zip(&args[n_in..]) {
+                let mut outs = EngineRuntime::run(e, ins)?;
+                for (o, a) in program.outputs.iter().zip(&args[n_in..]) {
                     let t = outs.remove(&o.name).ok_or_else(|| {
                         bad(path, format!("engine produced no output `{}`", o.name))
                     })?;
@@ -421,26 +312,25 @@ fn read_table(pte: &PteFile, steps: usize, r: usize) -> Result<Vec<f32>> {
         .collect())
 }
 
-fn map_file(path: &Path) -> Result<Mmap> {
-    let f = File::open(path).map_err(|e| Error::io(path, "open", e))?;
-    // SAFETY: `Mmap::map` is unsafe because its `&[u8]` is immutable only while no one changes
-    // the file. This process opens the `.pte` read-only and never writes it; the contract is that
-    // no other process does while `verify` runs. If one truncates it anyway, touching a page past
-    // the new end raises SIGBUS and the process dies (issue 13); if one writes to it, reads see
-    // the new bytes. Neither reaches outside the mapping: every view is a checked slice of it.
-    unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, "mmap", e))
-}
-
 /// Runs the exported programs from their `.pte` files on `inputs`; returns the actions.
 pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<f32>> {
     let prefix_path = pte_dir.join("prefix.pte");
     let step_path = pte_dir.join("step.pte");
     let prefix_pte = PteFile::open(&prefix_path)?;
     let step_pte = PteFile::open(&step_path)?;
-    let prefix_map = map_file(&prefix_path)?;
-    let step_map = map_file(&step_path)?;
-    let prefix = Loaded::new(&prefix_pte, &prefix_map)?;
-    let step = Loaded::new(&step_pte, &step_map)?;
+    // Identities before the engines are mapped: the actions below came from these files only
+    // if they are still the files at the end.
+    let identity = |p: &Path| -> Result<FileIdentity> {
+        let md = std::fs::metadata(p).map_err(|e| Error::io(p, "stat", e))?;
+        Ok(FileIdentity::of(&md))
+    };
+    let (prefix_id, step_id) = (identity(&prefix_path)?, identity(&step_path)?);
+    // The prefix runs once: its weights go after their last read. The step runs every
+    // Euler step: its weights stay.
+    let prefix = Loaded::new(&prefix_pte, true)?;
+    let step = Loaded::new(&step_pte, false)?;
+    // Tests truncate a `.pte` here, while its engines are mapped.
+    crate::guard::stop_point("verify");
     let r = petite_pi05::programs::time_row_len(cfg);
     let table = read_table(&step_pte, cfg.steps, r)?;
 
@@ -474,7 +364,7 @@ pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<
             })
             .collect()
     };
-    let pouts = prefix.run(ordered(&pprog, &mut by_name)?, false)?;
+    let pouts = prefix.run(ordered(&pprog, &mut by_name)?)?;
     let mut kv: BTreeMap<String, Tensor> = BTreeMap::new();
     for (o, t) in pprog.outputs.iter().zip(pouts) {
         kv.insert(o.name.clone(), t);
@@ -491,7 +381,7 @@ pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<
             io::TIME_ROW,
             Tensor::f32(&[r], table[k * r..(k + 1) * r].to_vec())?,
         );
-        let outs = step.run(ordered(&sprog, &mut ins)?, true)?;
+        let outs = step.run(ordered(&sprog, &mut ins)?)?;
         let xi = sprog
             .outputs
             .iter()
@@ -503,6 +393,9 @@ pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<
             .and_then(|t| t.into_float_values().ok())
             .ok_or_else(|| bad(&step_path, "x_next is not a float tensor"))?;
     }
+    // The actions came from these files only if they are still the files that were mapped.
+    prefix_id.check(&prefix_path, Role::Program)?;
+    step_id.check(&step_path, Role::Program)?;
     Ok(x)
 }
 
@@ -580,6 +473,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         "max_abs_reference_action": scale.as_ref().ok(),
         "stages": [pte_rec, ref_rec],
     });
+    // Nothing is reported from a checkpoint that changed while it was read.
+    ck.check_unchanged()?;
     let report = opts.pte_dir.join("report.json");
     let mut full = crate::report::read_json(&report).unwrap_or_else(|_| json!({}));
     if let Some(o) = full.as_object_mut() {

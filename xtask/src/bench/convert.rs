@@ -9,9 +9,7 @@ use std::process::Command;
 
 use crate::util::memcap_run as memcap;
 use anyhow::{Context, Result, bail};
-use petite_weights::{
-    Dtype, MappedSafetensors, SafetensorsWriter, TensorSpec, WeightSource, bf16_bits_from_f32,
-};
+use petite_weights::{Dtype, MappedSafetensors, SafetensorsWriter, TensorSpec, WeightSource};
 
 /// Options of the conversion benchmark.
 #[derive(clap::Args, Debug)]
@@ -132,10 +130,10 @@ fn verify(src: &Path, out: &Path, dropped: &[String]) -> Result<()> {
         {
             let x = f32::from_le_bytes(a.bytes[4 * i..4 * i + 4].try_into()?);
             let y = u16::from_le_bytes(b.bytes[2 * i..2 * i + 2].try_into()?);
-            if y != bf16_bits_from_f32(x) {
+            if y != petite_dtype::bf16_bits(x) {
                 bail!(
                     "`{n}`[{i}]: {x} → {y:#06x}, expected {:#06x}",
-                    bf16_bits_from_f32(x)
+                    petite_dtype::bf16_bits(x)
                 );
             }
         }

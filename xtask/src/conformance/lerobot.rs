@@ -749,21 +749,11 @@ mod tests {
     }
 
     /// A scratch directory under target/, removed when dropped.
-    struct Scratch(PathBuf);
-    impl Scratch {
-        fn new(tag: &str) -> Self {
-            let p = util::root()
-                .join("target")
-                .join(format!("lerobot-test-{tag}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).unwrap();
-            Self(p)
-        }
-    }
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+    fn scratch(tag: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("lerobot-test-{tag}-"))
+            .tempdir_in(util::root().join("target"))
+            .unwrap()
     }
 
     /// Writes one case directory with the four files; `model` is the weights file's content.
@@ -781,8 +771,8 @@ mod tests {
 
     #[test]
     fn stale_golden_dirs_are_reported_and_bless_replaces_them() {
-        let tmp = Scratch::new("dirs");
-        let (fresh, golden) = (tmp.0.join("fresh"), tmp.0.join("golden"));
+        let tmp = scratch("dirs");
+        let (fresh, golden) = (tmp.path().join("fresh"), tmp.path().join("golden"));
         write_case(&fresh.join("a"), b"weights", 1.0);
         write_case(&golden.join("a"), b"weights", 1.0 + 1e-6);
         let noise = compare_dirs(&fresh, &golden).unwrap();
@@ -825,53 +815,53 @@ mod tests {
     }
 
     /// A root with the two generator files and the hash file as bless writes it.
-    fn hashed_root(tag: &str) -> Scratch {
-        let s = Scratch::new(tag);
+    fn hashed_root(tag: &str) -> tempfile::TempDir {
+        let s = scratch(tag);
         for (f, text) in [
             (SCRIPT, "print('goldens')\n"),
             (REQUIREMENTS, "torch==2.11.0\n"),
         ] {
-            let p = s.0.join(f);
+            let p = s.path().join(f);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, text).unwrap();
         }
-        std::fs::create_dir_all(s.0.join(GOLDENS)).unwrap();
-        write_hashes(&s.0).unwrap();
+        std::fs::create_dir_all(s.path().join(GOLDENS)).unwrap();
+        write_hashes(s.path()).unwrap();
         s
     }
 
     #[test]
     fn a_changed_generator_or_pin_fails_the_hash_check_and_says_to_bless() {
         let s = hashed_root("hash");
-        check_hashes(&s.0).unwrap();
-        let text = std::fs::read_to_string(s.0.join(HASHES)).unwrap();
+        check_hashes(s.path()).unwrap();
+        let text = std::fs::read_to_string(s.path().join(HASHES)).unwrap();
         assert_eq!(text.lines().count(), 2);
         assert!(text.contains(&format!("  {SCRIPT}\n")), "{text}");
 
         // One character of the script.
-        std::fs::write(s.0.join(SCRIPT), "print('goldenz')\n").unwrap();
-        let err = check_hashes(&s.0).unwrap_err().to_string();
+        std::fs::write(s.path().join(SCRIPT), "print('goldenz')\n").unwrap();
+        let err = check_hashes(s.path()).unwrap_err().to_string();
         assert!(
             err.contains(SCRIPT) && err.contains("--bless-lerobot") && !err.contains(REQUIREMENTS),
             "{err}"
         );
         // Blessing records the new state.
-        write_hashes(&s.0).unwrap();
-        check_hashes(&s.0).unwrap();
+        write_hashes(s.path()).unwrap();
+        check_hashes(s.path()).unwrap();
 
         // A pin.
-        std::fs::write(s.0.join(REQUIREMENTS), "torch==2.12.0\n").unwrap();
-        let err = check_hashes(&s.0).unwrap_err().to_string();
+        std::fs::write(s.path().join(REQUIREMENTS), "torch==2.12.0\n").unwrap();
+        let err = check_hashes(s.path()).unwrap_err().to_string();
         assert!(err.contains(REQUIREMENTS), "{err}");
 
         // A hash file that lost a line, or is missing.
-        write_hashes(&s.0).unwrap();
-        let first = std::fs::read_to_string(s.0.join(HASHES)).unwrap();
+        write_hashes(s.path()).unwrap();
+        let first = std::fs::read_to_string(s.path().join(HASHES)).unwrap();
         let first = first.lines().next().unwrap().to_string();
-        std::fs::write(s.0.join(HASHES), format!("{first}\n")).unwrap();
-        assert!(check_hashes(&s.0).is_err());
-        std::fs::remove_file(s.0.join(HASHES)).unwrap();
-        let err = check_hashes(&s.0).unwrap_err().to_string();
+        std::fs::write(s.path().join(HASHES), format!("{first}\n")).unwrap();
+        assert!(check_hashes(s.path()).is_err());
+        std::fs::remove_file(s.path().join(HASHES)).unwrap();
+        let err = check_hashes(s.path()).unwrap_err().to_string();
         assert!(err.contains("--bless-lerobot"), "{err}");
     }
 

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use petite_graph::{BinaryOp, CompareOp, Dtype, LogicalOp, NodeId, Op, Program, ReduceOp, UnaryOp};
-use petite_weights::{Dtype as WDtype, Header};
+use petite_weights::Header;
 
 pub use pb::Msg;
 
@@ -41,7 +41,7 @@ pub enum Flavor {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WeightLocation {
     /// Stored dtype.
-    pub dtype: WDtype,
+    pub dtype: Dtype,
     /// Stored shape.
     pub shape: Vec<usize>,
     /// Absolute file offset of the first byte.
@@ -90,15 +90,15 @@ pub fn onnx_type(d: Dtype) -> i64 {
     }
 }
 
-fn stored_type(d: WDtype) -> Option<i64> {
+fn stored_type(d: Dtype) -> Option<i64> {
     Some(match d {
-        WDtype::F32 => FLOAT,
-        WDtype::Bf16 => BFLOAT16,
-        WDtype::F16 => FLOAT16,
-        WDtype::I64 => INT64,
-        WDtype::I32 => INT32,
-        WDtype::U8 => UINT8,
-        WDtype::Bool => BOOL,
+        Dtype::F32 => FLOAT,
+        Dtype::Bf16 => BFLOAT16,
+        Dtype::F16 => FLOAT16,
+        Dtype::I64 => INT64,
+        Dtype::I32 => INT32,
+        Dtype::U8 => UINT8,
+        Dtype::Bool => BOOL,
     })
 }
 
@@ -488,7 +488,7 @@ impl Emitter<'_> {
                 let (x, s) = if float {
                     let s = *scalar as f32;
                     let s = match out_d {
-                        Dtype::Bf16 => petite_reference::bf16::round_f32_through_bf16(s),
+                        Dtype::Bf16 => petite_dtype::round_through_bf16(s),
                         Dtype::F16 => half::f16::from_f32(s).to_f32(),
                         _ => s,
                     };

@@ -13,7 +13,7 @@ use petite_pi05::Pi05Config;
 use petite_pi05::names::Layout;
 use petite_pi05::synth::{SynthOptions, write_synthetic};
 use petite_reference::Tensor;
-use petite_weights::{Dtype as WDtype, SafetensorsWriter, TensorSpec};
+use petite_weights::{SafetensorsWriter, TensorSpec};
 
 /// Writes the f32 lerobot-layout synthetic checkpoint of `cfg` into `dir`.
 pub fn small_checkpoint(cfg: &Pi05Config, dir: &Path) -> PathBuf {
@@ -126,7 +126,7 @@ pub fn chain(dir: &Path, n: usize, d: usize) -> (Program, PathBuf) {
     let p = b.finish().unwrap();
     let path = dir.join("chain.safetensors");
     let table: Vec<TensorSpec> = (0..n)
-        .map(|i| TensorSpec::new(format!("w{i}"), WDtype::F32, &[d, d]))
+        .map(|i| TensorSpec::new(format!("w{i}"), Dtype::F32, &[d, d]))
         .collect();
     let w = SafetensorsWriter::create(&path, &table, &[]).unwrap();
     for (i, t) in table.iter().enumerate() {

@@ -44,6 +44,7 @@ pub struct ConvertArgs {
 /// Runs `petite convert`.
 pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
     let src = Checkpoint::open(&a.checkpoint)?;
+    petite::guard::stop_point("convert-cli");
     let selection = if !a.keep.is_empty() {
         Selection::Keep(a.keep)
     } else if !a.drop.is_empty() {
@@ -62,6 +63,7 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
         progress: true,
         metadata: vec![("petite.source".into(), a.checkpoint.display().to_string())],
         dtypes: Default::default(),
+        seal: false,
     };
     let r = convert(&src, &a.out, &opts)
         .with_context(|| format!("converting {}", a.checkpoint.display()))?;

@@ -117,7 +117,14 @@ fn rerun_reuses_the_mapping_file_and_gives_identical_bytes() {
     ok(export_cmd(&c, &s.0, &["--dtype", "bf16"]).output().unwrap());
     let r = report(&s.0);
     assert_eq!(r["mapping"]["reused"], false);
-    assert_eq!(std::fs::read_dir(s.0.join("cache")).unwrap().count(), 1);
+    // One mapping file and its seal.
+    let mut cached: Vec<String> = std::fs::read_dir(s.0.join("cache"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    cached.sort();
+    assert_eq!(cached.len(), 2, "{cached:?}");
+    assert_eq!(format!("{}.seal", cached[0]), cached[1]);
     assert_ne!(first.0, std::fs::read(s.0.join("prefix.pte")).unwrap());
 }
 

@@ -1,0 +1,182 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Element type of a tensor.
+///
+/// Byte layout (for constants, checkpoints and every consumer that stores tensors):
+/// little-endian, row-major (C order); `Bf16` is the upper 16 bits of an IEEE f32, `F16` is IEEE
+/// binary16, `Bool` is one byte that is 0 or 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dtype {
+    /// IEEE binary32.
+    F32,
+    /// bfloat16 (f32 with the mantissa truncated to 7 bits; conversions round to nearest even).
+    Bf16,
+    /// IEEE binary16.
+    F16,
+    /// Signed 64-bit integer.
+    I64,
+    /// Signed 32-bit integer.
+    I32,
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Boolean, one byte (0 or 1).
+    Bool,
+}
+
+impl Dtype {
+    /// Every dtype, in declaration order.
+    pub const ALL: [Dtype; 7] = [
+        Dtype::F32,
+        Dtype::Bf16,
+        Dtype::F16,
+        Dtype::I64,
+        Dtype::I32,
+        Dtype::U8,
+        Dtype::Bool,
+    ];
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 | Dtype::I32 => 4,
+            Dtype::Bf16 | Dtype::F16 => 2,
+            Dtype::I64 => 8,
+            Dtype::U8 | Dtype::Bool => 1,
+        }
+    }
+
+    /// True for f32, bf16 and f16 (the dtypes conversion rounds).
+    pub fn is_float(self) -> bool {
+        matches!(self, Dtype::F32 | Dtype::Bf16 | Dtype::F16)
+    }
+
+    /// True for i64, i32 and u8.
+    pub fn is_int(self) -> bool {
+        matches!(self, Dtype::I64 | Dtype::I32 | Dtype::U8)
+    }
+
+    /// True for floats and integers (everything but bool): the dtypes arithmetic accepts.
+    pub fn is_numeric(self) -> bool {
+        self != Dtype::Bool
+    }
+
+    /// Lower-case name as used in serialised programs and messages (`"bf16"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+            Dtype::I64 => "i64",
+            Dtype::I32 => "i32",
+            Dtype::U8 => "u8",
+            Dtype::Bool => "bool",
+        }
+    }
+
+    /// Parses the safetensors spelling; `None` for dtypes petite does not handle (F64, I8, ...).
+    pub fn from_safetensors_name(s: &str) -> Option<Dtype> {
+        Some(match s {
+            "F32" => Dtype::F32,
+            "BF16" => Dtype::Bf16,
+            "F16" => Dtype::F16,
+            "I64" => Dtype::I64,
+            "I32" => Dtype::I32,
+            "U8" => Dtype::U8,
+            "BOOL" => Dtype::Bool,
+            _ => return None,
+        })
+    }
+
+    /// The safetensors spelling (`"F32"`, `"BF16"`, ...).
+    pub fn safetensors_name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "F32",
+            Dtype::Bf16 => "BF16",
+            Dtype::F16 => "F16",
+            Dtype::I64 => "I64",
+            Dtype::I32 => "I32",
+            Dtype::U8 => "U8",
+            Dtype::Bool => "BOOL",
+        }
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// f32 → bf16 bits: round to nearest, ties to even; overflow rounds to infinity; a NaN stays a
+/// NaN (sign and upper payload kept, quiet bit set). The only f32 → bf16 rounding in petite.
+#[inline]
+pub fn bf16_bits(x: f32) -> u16 {
+    half::bf16::from_f32(x).to_bits()
+}
+
+/// f32 → bf16 (see [`bf16_bits`]).
+#[inline]
+pub fn to_bf16(x: f32) -> half::bf16 {
+    half::bf16::from_f32(x)
+}
+
+/// bf16 bits → f32 (exact: every bf16 is an f32).
+#[inline]
+pub fn bf16_bits_to_f32(b: u16) -> f32 {
+    half::bf16::from_bits(b).to_f32()
+}
+
+/// Rounds an f32 through bf16 and back: the value a bf16 cast leaves in an f32 computation.
+#[inline]
+pub fn round_through_bf16(x: f32) -> f32 {
+    half::bf16::from_f32(x).to_f32()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for d in Dtype::ALL {
+            assert_eq!(Dtype::from_safetensors_name(d.safetensors_name()), Some(d));
+            let json = serde_json::to_string(&d).unwrap();
+            assert_eq!(json, format!("\"{}\"", d.name()));
+            assert_eq!(serde_json::from_str::<Dtype>(&json).unwrap(), d);
+        }
+        assert_eq!(Dtype::from_safetensors_name("F64"), None);
+    }
+
+    #[test]
+    fn bf16_rounding() {
+        assert_eq!(bf16_bits(1.0), 0x3f80);
+        assert_eq!(bf16_bits(-2.0), 0xc000);
+        // Ties go to even, in both directions.
+        assert_eq!(bf16_bits(f32::from_bits(0x3f80_8000)), 0x3f80);
+        assert_eq!(bf16_bits(f32::from_bits(0x3f81_8000)), 0x3f82);
+        // Above the midpoint rounds up; the largest finite values overflow to infinity.
+        assert_eq!(bf16_bits(f32::from_bits(0x3f80_8001)), 0x3f81);
+        assert_eq!(bf16_bits(f32::MAX), 0x7f80);
+        assert_eq!(bf16_bits(f32::INFINITY), 0x7f80);
+        assert_eq!(bf16_bits(f32::NEG_INFINITY), 0xff80);
+        // Every NaN stays a NaN, never infinity, whatever its payload.
+        for bits in [
+            0x7f80_0001u32,
+            0x7fc0_0000,
+            0xff80_0001,
+            0x7fff_ffff,
+            0xffff_ffff,
+        ] {
+            let b = bf16_bits(f32::from_bits(bits));
+            assert!(bf16_bits_to_f32(b).is_nan(), "{bits:#x} -> {b:#x}");
+        }
+        assert!(round_through_bf16(f32::NAN).is_nan());
+        assert_eq!(round_through_bf16(1.0 + 1e-3), 1.0);
+    }
+}

@@ -1,0 +1,464 @@
+//! The stages of the engine backends (reference, TensorRT): plans under the engine cap, the
+//! mapping file the builder reads, engines built one at a time through
+//! [`petite_engine::build_plan`], and `.pte` files whose delegates stream each engine from its
+//! file.
+
+use std::collections::BTreeMap;
+
+use petite_engine::{BuildOptions, BuiltEngine, EngineBuilder, EngineReport, WeightBytes};
+use petite_graph::{Program, ValueId};
+use petite_partition::{PartitionOptions, Plan};
+use petite_pi05::Precision;
+use petite_pte::model::ScalarType;
+use petite_pte::{DelegateSpec, MethodBuilder, Processed, ProgramBuilder, SegmentData};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::mapping::{self, ExportWeights};
+use super::{
+    CONVERT_BYTES, DEFAULT_ENGINE_CAP, ENGINE_ALIGNMENT, ExportOptions, Loaded, METHOD,
+    SaveTargets, Saved, Stages, TABLE_METHOD, Table, bar, interrupted, timestep_values,
+};
+use crate::engines::{self, Backend};
+use crate::memory::{StageRecord, human};
+use crate::{Error, Result};
+
+/// The engine backends' export, from its plans to its report.
+pub(super) struct EngineStages<'l> {
+    l: &'l Loaded,
+    opts: &'l ExportOptions,
+    builder: Box<dyn EngineBuilder>,
+    engine_cap: u64,
+    memory_budget: Option<u64>,
+    need: u64,
+    prefix_plan: Plan,
+    step_plan: Plan,
+    selection: Vec<(String, petite_graph::Dtype)>,
+    weights: Option<ExportWeights<'l>>,
+    mapping: Option<(std::path::PathBuf, u64, bool, Option<f64>)>,
+    table: Option<Table>,
+    prefix_engines: Vec<BuiltEngine>,
+    step_engines: Vec<BuiltEngine>,
+    records: [Vec<serde_json::Value>; 2],
+    pte_bytes: [u64; 2],
+    pb: indicatif::ProgressBar,
+}
+
+impl<'l> EngineStages<'l> {
+    /// The load stage's backend part: the builder found and probed, the budget and cap, the
+    /// plans, and every check that can refuse before a file is written.
+    pub(super) fn plan(l: &'l Loaded, opts: &'l ExportOptions) -> Result<Self> {
+        if opts.backend == Backend::TensorRt && opts.precision != Precision::Bf16 {
+            return Err(Error::Usage(
+                "--backend tensorrt exports bf16 programs only (lerobot's bf16 mode); use --dtype bf16"
+                    .into(),
+            ));
+        }
+        // Finds and probes the backend's tool: a missing builder is refused before any work.
+        let builder = opts.backend.builder(&opts.backend_options)?;
+        let memory = builder.memory();
+        // On an integrated GPU (Jetson) the export shares the device's one memory pool: with no
+        // cap or budget given, the budget is what is available now.
+        let mut memory_budget = opts.memory_budget;
+        if opts.backend == Backend::TensorRt && opts.engine_cap.is_none() && memory_budget.is_none()
+        {
+            let gpu = petite_engine::gpu::probe();
+            if let Some(b) = petite_engine::gpu::default_memory_budget(gpu.as_ref()) {
+                eprintln!(
+                    "petite: integrated GPU ({}): memory budget {} (MemAvailable); pass --memory-budget or --engine-cap to choose",
+                    gpu.map(|g| g.name).unwrap_or_default(),
+                    human(b)
+                );
+                memory_budget = Some(b);
+            }
+        }
+        let base = l.base;
+        let engine_cap = match (opts.engine_cap, memory_budget) {
+            (Some(c), _) => c,
+            (None, Some(b)) => memory
+                .cap_for(b.saturating_sub(base))
+                .unwrap_or(DEFAULT_ENGINE_CAP),
+            (None, None) => DEFAULT_ENGINE_CAP,
+        };
+        if engine_cap == 0 {
+            return Err(Error::Budget(format!(
+                "memory budget {} leaves no room for an engine: the process already uses {}",
+                human(memory_budget.unwrap_or(0)),
+                human(base)
+            )));
+        }
+        let progs = &l.progs;
+        let popts = PartitionOptions::new(engine_cap);
+        let prefix_plan = petite_partition::plan(&progs.prefix, &popts)?;
+        let step_plan = petite_partition::plan(&progs.step, &popts)?;
+        let largest = prefix_plan
+            .max_engine_weight_bytes()
+            .max(step_plan.max_engine_weight_bytes());
+        // The costliest engine to build under the backend's memory model (by dtype mix).
+        let mut engine_need = 0u64;
+        for (plan, program) in [(&prefix_plan, &progs.prefix), (&step_plan, &progs.step)] {
+            builder.check_plan(program, plan)?; // e.g. a weight-streaming budget below one layer
+            for e in &plan.engines {
+                engine_need = engine_need.max(memory.bytes(WeightBytes::of_engine(program, e)));
+            }
+        }
+        let build_need = engine_need.max(CONVERT_BYTES);
+        let need = base + build_need;
+        if let Some(b) = memory_budget
+            && need > b
+        {
+            return Err(Error::Budget(format!(
+                "memory budget {} is too small: the process base is {} and the largest step needs {} \
+                 more ({} building an engine of up to {} weights under engine cap {}; conversion \
+                 {}), {} in all; nothing was done",
+                human(b),
+                human(base),
+                human(build_need),
+                builder.info(),
+                human(largest),
+                human(engine_cap),
+                human(CONVERT_BYTES),
+                human(need)
+            )));
+        }
+        let all_programs = [&progs.timestep_table, &progs.prefix, &progs.step];
+        let selection = mapping::selection(&all_programs, builder.as_ref())?;
+        Ok(EngineStages {
+            l,
+            opts,
+            builder,
+            engine_cap,
+            memory_budget,
+            need,
+            prefix_plan,
+            step_plan,
+            selection,
+            weights: None,
+            mapping: None,
+            table: None,
+            prefix_engines: vec![],
+            step_engines: vec![],
+            records: [vec![], vec![]],
+            pte_bytes: [0, 0],
+            pb: indicatif::ProgressBar::hidden(),
+        })
+    }
+
+    fn weights(&self) -> Result<&ExportWeights<'l>> {
+        self.weights
+            .as_ref()
+            .ok_or_else(|| Error::Usage("export stages out of order: no weights yet".into()))
+    }
+
+    /// Builds (or reuses) every engine of `plan` through the one plan driver.
+    fn build(&self, tag: &str, plan: &Plan, program: &Program, identity: &str) -> Result<Built> {
+        let weights = self.weights()?;
+        let builder = self.builder.as_ref();
+        let dir = self.opts.out.join("engines");
+        let settings = builder.settings();
+        let name = |i: usize, sub: &Program| -> petite_engine::Result<String> {
+            let mut h = Sha256::new();
+            h.update(settings.as_bytes());
+            h.update(b"|");
+            h.update(identity.as_bytes());
+            h.update(b"|");
+            h.update(sub.to_json()?.as_bytes());
+            Ok(format!("{tag}_{i:03}_{}", &hex::encode(h.finalize())[..16]))
+        };
+        let pb = &self.pb;
+        let pause = self.opts.pause_after_engine;
+        let on_engine = |r: &EngineReport| {
+            pb.set_message(r.name.clone());
+            pb.inc(1);
+            if let Some(d) = pause {
+                std::thread::sleep(d);
+            }
+            crate::guard::stop_point(&format!("engine:{tag}:{}", r.index));
+        };
+        let on_damaged = |p: &std::path::Path, why: &str| {
+            crate::guard::damaged(p, "engine file", why);
+        };
+        let stop = || interrupted();
+        let rep = petite_engine::build_plan(
+            plan,
+            program,
+            weights,
+            builder,
+            &dir,
+            &BuildOptions {
+                release_after_last_use: true,
+                on_engine: Some(&on_engine),
+                name: Some(&name),
+                reuse: true,
+                on_damaged: Some(&on_damaged),
+                stop: Some(&stop),
+            },
+        )
+        .map_err(|e| match e {
+            petite_engine::Error::Stopped { .. } => Error::Interrupted,
+            e => e.into(),
+        })?;
+        let records = rep
+            .reports
+            .iter()
+            .zip(&plan.engines)
+            .zip(&rep.engines)
+            .map(|((r, e), built)| {
+                let wb = WeightBytes::of_engine(program, e);
+                json!({
+                    "name": r.name,
+                    "weight_bytes": e.weight_bytes,
+                    "weight_bytes_16bit": wb.half,
+                    "weight_bytes_32bit": wb.full,
+                    "build_memory_estimate": builder.memory().bytes(wb),
+                    "file_bytes": r.file_bytes,
+                    "over_cap": e.over_cap,
+                    "reused": r.reused,
+                    "seconds": r.seconds,
+                    "rss_after": r.rss_after.map(|s| s.total),
+                    "builder_peak_rss_bytes": r.stats.map(|s| s.builder_peak_rss_bytes),
+                    "build_s": r.stats.map(|s| s.build_s),
+                    "plan_bytes": r.stats.map(|s| s.plan_bytes),
+                    "compile_specs": engines::compile_specs_json(built),
+                })
+            })
+            .collect();
+        Ok(Built {
+            engines: rep.engines,
+            records,
+        })
+    }
+}
+
+/// One plan's engines and their `report.json` records.
+struct Built {
+    engines: Vec<BuiltEngine>,
+    records: Vec<serde_json::Value>,
+}
+
+impl Stages for EngineStages<'_> {
+    fn convert(&mut self, identity: &str) -> Result<bool> {
+        let ck = &self.l.ck;
+        let converted = if self.selection.is_empty() {
+            None
+        } else {
+            let cache = self.opts.out.join("cache");
+            Some(mapping::engine_mapping(
+                ck,
+                identity,
+                &self.selection,
+                &cache,
+                self.opts.progress,
+            )?)
+        };
+        let reused = converted.as_ref().is_none_or(|c| c.reused);
+        if let Some(c) = &converted {
+            self.builder.attach_mapping(c.file.path())?;
+            self.mapping = Some((
+                c.file.path().to_path_buf(),
+                c.file.mapped_len() as u64,
+                c.reused,
+                c.seconds,
+            ));
+        }
+        self.weights = Some(ExportWeights {
+            mapping: converted.map(|c| c.file),
+            from_mapping: self.selection.iter().map(|(n, _)| n.clone()).collect(),
+            checkpoint: ck,
+        });
+        Ok(reused)
+    }
+
+    fn mapping(&self) -> Option<&petite_weights::MappedSafetensors> {
+        self.weights.as_ref().and_then(|w| w.mapping.as_ref())
+    }
+
+    fn timestep(&mut self) -> Result<()> {
+        self.table = Some(timestep_values(
+            &self.l.progs,
+            self.weights()?,
+            &self.l.cfg,
+        )?);
+        Ok(())
+    }
+
+    fn builds_engines(&self) -> bool {
+        true
+    }
+
+    fn engines(&mut self, identity: &str) -> Result<bool> {
+        let n = (self.prefix_plan.engines.len() + self.step_plan.engines.len()) as u64;
+        self.pb = bar(self.opts.progress, n, "engines");
+        let progs = &self.l.progs;
+        let prefix = self.build("prefix", &self.prefix_plan, &progs.prefix, identity)?;
+        let step = self.build("step", &self.step_plan, &progs.step, identity)?;
+        self.pb.finish_and_clear();
+        self.prefix_engines = prefix.engines;
+        self.step_engines = step.engines;
+        self.records = [prefix.records, step.records];
+        Ok(self.built() == 0)
+    }
+
+    fn save(&mut self, save: &SaveTargets) -> Result<()> {
+        let (progs, cfg) = (&self.l.progs, &self.l.cfg);
+        let table = self
+            .table
+            .as_ref()
+            .ok_or_else(|| Error::Usage("export stages out of order: no table yet".into()))?;
+        let mut p = ProgramBuilder::new();
+        forward_method(&mut p, &progs.prefix, &self.prefix_engines)?;
+        let prefix_sum = p.write(save.staged(&save.prefix_pte), save.wopts)?;
+        save.pb.inc(1);
+        let mut p = ProgramBuilder::new();
+        forward_method(&mut p, &progs.step, &self.step_engines)?;
+        let bytes: Vec<u8> = table.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let idx = p.add_constant(&bytes);
+        let mut tm = MethodBuilder::new(TABLE_METHOD);
+        let dims = [cfg.steps as i32, table.row_len as i32];
+        let tv = tm.constant_tensor(ScalarType::FLOAT, &dims, idx);
+        tm.outputs(&[tv]);
+        p.add_method(tm)?;
+        let step_sum = p.write(save.staged(&save.step_pte), save.wopts)?;
+        save.pb.finish_and_clear();
+        self.pte_bytes = [prefix_sum.file_len, step_sum.file_len];
+        if !self.opts.keep_engines {
+            for e in self.prefix_engines.iter().chain(&self.step_engines) {
+                let _ = std::fs::remove_file(&e.file);
+            }
+            // Only petite's own files live there (engines, TensorRT's ONNX models, logs, timing
+            // cache, the mapping-file link).
+            let _ = std::fs::remove_dir_all(self.opts.out.join("engines"));
+        }
+        Ok(())
+    }
+
+    fn report(&self, save: &SaveTargets, stages: &[StageRecord], total: f64) -> Saved {
+        let progs = &self.l.progs;
+        let (prefix_plan, step_plan) = (&self.prefix_plan, &self.step_plan);
+        let weight_bytes = prefix_plan.weight_bytes
+            + step_plan.weight_bytes
+            + progs.timestep_table.weight_bytes() as u64;
+        let engine_bytes: u64 = self
+            .prefix_engines
+            .iter()
+            .chain(&self.step_engines)
+            .map(|e| e.file_bytes)
+            .sum();
+        let pte_bytes = self.pte_bytes[0] + self.pte_bytes[1];
+        let (mapping_path, mapping_bytes, mapping_reused, convert_seconds) = match &self.mapping {
+            Some((p, b, r, s)) => (Some(p.display().to_string()), *b, *r, *s),
+            None => (None, 0, true, None),
+        };
+        let mapping_written = if mapping_reused { 0 } else { mapping_bytes };
+        let written_logical = mapping_written + pte_bytes + engine_bytes;
+        let built = self.built();
+        let reused = self.records.iter().flatten().count() - built;
+        let rest = json!({
+            "engine_cap": self.engine_cap,
+            "memory_budget": self.memory_budget,
+            "memory_estimate": self.need,
+            "builder": self.builder.info().to_string(),
+            "builder_settings": self.builder.settings(),
+            "build_memory_model": self.builder.memory(),
+            "mapping": {
+                "path": mapping_path,
+                "reused": mapping_reused,
+                "bytes": mapping_bytes,
+                "tensors": self.selection.len(),
+                "convert_seconds": convert_seconds,
+            },
+            "programs": {
+                "prefix": {"pte": save.prefix_pte.display().to_string(), "bytes": self.pte_bytes[0],
+                            "engines": self.records[0], "weight_bytes": prefix_plan.weight_bytes},
+                "step": {"pte": save.step_pte.display().to_string(), "bytes": self.pte_bytes[1],
+                          "engines": self.records[1], "weight_bytes": step_plan.weight_bytes,
+                          "timestep_table": [self.l.cfg.steps, self.table.as_ref().map_or(0, |t| t.row_len)]},
+            },
+            "engines": {"built": built, "reused": reused, "bytes": engine_bytes,
+                         "kept": self.opts.keep_engines},
+            "stages": stages,
+            "totals": {
+                "seconds": total,
+                "weight_bytes": weight_bytes,
+                "bytes_written_files": written_logical,
+                "bytes_written_storage": stages.iter().map(|s| s.bytes_written).sum::<u64>(),
+                "bytes_read_storage": stages.iter().map(|s| s.bytes_read).sum::<u64>(),
+                "written_per_weight_byte_mapping_plus_pte":
+                    (mapping_written + pte_bytes) as f64 / weight_bytes.max(1) as f64,
+                "written_per_weight_byte_all_files":
+                    written_logical as f64 / weight_bytes.max(1) as f64,
+                "peak_rss": stages.iter().map(|s| s.peak_rss).max(),
+                "peak_anon": stages.iter().map(|s| s.peak_anon).max(),
+            },
+        });
+        Saved {
+            rest,
+            engines_reused: reused,
+            engines_built: built,
+        }
+    }
+}
+
+impl EngineStages<'_> {
+    fn built(&self) -> usize {
+        self.records
+            .iter()
+            .flatten()
+            .filter(|r| r["reused"] != true)
+            .count()
+    }
+}
+
+/// Adds method `forward` for `program` run as `engines` (each stored once as named data).
+fn forward_method(
+    pb: &mut ProgramBuilder,
+    program: &Program,
+    engines: &[BuiltEngine],
+) -> Result<()> {
+    let mut m = MethodBuilder::new(METHOD);
+    let mut values: BTreeMap<ValueId, i32> = BTreeMap::new();
+    let mut value_of = |m: &mut MethodBuilder, v: ValueId| -> Result<i32> {
+        if let Some(&i) = values.get(&v) {
+            return Ok(i);
+        }
+        let t = program.node(v).tensor().ok_or_else(|| {
+            Error::Usage(format!(
+                "value {v} crossing an engine boundary is not a tensor"
+            ))
+        })?;
+        let sizes: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
+        let i = m.planned_tensor(petite_portable::scalar_type(t.dtype), &sizes)?;
+        values.insert(v, i);
+        Ok(i)
+    };
+    let mut inputs = Vec::new();
+    for &id in &program.inputs {
+        inputs.push(value_of(&mut m, id)?);
+    }
+    for e in engines {
+        let (path, offset, len) = engines::payload(e);
+        let seg = pb.add_named_data(
+            &e.name,
+            SegmentData::file_region(path, offset, len),
+            ENGINE_ALIGNMENT,
+        )?;
+        let d = m.delegate(DelegateSpec {
+            id: e.backend_id.clone(),
+            processed: Processed::Segment(seg),
+            compile_specs: engines::compile_specs(e),
+        });
+        let mut args = Vec::new();
+        for &v in e.input_values.iter().chain(&e.output_values) {
+            args.push(value_of(&mut m, v)?);
+        }
+        m.delegate_call(d, &args);
+    }
+    let mut outputs = Vec::new();
+    for o in &program.outputs {
+        outputs.push(value_of(&mut m, o.value)?);
+    }
+    m.inputs(&inputs);
+    m.outputs(&outputs);
+    pb.add_method(m)?;
+    Ok(())
+}

@@ -1,0 +1,484 @@
+//! The export: checkpoint → mapping file (converted once, reused while the source is unchanged)
+//! → prefix and step programs → plans → engines built one at a time (weights released after
+//! their last engine) → `prefix.pte` and `step.pte` (each engine stored once as named data
+//! streamed from its file; the timestep table as constant data of `step.pte`) → engine files
+//! removed unless kept. Every stage is measured ([`crate::memory`]) into `report.json`.
+//!
+//! Files under `--out`: `prefix.pte`, `step.pte`, `report.json`, `cache/mapping-<key>.safetensors`
+//! (the bf16 mapping file, kept for the next run), `engines/` (only while building, or with
+//! `--keep-engines`). Finished engine files are named by a hash of their subgraph, the
+//! checkpoint's identity and the backend settings, so an interrupted export re-run with the same
+//! arguments reuses them.
+//!
+//! Faults ([`crate::guard`]): `.petite.lock` is locked (one export per `--out`) before the
+//! first write; the inputs' identities are checked at every stage boundary and before the
+//! `.pte` files, written under staged names, are renamed to their final ones; the mapping file
+//! and engine files are reused only when their seals (length + checksum) match.
+//!
+//! `.pte` layout (what [`crate::verify`] reads back): method `forward` has one planned tensor
+//! value per value crossing an engine boundary, the program's inputs and outputs in the order of
+//! petite-pi05's program interfaces, and one delegate call per engine in plan order (args: the
+//! engine's inputs then outputs, in its program's order). `step.pte` has a second method,
+//! `timestep_table`, whose only output is the f32 `[steps, R]` table as a constant tensor.
+
+mod engine;
+mod mapping;
+mod portable;
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use petite_pi05::inputs::{CanonicalCheckpoint, check_weights, open_checkpoint};
+use petite_pi05::programs::io;
+use petite_pi05::{Pi05Config, Precision, build_all};
+use petite_pte::WriteOptions;
+use petite_reference::Executor;
+use petite_weights::{MappedSafetensors, WeightSource};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::engines::{Backend, BackendOptions};
+use crate::guard::{self, OutputDir, Watch};
+use crate::memory::{Recorder, StageRecord, status};
+use crate::{Error, Result};
+
+/// Method name of the main method of each `.pte`.
+pub const METHOD: &str = "forward";
+/// Method of `step.pte` returning the timestep table.
+pub const TABLE_METHOD: &str = "timestep_table";
+/// Alignment of engine segments in the `.pte`: a file-format choice (4 KiB, the smallest Linux
+/// page), not the OS page; `verify` maps engine regions rounded to the OS page, so 16/64 KiB-page
+/// kernels read it as well.
+pub const ENGINE_ALIGNMENT: u64 = 4096;
+/// Default engine cap when neither `--engine-cap` nor a backend-driven budget sets one.
+pub const DEFAULT_ENGINE_CAP: u64 = 512 << 20;
+/// Memory of the mapping-file conversion (a few 8 MiB chunks per thread, two threads).
+const CONVERT_BYTES: u64 = 48 << 20;
+/// Memory of the portable mapping file's banded transpose+convert: per thread an 8 MiB source
+/// band with its rows mapped (unmapped 2 MiB behind) and its converted output, plus readahead
+/// of the weight; measured 62 MiB above the process base at full size (`memcap`, README).
+const PORTABLE_CONVERT_BYTES: u64 = 80 << 20;
+
+/// Settings of one export.
+#[derive(Debug, Clone)]
+pub struct ExportOptions {
+    /// Checkpoint: file, `model.safetensors.index.json` or directory; lerobot or Hub layout.
+    pub checkpoint: PathBuf,
+    /// pi0.5 config JSON (`None`: the real pi0.5).
+    pub config: Option<PathBuf>,
+    /// Output directory (created if missing).
+    pub out: PathBuf,
+    /// Engine backend.
+    pub backend: Backend,
+    /// The backend's own settings (TensorRT: which builder, which target).
+    pub backend_options: BackendOptions,
+    /// Per-engine weight cap (`None`: from the budget, else [`DEFAULT_ENGINE_CAP`]).
+    pub engine_cap: Option<u64>,
+    /// Whole-process memory budget, checked before any work.
+    pub memory_budget: Option<u64>,
+    /// Numerics of the exported programs (lerobot's bf16 mode or f32).
+    pub precision: Precision,
+    /// Keep the engine files after the `.pte` files are written.
+    pub keep_engines: bool,
+    /// Progress bars on stderr (only drawn when it is a terminal).
+    pub progress: bool,
+    /// Stop cleanly on SIGINT (finished engines kept for a re-run).
+    pub handle_ctrl_c: bool,
+    /// Sleep this long after each engine (tests interrupt an export midway with it).
+    pub pause_after_engine: Option<Duration>,
+}
+
+impl ExportOptions {
+    /// Defaults for the given paths: reference backend, bf16, 512 MiB cap, no budget.
+    pub fn new(checkpoint: &Path, config: Option<&Path>, out: &Path) -> Self {
+        ExportOptions {
+            checkpoint: checkpoint.to_path_buf(),
+            config: config.map(Path::to_path_buf),
+            out: out.to_path_buf(),
+            backend: Backend::Reference,
+            backend_options: BackendOptions::default(),
+            engine_cap: None,
+            memory_budget: None,
+            precision: Precision::Bf16,
+            keep_engines: false,
+            progress: true,
+            handle_ctrl_c: false,
+            pause_after_engine: None,
+        }
+    }
+}
+
+/// What an export produced.
+#[derive(Debug, Clone)]
+pub struct ExportResult {
+    /// `prefix.pte`.
+    pub prefix_pte: PathBuf,
+    /// `step.pte`.
+    pub step_pte: PathBuf,
+    /// `report.json`.
+    pub report: PathBuf,
+    /// The full report.
+    pub report_json: serde_json::Value,
+    /// The summary table.
+    pub table: String,
+    /// Engines reused from an earlier run.
+    pub engines_reused: usize,
+    /// Engines built by this run.
+    pub engines_built: usize,
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Makes the first SIGINT set a flag the export checks between steps (the second one, with
+/// the default action restored, kills as usual).
+fn install_sigint() {
+    // SAFETY: installing an async-signal-safe handler (one atomic store) with sigaction.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigint as *const () as usize;
+        sa.sa_flags = libc::SA_RESETHAND;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+    }
+}
+
+/// Whether Ctrl-C was pressed (the export stops at the next step).
+fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+fn check_interrupt() -> Result<()> {
+    if interrupted() {
+        Err(Error::Interrupted)
+    } else {
+        Ok(())
+    }
+}
+
+/// Identity of a checkpoint's files: size, modification time and a hash of each header (the
+/// header pins every tensor's name, dtype, shape and offset). Cheap: no tensor bytes are read.
+pub(crate) fn source_key(files: &[PathBuf]) -> Result<String> {
+    let mut h = Sha256::new();
+    let mut files = files.to_vec();
+    files.sort();
+    for f in &files {
+        let md = std::fs::metadata(f).map_err(|e| Error::io(f, "stat", e))?;
+        let mtime = md
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        h.update(md.len().to_le_bytes());
+        h.update(mtime.to_le_bytes());
+        let mut file = std::fs::File::open(f).map_err(|e| Error::io(f, "open", e))?;
+        let mut n = [0u8; 8];
+        file.read_exact(&mut n)
+            .map_err(|e| Error::io(f, "read header length", e))?;
+        let n = u64::from_le_bytes(n).min(petite_weights::MAX_HEADER_LEN);
+        let mut header = Vec::new();
+        file.take(n)
+            .read_to_end(&mut header)
+            .map_err(|e| Error::io(f, "read header", e))?;
+        h.update(n.to_le_bytes());
+        h.update(&header);
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+fn bar(progress: bool, len: u64, what: &str) -> ProgressBar {
+    if !progress || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    if let Ok(style) =
+        ProgressStyle::with_template("{prefix:>10} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+    {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_prefix(what.to_string());
+    pb
+}
+
+/// The timestep table: `[steps, row_len]` f32 values.
+struct Table {
+    values: Vec<f32>,
+    row_len: usize,
+}
+
+/// The timestep table, run once on the reference executor: every backend stores the table, so
+/// the adaRMS weights it reads stay out of the `.pte` files.
+fn timestep_values(
+    progs: &petite_pi05::Programs,
+    weights: &dyn WeightSource,
+    cfg: &Pi05Config,
+) -> Result<Table> {
+    let outs = Executor::new(&progs.timestep_table, weights)?.run(BTreeMap::new())?;
+    let values = outs
+        .get(io::TIMESTEP_TABLE)
+        .and_then(|t| t.float_values())
+        .map(|v| v.into_owned())
+        .ok_or_else(|| Error::Usage("timestep table program produced no f32 table".into()))?;
+    Ok(Table {
+        values,
+        row_len: petite_pi05::programs::time_row_len(cfg),
+    })
+}
+
+/// `report.json`'s content: the fields every backend's report starts with (version, what was
+/// exported from what, backend, dtype), then the backend's own `rest`, in its order.
+fn report_json(
+    opts: &ExportOptions,
+    checkpoint: serde_json::Value,
+    rest: serde_json::Value,
+) -> serde_json::Value {
+    let mut report = json!({
+        "petite_version": env!("CARGO_PKG_VERSION"),
+        "checkpoint": checkpoint,
+        "config": opts.config.as_ref().map(|p| p.display().to_string()),
+        "backend": opts.backend.name(),
+        "dtype": match opts.precision { Precision::Bf16 => "bf16", Precision::F32 => "f32" },
+    });
+    if let (Some(m), serde_json::Value::Object(rest)) = (report.as_object_mut(), rest) {
+        m.extend(rest);
+    }
+    report
+}
+
+/// What stage `save` of either backend starts with: a progress bar of one tick per `.pte`,
+/// durable writes (fsync before the rename) and the two output paths.
+struct SaveTargets {
+    pb: ProgressBar,
+    wopts: WriteOptions,
+    prefix_pte: PathBuf,
+    step_pte: PathBuf,
+}
+
+impl SaveTargets {
+    fn new(opts: &ExportOptions) -> Self {
+        SaveTargets {
+            pb: bar(opts.progress, 2, "save"),
+            wopts: WriteOptions {
+                fsync: true,
+                ..WriteOptions::default()
+            },
+            prefix_pte: opts.out.join("prefix.pte"),
+            step_pte: opts.out.join("step.pte"),
+        }
+    }
+
+    /// Where a stage writes `path` (a `.pte` or its spec) before [`SaveTargets::finish`]
+    /// publishes it ([`guard::publish`]).
+    fn staged(&self, path: &Path) -> PathBuf {
+        guard::staged(path)
+    }
+
+    /// Publishes the staged programs (and portable specs) under their final names once the
+    /// watched inputs are unchanged ([`guard::publish`]), then writes `report` as `report.json`
+    /// next to them and returns the export's result.
+    fn finish(
+        self,
+        opts: &ExportOptions,
+        watch: &Watch,
+        report: serde_json::Value,
+        table: String,
+        saved: &Saved,
+    ) -> Result<ExportResult> {
+        let mut files = Vec::new();
+        for f in [&self.prefix_pte, &self.step_pte] {
+            files.push((self.staged(f), f.clone()));
+            let spec = spec_path(f);
+            if self.staged(&spec).exists() {
+                files.push((self.staged(&spec), spec));
+            }
+        }
+        guard::publish(watch, &files)?;
+        let report_path = opts.out.join("report.json");
+        crate::report::write_json(&report_path, &report)?;
+        Ok(ExportResult {
+            prefix_pte: self.prefix_pte,
+            step_pte: self.step_pte,
+            report: report_path,
+            report_json: report,
+            table,
+            engines_reused: saved.engines_reused,
+            engines_built: saved.engines_built,
+        })
+    }
+}
+
+/// What the load stage found, for every backend: the config, the checkpoint (opened, checked
+/// against the programs), the programs, and what the report says of the checkpoint.
+struct Loaded {
+    cfg: Pi05Config,
+    ck: CanonicalCheckpoint,
+    progs: petite_pi05::Programs,
+    ck_files: Vec<PathBuf>,
+    /// RSS of the process before any stage's work: what a budget starts from.
+    base: u64,
+    checkpoint_desc: serde_json::Value,
+}
+
+/// What a backend's stages give the report: its part of `report.json` and the engine counts.
+struct Saved {
+    rest: serde_json::Value,
+    engines_reused: usize,
+    engines_built: usize,
+}
+
+/// One backend's share of the export's stages (its load-stage checks are its constructor). The
+/// driver, [`export`], runs them in this order for every backend, measures each, checks for
+/// Ctrl-C between them and writes `report.json`.
+trait Stages {
+    /// convert: the mapping file (`identity` pins the checkpoint and dtype); returns whether an
+    /// earlier run's file was reused.
+    fn convert(&mut self, identity: &str) -> Result<bool>;
+    /// The mapping file convert produced, if any (watched for changes from then on).
+    fn mapping(&self) -> Option<&MappedSafetensors>;
+    /// timestep: the timestep table from this backend's weights.
+    fn timestep(&mut self) -> Result<()>;
+    /// Whether the backend builds engines (a backend that builds none records no engines
+    /// stage).
+    fn builds_engines(&self) -> bool;
+    /// engines: builds (or reuses) every engine; returns whether all were reused.
+    fn engines(&mut self, identity: &str) -> Result<bool>;
+    /// save: `prefix.pte` and `step.pte` (durably, under the staged names of
+    /// [`SaveTargets::staged`]; [`SaveTargets::finish`] publishes them).
+    fn save(&mut self, save: &SaveTargets) -> Result<()>;
+    /// The backend's part of `report.json`, with the stages' measurements.
+    fn report(&self, save: &SaveTargets, stages: &[StageRecord], total: f64) -> Saved;
+}
+
+/// The load stage's shared part: config, checkpoint layout and contents, programs, and the
+/// check that no output would overwrite an input.
+fn load(opts: &ExportOptions) -> Result<Loaded> {
+    let cfg = match &opts.config {
+        Some(p) => Pi05Config::from_json_file(p)?,
+        None => Pi05Config::default(),
+    };
+    let ck = open_checkpoint(&opts.checkpoint)?;
+    let names = ck.inner().names();
+    let layout = petite_pi05::names::detect_layout(&names);
+    let shards = ck.inner().shards().len();
+    let progs = build_all(&cfg, opts.precision)?;
+    check_weights(
+        &ck,
+        &opts.checkpoint.display().to_string(),
+        [&progs.timestep_table, &progs.prefix, &progs.step],
+    )?;
+    let ck_files = ck.files();
+    for out_name in ["prefix.pte", "step.pte", "report.json"] {
+        let o = opts.out.join(out_name);
+        if let Ok(oc) = o.canonicalize()
+            && ck_files
+                .iter()
+                .chain(opts.config.iter())
+                .any(|f| f.canonicalize().ok().as_ref() == Some(&oc))
+        {
+            return Err(Error::Usage(format!(
+                "{}: the output would overwrite an input",
+                o.display()
+            )));
+        }
+    }
+    let base = status().map(|s| s.rss).unwrap_or(0);
+    let layout_name = match layout {
+        Some(petite_pi05::names::Layout::Lerobot) => "lerobot".to_string(),
+        Some(petite_pi05::names::Layout::Hub { prefixed }) => {
+            format!("hub{}", if prefixed { " (model. prefix)" } else { "" })
+        }
+        None => "unknown".to_string(),
+    };
+    let checkpoint_desc = json!({
+        "path": opts.checkpoint.display().to_string(),
+        "layout": layout_name,
+        "shards": shards,
+        "files": ck_files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+    });
+    Ok(Loaded {
+        cfg,
+        ck,
+        progs,
+        ck_files,
+        base,
+        checkpoint_desc,
+    })
+}
+
+/// Runs the export: load → convert → timestep → engines → save → report, the same stages for
+/// every backend. Every check that can refuse (config, checkpoint layout and contents, budget,
+/// output directory) runs in load, before any file is written.
+pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
+    if opts.handle_ctrl_c {
+        install_sigint();
+    }
+    let rec = Recorder::start(Duration::from_millis(10));
+
+    let st = rec.begin("load");
+    let loaded = load(opts)?;
+    let mut stages: Box<dyn Stages + '_> = match opts.backend {
+        Backend::Portable => Box::new(portable::PortableStages::plan(&loaded, opts)?),
+        Backend::Reference | Backend::TensorRt => {
+            Box::new(engine::EngineStages::plan(&loaded, opts)?)
+        }
+    };
+    // One writer per output directory, taken before the first write (guard).
+    let _out = OutputDir::claim(&opts.out)?;
+    let mut watch = Watch::of_checkpoint(&loaded.ck)?;
+    let identity = format!("{}|{:?}", source_key(&loaded.ck_files)?, opts.precision);
+    rec.end(st, false);
+    check_interrupt()?;
+
+    let st = rec.begin("convert");
+    guard::stop_point("convert");
+    let reused = stages.convert(&identity)?;
+    if let Some(m) = stages.mapping() {
+        watch.add(m);
+    }
+    watch.check()?;
+    rec.end(st, reused);
+    check_interrupt()?;
+
+    let st = rec.begin("timestep");
+    stages.timestep()?;
+    watch.check()?;
+    rec.end(st, false);
+    check_interrupt()?;
+
+    if stages.builds_engines() {
+        let st = rec.begin("engines");
+        let all_reused = stages.engines(&identity)?;
+        watch.check()?;
+        rec.end(st, all_reused);
+        check_interrupt()?;
+    }
+
+    let st = rec.begin("save");
+    let save = SaveTargets::new(opts);
+    stages.save(&save)?;
+    rec.end(st, false);
+
+    let recorded = rec.stages();
+    let total = rec.elapsed();
+    let saved = stages.report(&save, &recorded, total);
+    drop(stages);
+    let table_text = crate::report::table(&recorded, total);
+    let report = report_json(opts, loaded.checkpoint_desc.clone(), saved.rest.clone());
+    save.finish(opts, &watch, report, table_text, &saved)
+}
+
+/// File next to a portable `.pte` describing its methods' inputs, outputs and memory plans
+/// (what a driver needs to feed it; `petite verify` and the conformance driver read it).
+pub fn spec_path(pte: &Path) -> PathBuf {
+    let mut s = pte.as_os_str().to_owned();
+    s.push(".json");
+    PathBuf::from(s)
+}
