@@ -592,3 +592,131 @@ fn tensorrt_backend_with_a_stand_in_trtexec() {
         r6["engines"]
     );
 }
+
+/// `--weight-streaming-budget` with a stand-in `trtexec`: every engine is built with
+/// `--weightStreaming` and every delegate of both `.pte` files carries exactly one
+/// `weight_streaming_budget` compile spec, the budget as ASCII decimal bytes (Torch-TensorRT's
+/// encoding), read back with petite-pte's reader; the budget is not part of the engine file (a
+/// re-run with another budget reuses the engines and writes the new spec); a budget below one
+/// layer's weights is refused before any work with the size to pass, and that size is accepted.
+#[test]
+fn weight_streaming_budget_builds_streamable_engines_and_writes_the_compile_spec() {
+    let s = Scratch::new("trt-ws");
+    let c = case("two_cams_mqa");
+    let args_log = s.0.join("trtexec-args");
+    let fake = stand_in(
+        &s.0.join("trtexec"),
+        &format!(
+            "echo \"$@\" >> {log}\nfor a in \"$@\"; do case \"$a\" in --saveEngine=*) out=\"${{a#--saveEngine=}}\";; esac; done\n\
+             head -c 1000 /dev/zero | tr '\\0' 'P' > \"$out\"",
+            log = args_log.display()
+        ),
+    );
+    let specs_of = |pte: &Path| -> Vec<Vec<(String, Vec<u8>)>> {
+        let f = petite_pte::PteFile::open(pte).unwrap();
+        f.program().execution_plan[0]
+            .delegates
+            .iter()
+            .map(|d| {
+                assert_eq!(d.id, "TensorRTBackend");
+                (d.compile_specs.iter())
+                    .map(|c| (c.key.clone(), c.value.clone()))
+                    .collect()
+            })
+            .collect()
+    };
+
+    // Too small: refused before any work, naming the layer and the size to pass.
+    let out = s.0.join("out");
+    let mut cmd = export_cmd(&c, &out, &["--backend", "tensorrt"]);
+    cmd.args(["--weight-streaming-budget", "1KiB"])
+        .env("PETITE_TRTEXEC", &fake);
+    let err = refused(
+        &mut cmd,
+        &out,
+        &["is below one layer's weights", "in engine"],
+    );
+    assert!(!out.exists(), "nothing created");
+    assert!(!args_log.exists(), "no engine built");
+    let last = err.trim().lines().last().unwrap();
+    let at = last.find("pass --weight-streaming-budget ").unwrap() + 31;
+    let need = last[at..].split(' ').next().unwrap().to_string();
+    let kib: u64 = need.strip_suffix("KiB").unwrap().parse().unwrap();
+    // One KiB less than the suggestion is still below the layer.
+    let mut cmd = export_cmd(&c, &out, &["--backend", "tensorrt"]);
+    cmd.args(["--weight-streaming-budget", &format!("{}KiB", kib - 1)])
+        .env("PETITE_TRTEXEC", &fake);
+    refused(&mut cmd, &out, &["is below one layer's weights"]);
+
+    // The suggested size: built weight-streamable, the spec in every delegate.
+    ok(
+        export_cmd(&c, &out, &["--backend", "tensorrt", "--keep-engines"])
+            .args(["--weight-streaming-budget", &need])
+            .env("PETITE_TRTEXEC", &fake)
+            .output()
+            .unwrap(),
+    );
+    let log = std::fs::read_to_string(&args_log).unwrap();
+    let builds = log.lines().count();
+    assert!(builds >= 2, "{log}");
+    assert!(
+        log.lines().all(|l| l.contains("--weightStreaming")),
+        "{log}"
+    );
+    let value = (kib << 10).to_string().into_bytes();
+    for p in ["prefix.pte", "step.pte"] {
+        let specs = specs_of(&out.join(p));
+        assert!(!specs.is_empty());
+        for d in &specs {
+            assert_eq!(
+                d,
+                &vec![("weight_streaming_budget".to_string(), value.clone())],
+                "{p}"
+            );
+        }
+    }
+    let r = report(&out);
+    for p in ["prefix", "step"] {
+        for e in r["programs"][p]["engines"].as_array().unwrap() {
+            assert_eq!(
+                e["compile_specs"]["weight_streaming_budget"],
+                (kib << 10).to_string(),
+                "{e}"
+            );
+        }
+    }
+
+    // Another budget: the same engines (nothing rebuilt), the new spec.
+    ok(export_cmd(&c, &out, &["--backend", "tensorrt"])
+        .args(["--weight-streaming-budget", "64MiB"])
+        .env("PETITE_TRTEXEC", &fake)
+        .output()
+        .unwrap());
+    assert_eq!(
+        std::fs::read_to_string(&args_log).unwrap().lines().count(),
+        builds
+    );
+    assert_eq!(report(&out)["engines"]["built"], 0);
+    for d in specs_of(&out.join("prefix.pte")) {
+        assert_eq!(d[0].1, b"67108864");
+    }
+
+    // Without the option: no spec, engines rebuilt without --weightStreaming (another plan).
+    let out2 = s.0.join("out2");
+    ok(export_cmd(&c, &out2, &["--backend", "tensorrt"])
+        .env("PETITE_TRTEXEC", &fake)
+        .output()
+        .unwrap());
+    let log = std::fs::read_to_string(&args_log).unwrap();
+    assert!(
+        log.lines()
+            .skip(builds)
+            .all(|l| !l.contains("--weightStreaming"))
+    );
+    assert!(specs_of(&out2.join("prefix.pte")).iter().all(Vec::is_empty));
+
+    // Not a TensorRT export: refused.
+    let out3 = s.0.join("out3");
+    let mut cmd = export_cmd(&c, &out3, &["--weight-streaming-budget", "64MiB"]);
+    refused(&mut cmd, &out3, &["apply to --backend tensorrt only"]);
+}

@@ -12,9 +12,12 @@ used. One engine per process: everything the builder allocated goes back to the 
         Parses E.onnx from its file (external data resolves next to it) into a strongly typed
         network, builds for exactly that one compute capability (no GPU needed), streams the
         serialized plan into OUT and prints one line on stdout:
-        {"builder":"tensorrt-rtx","version":"...","plan_bytes":N,"build_s":F,"layers":N}
+        {"builder":"tensorrt-rtx","version":"...","plan_bytes":N,"build_s":F,"layers":N,
+         "weight_streaming":B}
         ("build_s": parse + build + write, seconds; "layers": the parsed network's layers — the
-        built engine cannot be inspected without a GPU it runs on).
+        built engine cannot be inspected without a GPU it runs on; "weight_streaming": whether
+        BuilderFlag.WEIGHT_STREAMING was set on the builder config, read back from it — the
+        plan's streamable size can only be read after deserializing it on a GPU it runs on).
 
 The builder's warnings and errors, and every parser error, go to stderr. Exit status:
     0  built (or probed)
@@ -176,7 +179,9 @@ def main(argv):
     if opts["workspace_mib"] is not None:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts["workspace_mib"] << 20)
     if opts["weight_streaming"]:
+        # Weight streaming needs a strongly typed network (the network above is one).
         config.set_flag(trt.BuilderFlag.WEIGHT_STREAMING)
+    weight_streaming = bool(config.get_flag(trt.BuilderFlag.WEIGHT_STREAMING))
 
     plan_path = opts["plan"]
 
@@ -210,7 +215,8 @@ def main(argv):
         fail(EXIT_BUILD, f"the build produced no plan: {builder_error()}")
     build_s = time.monotonic() - t0
     print(json.dumps({"builder": BUILDER, "version": version, "plan_bytes": sink.n,
-                      "build_s": round(build_s, 3), "layers": layers},
+                      "build_s": round(build_s, 3), "layers": layers,
+                      "weight_streaming": weight_streaming},
                      separators=(",", ":")), flush=True)
     return 0
 

@@ -186,6 +186,16 @@ pub struct FileRegion {
     pub len: u64,
 }
 
+/// One compile spec of a delegate: a key and raw value bytes, passed verbatim to the runtime
+/// backend's `init()` (ExecuTorch's `CompileSpec`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompileSpec {
+    /// Key, e.g. `weight_streaming_budget`.
+    pub key: String,
+    /// Value bytes, in the encoding the backend parses.
+    pub value: Vec<u8>,
+}
+
 /// What building one engine produced: everything a `.pte` writer needs, and the file it is in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BuiltEngine {
@@ -213,6 +223,10 @@ pub struct BuiltEngine {
     /// that runs in-process).
     #[serde(default)]
     pub stats: Option<BuildStats>,
+    /// The delegate's compile specs (empty for most backends; TensorRT's weight-streaming
+    /// budget). Not part of the engine file: a reused engine gets the current run's.
+    #[serde(default)]
+    pub compile_specs: Vec<CompileSpec>,
 }
 
 /// The tool that builds a backend's engines: recorded in `report.json` and part of every
@@ -363,6 +377,12 @@ pub trait EngineBuilder {
         weights: &dyn WeightSource,
         dir: &Path,
     ) -> Result<BuiltEngine>;
+    /// Refuses, before any work, a plan of `program` this builder's settings cannot serve (a
+    /// TensorRT weight-streaming budget below one layer's weights). The default accepts all.
+    fn check_plan(&self, program: &Program, plan: &petite_partition::Plan) -> Result<()> {
+        let _ = (program, plan);
+        Ok(())
+    }
 }
 
 /// What an earlier run left at an engine's path ([`reuse_engine`]).
@@ -433,6 +453,7 @@ pub fn whole_file_engine(
         input_values: job.input_values.to_vec(),
         output_values: job.output_values.to_vec(),
         stats,
+        compile_specs: Vec::new(),
     }
 }
 

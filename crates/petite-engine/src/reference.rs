@@ -259,6 +259,7 @@ impl ReferenceBuilder {
             input_values: job.input_values.to_vec(),
             output_values: job.output_values.to_vec(),
             stats: None,
+            compile_specs: Vec::new(),
         })
     }
 }

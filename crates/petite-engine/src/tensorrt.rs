@@ -7,10 +7,16 @@
 //! Two builders ([`Tool`]):
 //! - `trtexec` from TensorRT >= 10 (JetPack's; builds for the GPU it runs on):
 //!   `trtexec --onnx=E.onnx --saveEngine=E.plan --stronglyTyped --skipInference
-//!   --memPoolSize=workspace:<MiB>M --timingCacheFile=<dir>/timing.cache`.
+//!   --memPoolSize=workspace:<MiB>M --timingCacheFile=<dir>/timing.cache [--weightStreaming]`.
 //! - TensorRT-RTX through its Python bindings: the driver [`RTX_DRIVER`] (one copy, in
 //!   `python/trt_rtx_build.py`, embedded here) fed to the interpreter on stdin, building for
-//!   one compute capability with no GPU needed.
+//!   one compute capability with no GPU needed (`--weight-streaming`: `BuilderFlag.WEIGHT_STREAMING`,
+//!   read back from the builder config and reported by the driver).
+//!
+//! Weight streaming ([`TensorRtBuilder::weight_streaming_budget`]): engines are built
+//! weight-streamable and every delegate carries the compile spec [`WEIGHT_STREAMING_BUDGET_KEY`]
+//! that Torch-TensorRT's ExecuTorch runtime reads per engine in `init()` (see
+//! [`weight_streaming_spec`] for the encoding).
 //!
 //! Why child processes and not bindings in this process: the only Rust TensorRT binding
 //! (`tensorrt-rs`) is dead (TensorRT 5-7, last release 2020) and a C++ shim would need TensorRT's
@@ -24,13 +30,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use petite_graph::Dtype;
+use petite_graph::{Dtype, NodeId, Op, Program};
 use petite_weights::{MappedSafetensors, WeightSource};
 
 use crate::onnx::{Flavor, WeightLocation, emit, locations, write_model};
 use crate::{
-    BuildMemory, BuildStats, BuilderInfo, BuiltEngine, EngineBuilder, EngineJob, Error, IoBinding,
-    Result,
+    BuildMemory, BuildStats, BuilderInfo, BuiltEngine, CompileSpec, EngineBuilder, EngineJob,
+    Error, IoBinding, Result,
 };
 
 /// Backend id Torch-TensorRT's ExecuTorch runtime registers.
@@ -43,6 +49,81 @@ pub const TRT_PYTHON_ENV: &str = "PETITE_TRT_PYTHON";
 pub const RTX_DRIVER: &str = include_str!("../python/trt_rtx_build.py");
 /// The pip requirement of the TensorRT-RTX venv (`target/venv-trt`).
 pub const RTX_REQUIREMENT: &str = "tensorrt-rtx-cu13==1.7.1.116";
+/// Compile spec key of the per-engine weight-streaming budget, as Torch-TensorRT's ExecuTorch
+/// runtime reads it (`kWeightStreamingBudgetKey` in `WeightStreamingBudget.h`; the Python
+/// partitioner's `WEIGHT_STREAMING_BUDGET_COMPILE_SPEC_KEY`).
+pub const WEIGHT_STREAMING_BUDGET_KEY: &str = "weight_streaming_budget";
+
+/// The largest budget the runtime can represent: it parses the value into an `int64_t`.
+pub const MAX_WEIGHT_STREAMING_BUDGET: u64 = i64::MAX as u64;
+
+/// The `weight_streaming_budget` compile spec for `bytes` of GPU weight memory per engine.
+///
+/// Encoding (Torch-TensorRT, `cpp/src/torch_tensorrt/executorch/WeightStreamingBudget.cpp`
+/// `parse_weight_streaming_budget`, and `py/torch_tensorrt/executorch/partitioner.py`
+/// `normalize_weight_streaming_budget_per_engine`): the budget in bytes as ASCII decimal digits,
+/// no sign, no whitespace, no NUL terminator (`str(n).encode("ascii")`; the C++ side runs
+/// `std::from_chars` over the whole value and rejects any leftover byte), in `[0, 2^63)`. At
+/// most one per delegate (a second is rejected as `InvalidProgram`); absent means TensorRT's
+/// automatic budget. The runtime clamps it to the engine's streamable size, and a load-time
+/// backend option of the same key takes precedence over it.
+pub fn weight_streaming_spec(bytes: u64) -> Result<CompileSpec> {
+    if bytes > MAX_WEIGHT_STREAMING_BUDGET {
+        return Err(Error::Usage(format!(
+            "--weight-streaming-budget {bytes}: above 2^63 - 1 bytes, which Torch-TensorRT's runtime cannot represent; pass a smaller size"
+        )));
+    }
+    Ok(CompileSpec {
+        key: WEIGHT_STREAMING_BUDGET_KEY.to_string(),
+        value: bytes.to_string().into_bytes(),
+    })
+}
+
+/// The largest weights one op of `engine` reads (its weight operands together, each once) and
+/// that node: TensorRT streams weights layer by layer, so a budget below this cannot hold the
+/// layer it runs. `None` when the engine reads no weights.
+pub fn largest_layer(
+    program: &Program,
+    engine: &petite_partition::Engine,
+) -> Option<(u64, NodeId)> {
+    let mut best: Option<(u64, NodeId)> = None;
+    for &id in &engine.nodes {
+        let node = program.node(id);
+        let mut seen = std::collections::BTreeSet::new();
+        let bytes: u64 = node
+            .inputs
+            .iter()
+            .filter(|&&v| seen.insert(v))
+            .map(|&v| program.node(v))
+            .filter(|n| matches!(n.op, Op::Weight { .. }))
+            .filter_map(|n| n.tensor().map(|t| t.nbytes() as u64))
+            .sum();
+        if bytes > 0 && best.is_none_or(|(b, _)| bytes > b) {
+            best = Some((bytes, id));
+        }
+    }
+    best
+}
+
+/// `bytes` for messages: `512.0 MiB`, `20.0 KiB`, `100 B`.
+fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
+/// `bytes` as a size `--weight-streaming-budget` accepts, rounded up (whole MiB, else KiB).
+fn size_at_least(bytes: u64) -> String {
+    if bytes >= 1 << 20 {
+        format!("{}MiB", bytes.div_ceil(1 << 20))
+    } else {
+        format!("{}KiB", bytes.div_ceil(1 << 10).max(1))
+    }
+}
+
 /// Compute capability TensorRT-RTX builds for when no GPU is found (the nearest to Jetson
 /// Orin's sm87, which TensorRT-RTX does not offer).
 pub const DEFAULT_RTX_TARGET: &str = "sm86";
@@ -137,6 +218,7 @@ pub struct ToolSearch {
 impl Tool {
     /// Probes `trtexec` at `path` (`trtexec --help` prints `[TensorRT vMMmmpp]`).
     pub fn trtexec(path: &Path) -> Result<Tool> {
+        let path = &resolved(path);
         if !path.is_file() {
             return Err(missing(format!("trtexec {} is not a file", path.display())));
         }
@@ -169,6 +251,7 @@ impl Tool {
 
     /// Probes a Python interpreter for `tensorrt_rtx` (runs the driver with `--probe`).
     pub fn rtx(python: &Path) -> Result<Tool> {
+        let python = &resolved(python);
         let mut child = Command::new(python)
             .args(["-", "--probe"])
             .stdin(Stdio::piped())
@@ -278,6 +361,17 @@ impl Tool {
     }
 }
 
+/// `path` made absolute when it is a relative path with a directory part (`target/venv/bin/python`):
+/// builders run in the engine directory, where it would not resolve. A bare name (`python3.12`)
+/// is left to `PATH`.
+fn resolved(path: &Path) -> PathBuf {
+    if path.is_relative() && path.components().count() > 1 {
+        std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+    } else {
+        path.to_path_buf()
+    }
+}
+
 /// The tool `$var` names, probed with `probe`, if the variable is set; a failure says it came
 /// from the variable.
 fn from_env(var: &str, probe: fn(&Path) -> Result<Tool>) -> Option<Result<Tool>> {
@@ -330,8 +424,12 @@ pub struct TensorRtBuilder {
     pub target: String,
     /// Builder workspace pool limit in MiB.
     pub workspace_mib: u64,
-    /// Build weight-streamable engines.
+    /// Build weight-streamable engines (`--weightStreaming` / `BuilderFlag.WEIGHT_STREAMING`).
     pub weight_streaming: bool,
+    /// GPU weight memory per engine at run time, written into every delegate as the
+    /// [`WEIGHT_STREAMING_BUDGET_KEY`] compile spec (needs `weight_streaming`; not part of the
+    /// engine file, so changing it reuses the engines).
+    pub weight_streaming_budget: Option<u64>,
     /// Timing cache shared by all builds (default `<engine dir>/timing.cache`; trtexec only).
     pub timing_cache: Option<PathBuf>,
     /// `device_id` written into the blob.
@@ -350,10 +448,24 @@ impl TensorRtBuilder {
             target: DEFAULT_RTX_TARGET.to_string(),
             workspace_mib: 1024,
             weight_streaming: false,
+            weight_streaming_budget: None,
             timing_cache: None,
             device_id: 0,
             target_platform: format!("linux_{}", std::env::consts::ARCH),
         }
+    }
+
+    /// The compile specs every delegate of this builder carries.
+    pub fn compile_specs(&self) -> Result<Vec<CompileSpec>> {
+        match self.weight_streaming_budget {
+            Some(b) => Ok(vec![weight_streaming_spec(b)?]),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn with_specs(&self, mut e: BuiltEngine) -> Result<BuiltEngine> {
+        e.compile_specs = self.compile_specs()?;
+        Ok(e)
     }
 
     fn build_inner(
@@ -445,6 +557,21 @@ impl TensorRtBuilder {
                 )));
             }
         };
+        if self.weight_streaming && tool.kind == ToolKind::Rtx {
+            // The driver reads the flag back from the builder config and reports it; a plan
+            // built without it would load fully resident and ignore the budget.
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let set = text
+                .lines()
+                .rev()
+                .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .and_then(|v| v["weight_streaming"].as_bool());
+            if set != Some(true) {
+                return Err(fail(format!(
+                    "{tool_name} did not report BuilderFlag.WEIGHT_STREAMING set on the build (reported {set:?})"
+                )));
+            }
+        }
         std::fs::rename(&plan_tmp, &plan).map_err(|e| Error::io(&plan, "rename", e))?;
         let (inputs, outputs) = crate::bindings(job.program);
         let blob_path = dir.join(self.file_name(job.name));
@@ -458,7 +585,7 @@ impl TensorRtBuilder {
             build_s: run.seconds,
             plan_bytes,
         };
-        Ok(crate::whole_file_engine(
+        self.with_specs(crate::whole_file_engine(
             job,
             BACKEND_ID,
             &blob_path,
@@ -528,13 +655,14 @@ impl EngineBuilder for TensorRtBuilder {
         if h.engine_size == 0 {
             return None;
         }
-        Some(crate::whole_file_engine(
+        self.with_specs(crate::whole_file_engine(
             job,
             BACKEND_ID,
             path,
             h.total_len,
             None,
         ))
+        .ok()
     }
 
     fn build(
@@ -545,6 +673,39 @@ impl EngineBuilder for TensorRtBuilder {
     ) -> Result<BuiltEngine> {
         self.build_inner(job, weights, dir)
             .map_err(|e| e.in_engine(job.index, job.name))
+    }
+
+    /// With a weight-streaming budget: refuses one below the largest weights one layer of any
+    /// engine reads (what TensorRT must hold to run that layer), naming the layer and the size to
+    /// pass instead; and one the runtime cannot represent.
+    fn check_plan(&self, program: &Program, plan: &petite_partition::Plan) -> Result<()> {
+        let Some(budget) = self.weight_streaming_budget else {
+            return Ok(());
+        };
+        weight_streaming_spec(budget)?;
+        if !self.weight_streaming {
+            return Err(Error::Usage(
+                "a weight-streaming budget needs weight-streamable engines (weight_streaming)"
+                    .into(),
+            ));
+        }
+        let worst = plan
+            .engines
+            .iter()
+            .filter_map(|e| largest_layer(program, e).map(|(b, id)| (b, id, e.index)))
+            .max_by_key(|&(b, _, _)| b);
+        if let Some((need, id, engine)) = worst
+            && budget < need
+        {
+            return Err(Error::Usage(format!(
+                "--weight-streaming-budget {} is below one layer's weights: {} in engine {engine} reads {} of weights, and TensorRT streams a layer's weights whole; pass --weight-streaming-budget {} or more, or leave it out to keep every weight resident",
+                human(budget),
+                program.describe(id),
+                human(need),
+                size_at_least(need)
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -335,3 +335,125 @@ fn build_memory_model_bounds_every_measured_builder_peak() {
         assert!(model.bytes(w) <= 1 << 30);
     }
 }
+
+#[test]
+fn weight_streaming_spec_is_ascii_decimal_bytes_as_torch_tensorrt_parses_it() {
+    use petite_engine::tensorrt::{
+        MAX_WEIGHT_STREAMING_BUDGET, WEIGHT_STREAMING_BUDGET_KEY, weight_streaming_spec,
+    };
+    assert_eq!(WEIGHT_STREAMING_BUDGET_KEY, "weight_streaming_budget");
+    for (n, text) in [
+        (0u64, "0"),
+        (536_870_912, "536870912"),
+        (i64::MAX as u64, "9223372036854775807"),
+    ] {
+        let s = weight_streaming_spec(n).unwrap();
+        assert_eq!(s.key, "weight_streaming_budget");
+        assert_eq!(s.value, text.as_bytes(), "no sign, no padding, no NUL");
+        // What the runtime's std::from_chars over the whole value yields.
+        assert!(s.value.iter().all(u8::is_ascii_digit));
+        assert_eq!(
+            std::str::from_utf8(&s.value)
+                .unwrap()
+                .parse::<i64>()
+                .unwrap() as u64,
+            n
+        );
+    }
+    let e = weight_streaming_spec(MAX_WEIGHT_STREAMING_BUDGET + 1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cannot represent"), "{e}");
+}
+
+#[test]
+fn weight_streaming_budget_below_one_layer_is_refused_with_the_size_to_pass() {
+    use petite_engine::tensorrt::largest_layer;
+    use petite_graph::{Builder, Dtype};
+    // Two layers: linear (w1 [32,16] f32 + bias [32] f32 = 2176 bytes) and linear (w2 [16,32]
+    // bf16 = 1024 bytes); the largest layer is the first, weight and bias together.
+    let mut g = Builder::new();
+    let x = g.input("x", Dtype::F32, &[2, 16]).unwrap();
+    let w1 = g.weight("w1", Dtype::F32, &[32, 16]).unwrap();
+    let b1 = g.weight("b1", Dtype::F32, &[32]).unwrap();
+    let w2 = g.weight("w2", Dtype::Bf16, &[16, 32]).unwrap();
+    let h = g.linear(x, w1, Some(b1)).unwrap();
+    let h = g.cast(h, Dtype::Bf16).unwrap();
+    let y = g.linear(h, w2, None).unwrap();
+    g.output("y", y).unwrap();
+    let program = g.finish().unwrap();
+    let pl = plan(&program, &PartitionOptions::new(1 << 20)).unwrap();
+    assert_eq!(pl.engines.len(), 1);
+    let (bytes, id) = largest_layer(&program, &pl.engines[0]).unwrap();
+    assert_eq!(bytes, 2176);
+    assert_eq!(program.describe(id).op, "linear");
+
+    let dir = tempfile::tempdir().unwrap();
+    let tool = Tool::trtexec(&script(dir.path(), "trtexec", FAKE)).unwrap();
+    let mut b = TensorRtBuilder::new(tool);
+    b.check_plan(&program, &pl).unwrap(); // no budget: nothing to check
+    b.weight_streaming = true;
+    b.weight_streaming_budget = Some(2175);
+    let e = b.check_plan(&program, &pl).unwrap_err();
+    assert!(matches!(e, Error::Usage(_)), "{e:?}");
+    let msg = e.to_string();
+    assert!(!msg.contains('\n'), "one line: {msg}");
+    assert!(
+        msg.contains("2.1 KiB of weights") && msg.contains("pass --weight-streaming-budget 3KiB"),
+        "{msg}"
+    );
+    b.weight_streaming_budget = Some(2176);
+    b.check_plan(&program, &pl).unwrap();
+    // A budget without streamable engines is a setting error, not silently ignored.
+    b.weight_streaming = false;
+    assert!(b.check_plan(&program, &pl).is_err());
+}
+
+#[test]
+fn weight_streaming_builds_pass_the_flag_and_every_engine_carries_the_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let (program, path) = common::chain(dir.path(), 3, 64);
+    let pl = plan(&program, &PartitionOptions::new(64 * 64 * 4)).unwrap();
+    let src = MappedSafetensors::open(&path).unwrap();
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let mut b = TensorRtBuilder::new(Tool::trtexec(&script(&tools, "trtexec", FAKE)).unwrap());
+    b.attach_mapping(&path).unwrap();
+    let plain_settings = b.settings();
+    b.weight_streaming = true;
+    b.weight_streaming_budget = Some(1 << 20);
+    assert_ne!(
+        b.settings(),
+        plain_settings,
+        "streamable plans are other files"
+    );
+    let out = dir.path().join("engines");
+    let rep = build_plan(&pl, &program, &src, &b, &out, &BuildOptions::default()).unwrap();
+    let args = std::fs::read_to_string(tools.join("args.txt")).unwrap();
+    let runs: Vec<&str> = args.split("--\n").filter(|s| !s.is_empty()).collect();
+    assert_eq!(runs.len(), pl.engines.len());
+    assert!(
+        runs.iter()
+            .all(|r| r.lines().any(|l| l == "--weightStreaming"))
+    );
+    for e in &rep.engines {
+        assert_eq!(e.compile_specs.len(), 1);
+        assert_eq!(e.compile_specs[0].key, "weight_streaming_budget");
+        assert_eq!(e.compile_specs[0].value, b"1048576");
+    }
+    // The budget is not in the file: another budget reuses it and carries the new value.
+    let before = b.settings();
+    b.weight_streaming_budget = Some(4096);
+    assert_eq!(b.settings(), before);
+    let e = &rep.engines[0];
+    let sub = pl.engine_program(&program, 0).unwrap();
+    let job = petite_engine::EngineJob {
+        index: 0,
+        name: &e.name,
+        program: &sub.program,
+        input_values: &sub.input_values,
+        output_values: &sub.output_values,
+    };
+    let again = b.reuse(&e.file, &job).expect("reused");
+    assert_eq!(again.compile_specs[0].value, b"4096");
+}

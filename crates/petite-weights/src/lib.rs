@@ -10,6 +10,7 @@
 //! - [`SafetensorsWriter`]: streams tensors into a page-aligned safetensors file (temp + rename).
 //! - [`convert()`]: f32 → bf16/f16 in bounded chunks, dropping the source's pages behind itself.
 //! - [`residency`]: how much of a mapping / of this process is resident.
+//! - [`page`]: the OS page size (asked once) and the page rounding, page size as a parameter.
 //! - [`writeback`]: flushing and evicting written ranges behind a writer.
 //! - [`fault`]: a SIGBUS on a mapped file (truncated by another process) becomes a one-line
 //!   error naming it; [`FileIdentity`]: whether an input is still the file that was opened;
@@ -22,6 +23,7 @@ pub mod fault;
 mod header;
 mod identity;
 mod mapped;
+pub mod page;
 mod remap;
 pub mod residency;
 mod rows;
@@ -36,6 +38,8 @@ pub use fault::Role;
 pub use header::{Header, HeaderEntry, Index, MAX_HEADER_LEN, parse_header, parse_index};
 pub use identity::FileIdentity;
 pub use mapped::MappedSafetensors;
+/// The OS page size (4 KiB on x86-64 and Jetson kernels, 16/64 KiB on some aarch64 ones).
+pub use page::page_size;
 pub use remap::{KeyMap, Remapped};
 pub use rows::RowSlices;
 pub use sharded::Checkpoint;
@@ -143,6 +147,16 @@ pub enum Error {
     /// A keep/drop list or key map names something the source does not have.
     #[error("{0}")]
     Selection(String),
+    /// A page size given for releases or layouts that the OS page cannot stand for.
+    #[error(
+        "page size {page} is not a power-of-two multiple of the OS page ({os} bytes): releases would hand madvise misaligned addresses"
+    )]
+    PageSize {
+        /// The page size given.
+        page: usize,
+        /// The OS page size.
+        os: usize,
+    },
     /// An input file is no longer the file that was opened (size, modification time or inode
     /// changed): whatever was computed from it is not published.
     #[error(
@@ -177,10 +191,3 @@ impl Error {
 
 /// Result alias of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// The OS page size (4 KiB on typical x86-64 and Jetson kernels, 16/64 KiB on some aarch64).
-pub fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p <= 0 { 4096 } else { p as usize }
-}

@@ -11,7 +11,7 @@ use memmap2::{Mmap, UncheckedAdvice};
 use crate::fault::{Registration, Role};
 use crate::header::{Header, HeaderEntry, parse_header};
 use crate::writer::PAD_PREFIX;
-use crate::{Error, FileIdentity, Result, TensorInfo, TensorView, WeightSource, page_size};
+use crate::{Error, FileIdentity, Result, TensorInfo, TensorView, WeightSource, page, page_size};
 
 /// A mapped safetensors file. The mapping is `MAP_SHARED` and read-only, so giving pages back with
 /// `MADV_DONTNEED` never loses data: they fault back in from the file.
@@ -41,6 +41,8 @@ pub struct MappedSafetensors {
     header: Header,
     by_name: HashMap<String, usize>,
     names: Vec<String>,
+    /// Page size releases round to: the OS page unless [`MappedSafetensors::with_page_size`].
+    page: usize,
 }
 
 impl MappedSafetensors {
@@ -132,7 +134,21 @@ impl MappedSafetensors {
             header,
             by_name,
             names,
+            page: page_size(),
         })
+    }
+
+    /// Rounds releases to `page` instead of the OS page: a power-of-two multiple of it
+    /// ([`page::check`]), so that a 4 KiB host runs the release paths of a 16 or 64 KiB kernel
+    /// (the tests do), or a caller releases in coarser units.
+    pub fn with_page_size(mut self, page: usize) -> Result<Self> {
+        self.page = page::check(page)?;
+        Ok(self)
+    }
+
+    /// The page size releases round to.
+    pub fn page_size(&self) -> usize {
+        self.page
     }
 
     /// The file this maps.
@@ -306,28 +322,31 @@ impl WeightSource for MappedSafetensors {
     /// Rounds each tensor's range inward to whole pages, so a page shared with a neighbour that
     /// may still be in use stays resident (at most one page per tensor edge).
     fn release(&self, names: &[&str]) -> Result<()> {
-        let page = page_size();
         for n in names {
-            let r = self.file_range(n)?;
-            self.drop_pages(r.start.div_ceil(page) * page, r.end / page * page)?;
+            let r = page::inward(self.file_range(n)?, self.page);
+            self.drop_pages(r.start, r.end)?;
         }
         Ok(())
     }
 
     fn release_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
-        let page = page_size();
         let r = self.file_range(name)?;
         let s = r.start + start.min(r.len());
         let e = r.start + end.min(r.len());
-        let e = (e.div_ceil(page) * page).min(self.map_end());
-        self.drop_pages((s / page * page).max(self.map_off), e)
+        // Rounded to this mapping's page (a multiple of the OS page, so every bound is an OS page
+        // boundary too), clamped to what is mapped.
+        let p = page::outward(s..e, self.page, self.map_end());
+        self.drop_pages(p.start.max(self.map_off), p.end)
     }
 
     fn unmap_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
-        let page = page_size();
         let r = self.file_range(name)?;
-        let s = ((r.start + start.min(r.len())) / page * page).max(self.map_off);
-        let e = ((r.start + end.min(r.len())).div_ceil(page) * page).min(self.map_end());
+        let p = page::outward(
+            r.start + start.min(r.len())..r.start + end.min(r.len()),
+            self.page,
+            self.map_end(),
+        );
+        let (s, e) = (p.start.max(self.map_off), p.end);
         if s >= e {
             return Ok(());
         }

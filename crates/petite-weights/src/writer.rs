@@ -86,12 +86,24 @@ fn usize_bytes(spec: &TensorSpec) -> Option<u64> {
 }
 
 impl SafetensorsWriter {
-    /// Plans the layout of `table` (see the module docs), creates `<out>.petite-tmp` and writes the
-    /// header. `metadata` goes into `__metadata__`.
+    /// Plans the layout of `table` (see the module docs) for the OS page, creates
+    /// `<out>.petite-tmp` and writes the header. `metadata` goes into `__metadata__`.
     pub fn create(
         out: impl AsRef<Path>,
         table: &[TensorSpec],
         metadata: &[(String, String)],
+    ) -> Result<Self> {
+        Self::create_for_page(out, table, metadata, page_size())
+    }
+
+    /// [`SafetensorsWriter::create`] with the layout planned for pages of `page` bytes (any
+    /// power of two: a layout is only a file, it never reaches `madvise`), e.g. a 64 KiB
+    /// kernel's layout written on a 4 KiB host.
+    pub fn create_for_page(
+        out: impl AsRef<Path>,
+        table: &[TensorSpec],
+        metadata: &[(String, String)],
+        page: usize,
     ) -> Result<Self> {
         let out = out.as_ref().to_path_buf();
         let shown = out.display().to_string();
@@ -100,7 +112,10 @@ impl SafetensorsWriter {
             tensor: t.map(str::to_string),
             reason,
         };
-        let page = page_size() as u64;
+        if !page.is_power_of_two() {
+            return Err(bad(None, format!("page size {page} is not a power of two")));
+        }
+        let page = page as u64;
         let mut seen = std::collections::HashSet::new();
         let mut sized = Vec::with_capacity(table.len());
         for t in table {
@@ -154,7 +169,7 @@ impl SafetensorsWriter {
             off += len;
         }
         let mut json = serde_json::to_vec(&obj).expect("a JSON map serializes");
-        let padded = (8 + json.len() as u64).div_ceil(page) * page - 8;
+        let padded = crate::page::align_up(8 + json.len() as u64, page) - 8;
         json.resize(padded as usize, b' ');
         let data_start = 8 + padded;
 

@@ -33,6 +33,9 @@ pub struct BackendOptions {
     pub trt_python: Option<PathBuf>,
     /// `--trt-target smXY` (TensorRT-RTX; default: the GPU present, else `sm86`).
     pub trt_target: Option<String>,
+    /// `--weight-streaming-budget SIZE`: weight-streamable engines, each given this many bytes
+    /// of GPU weight memory at run time (the delegate's `weight_streaming_budget` compile spec).
+    pub weight_streaming_budget: Option<u64>,
 }
 
 /// The venv `cargo xtask` builds for TensorRT-RTX, if this binary was built in the workspace.
@@ -53,6 +56,12 @@ impl Backend {
     /// The builder of this backend, its tool found and probed (so a missing or broken builder
     /// is refused before any work). The portable backend builds no engines.
     pub fn builder(self, o: &BackendOptions) -> Result<Box<dyn EngineBuilder>> {
+        if let (Some(_), false) = (o.weight_streaming_budget, self == Backend::TensorRt) {
+            return Err(Error::Usage(format!(
+                "--weight-streaming-budget applies to --backend tensorrt only (got --backend {})",
+                self.name()
+            )));
+        }
         match self {
             Backend::Reference => Ok(Box::new(ReferenceBuilder::default())),
             Backend::TensorRt => {
@@ -79,6 +88,11 @@ impl Backend {
                 if let Some(t) = target {
                     b.target = t;
                 }
+                if let Some(budget) = o.weight_streaming_budget {
+                    petite_engine::tensorrt::weight_streaming_spec(budget)?;
+                    b.weight_streaming = true;
+                    b.weight_streaming_budget = Some(budget);
+                }
                 Ok(Box::new(b))
             }
             Backend::Portable => Err(Error::Usage(
@@ -86,6 +100,30 @@ impl Backend {
             )),
         }
     }
+}
+
+/// The delegate compile specs of engine `e`, as the `.pte` stores them.
+pub fn compile_specs(e: &BuiltEngine) -> Vec<petite_pte::model::CompileSpec> {
+    e.compile_specs
+        .iter()
+        .map(|c| petite_pte::model::CompileSpec {
+            key: c.key.clone(),
+            value: c.value.clone(),
+        })
+        .collect()
+}
+
+/// The compile specs of engine `e` for `report.json`: `{key: value as text}` (the values petite
+/// writes are ASCII).
+pub fn compile_specs_json(e: &BuiltEngine) -> serde_json::Value {
+    e.compile_specs
+        .iter()
+        .map(|c| {
+            let v = String::from_utf8_lossy(&c.value).into_owned();
+            (c.key.clone(), serde_json::Value::String(v))
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// Where an engine's payload is: `(file, offset, len)`.

@@ -1,12 +1,14 @@
 //! `cargo xtask conformance [--full]`: checks petite's outputs with software nobody here wrote
 //! (ExecuTorch's runtime and deserializer, lerobot's PyTorch PI05, ONNX Runtime, TensorRT-RTX's
-//! parser and builder), each in a venv under target/.
+//! parser and builder), each in a venv under target/; and petite itself cross-built for aarch64
+//! and run under qemu-aarch64.
 //! One module per tier so they grow independently.
 
 use anyhow::Result;
 
 use crate::util;
 
+mod aarch64;
 mod lerobot;
 mod onnx;
 mod portable;
@@ -47,6 +49,9 @@ pub enum Tier {
     Portable,
     /// TensorRT-RTX parses and builds every golden's engines.
     Tensorrt,
+    /// petite cross-built for aarch64, a golden exported and verified under qemu-aarch64 (4 KiB
+    /// and 64 KiB pages), byte-identical to x86-64.
+    Aarch64,
 }
 
 /// Runs every conformance tier.
@@ -69,6 +74,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if on(Tier::Tensorrt) {
         tensorrt::run()?;
+    }
+    if on(Tier::Aarch64) {
+        aarch64::run()?;
     }
     if args.full && args.only.is_empty() {
         // The exporter's own .pte files (TensorRT-style delegates over named data), on a small

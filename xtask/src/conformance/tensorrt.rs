@@ -5,8 +5,15 @@
 //! errors), `report.json` names the builder and records each engine's builder peak RSS, build
 //! time and plan size, every delegate blob is a `TR01` blob holding a TensorRT-RTX plan (`vtrt`
 //! magic), and no plan exceeds 1.05x its engine's weight bytes + 8 MiB (weights are stored once,
-//! in their compute dtype). What it cannot check: running a plan (no GPU here that TensorRT-RTX
-//! supports), and JetPack TensorRT's own builder.
+//! in their compute dtype). Weight streaming: one case exported with `--weight-streaming-budget`
+//! builds through TensorRT-RTX with `BuilderFlag.WEIGHT_STREAMING` (the driver reads the flag
+//! back; petite refuses a build it does not report), every plan differs from the same engine's
+//! plan built without it (TensorRT-RTX builds are otherwise byte-identical), and every delegate
+//! of both `.pte` files, read back with petite-pte's reader, carries exactly the
+//! `weight_streaming_budget` compile spec (ASCII decimal bytes, Torch-TensorRT's encoding); a
+//! budget below one layer is refused. What it cannot check: running a plan (no GPU here that
+//! TensorRT-RTX supports: so not the plan's streamable size either), and JetPack TensorRT's own
+//! builder.
 
 use std::path::Path;
 
@@ -19,6 +26,9 @@ const CASES: &[&str] = &[
     "three_cams_masked_gqa",
     "one_cam_mha_unpadded",
 ];
+/// The weight-streaming case and budget (above its largest layer, below its largest engine).
+const STREAMING_CASE: &str = "two_cams_mqa";
+const STREAMING_BUDGET: (&str, u64) = ("64KiB", 64 << 10);
 /// Plan bytes allowed per engine: 1.05x its weights plus this much (kernels, metadata: the
 /// small goldens' engines measured 2.4-4.0 MiB of plan around under 0.3 MiB of weights).
 const PLAN_SLACK: u64 = 8 << 20;
@@ -33,6 +43,8 @@ pub fn run() -> Result<()> {
         std::fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
     }
     let mut runs: Vec<(&str, Option<&str>)> = CASES.iter().map(|c| (*c, None)).collect();
+    // The default-cap run of STREAMING_CASE must come first: its plans are compared below.
+    assert_eq!(CASES[0], STREAMING_CASE);
     runs.push(("three_cams_masked_gqa", Some("32KiB")));
     let mut total = 0;
     for (case, cap) in runs {
@@ -70,10 +82,102 @@ pub fn run() -> Result<()> {
         );
         total += n;
     }
+    total += weight_streaming(&petite, &python, &out)?;
     refusals(&petite, &python, &out)?;
     std::fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
     eprintln!("xtask: tensorrt: {total} engines parsed and built, zero errors");
     Ok(())
+}
+
+/// The weight-streaming export of [`STREAMING_CASE`] (see the module docs); returns its engines.
+fn weight_streaming(petite: &Path, python: &Path, out: &Path) -> Result<usize> {
+    let case_dir = util::root()
+        .join("testdata")
+        .join("pi05")
+        .join(STREAMING_CASE);
+    let dir = out.join(format!("{STREAMING_CASE}-weight-streaming"));
+    util::run(
+        std::process::Command::new(petite)
+            .args(["export", "--backend", "tensorrt", "--trt-python"])
+            .arg(python)
+            .args(["--trt-target", "sm86", "--keep-engines"])
+            .args(["--weight-streaming-budget", STREAMING_BUDGET.0])
+            .arg("--config")
+            .arg(case_dir.join("config.json"))
+            .arg("--checkpoint")
+            .arg(case_dir.join("model.safetensors"))
+            .arg("--out")
+            .arg(&dir),
+    )?;
+    let n = check_export(&dir).with_context(|| format!("{}", dir.display()))?;
+    let want = STREAMING_BUDGET.1.to_string();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json"))?)?;
+    let plain: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        out.join(format!("{STREAMING_CASE}-default"))
+            .join("report.json"),
+    )?)?;
+    for p in ["prefix", "step"] {
+        let engines = r["programs"][p]["engines"].as_array().context("engines")?;
+        let plain_engines = plain["programs"][p]["engines"]
+            .as_array()
+            .context("engines")?;
+        ensure!(
+            engines.len() == plain_engines.len(),
+            "{p}: engine counts differ"
+        );
+        for (e, q) in engines.iter().zip(plain_engines) {
+            let name = e["name"].as_str().unwrap_or("?");
+            ensure!(
+                e["compile_specs"] == serde_json::json!({"weight_streaming_budget": want}),
+                "{name}: report.json compile_specs {}",
+                e["compile_specs"]
+            );
+            // Same engine, built without the flag in the default run: the plans must differ.
+            let a = plan_bytes(&dir.join("engines").join(format!("{name}.tr01")))?;
+            let qname = q["name"].as_str().unwrap_or("?");
+            let b = plan_bytes(
+                &out.join(format!("{STREAMING_CASE}-default"))
+                    .join("engines")
+                    .join(format!("{qname}.tr01")),
+            )?;
+            ensure!(
+                a != b,
+                "{name}: the weight-streaming plan equals {qname}'s, built without the flag"
+            );
+        }
+        let pte = petite_pte::PteFile::open(dir.join(format!("{p}.pte")))?;
+        let mut delegates = 0;
+        for plan in &pte.program().execution_plan {
+            for d in &plan.delegates {
+                let specs: Vec<(&str, &[u8])> = d
+                    .compile_specs
+                    .iter()
+                    .map(|c| (c.key.as_str(), c.value.as_slice()))
+                    .collect();
+                ensure!(
+                    specs == [("weight_streaming_budget", want.as_bytes())],
+                    "{p}.pte: delegate {} has compile specs {specs:?}",
+                    d.id
+                );
+                delegates += 1;
+            }
+        }
+        ensure!(delegates == engines.len(), "{p}.pte: {delegates} delegates");
+    }
+    eprintln!(
+        "xtask: tensorrt: {STREAMING_CASE} with --weight-streaming-budget {}: {n} weight-streamable engines built by TensorRT-RTX, every delegate carries weight_streaming_budget={want}",
+        STREAMING_BUDGET.0
+    );
+    Ok(n)
+}
+
+/// The plan bytes inside a `TR01` blob.
+fn plan_bytes(blob: &Path) -> Result<Vec<u8>> {
+    let (h, _) = petite_engine::tensorrt::blob::read(blob)
+        .with_context(|| format!("reading {}", blob.display()))?;
+    let all = std::fs::read(blob)?;
+    Ok(all[h.engine_offset as usize..][..h.engine_size as usize].to_vec())
 }
 
 /// Bad builder settings with the real TensorRT-RTX: each refused before any work, in one
@@ -81,7 +185,7 @@ pub fn run() -> Result<()> {
 fn refusals(petite: &Path, python: &Path, out: &Path) -> Result<()> {
     let case_dir = util::root().join("testdata").join("pi05").join(CASES[0]);
     let base_python = util::python312()?;
-    let cases: [(&str, Vec<std::ffi::OsString>, &str); 2] = [
+    let cases: [(&str, Vec<std::ffi::OsString>, &str); 3] = [
         (
             "unsupported target",
             vec![
@@ -96,6 +200,16 @@ fn refusals(petite: &Path, python: &Path, out: &Path) -> Result<()> {
             "python without tensorrt_rtx",
             vec!["--trt-python".into(), base_python.into()],
             "cannot import tensorrt_rtx",
+        ),
+        (
+            "weight-streaming budget below one layer",
+            vec![
+                "--trt-python".into(),
+                python.into(),
+                "--weight-streaming-budget".into(),
+                "1KiB".into(),
+            ],
+            "is below one layer's weights",
         ),
     ];
     for (what, args, needle) in cases {

@@ -1,6 +1,12 @@
-//! GEMM through the `gemm` crate: f32 inputs, f32 accumulation. Threads split the output into
-//! blocks; the depth loop (and so every output's summation order) does not depend on the thread
-//! count, which `gemm_is_thread_count_independent` checks.
+//! GEMM through the `gemm` crate: f32 inputs, f32 accumulation, in one summation order whatever
+//! the shape, the thread count or the CPU (see [`gemm_f32`]): threads split the output into
+//! blocks (`gemm_is_thread_count_independent`), the depth is cut into fixed chunks of
+//! [`DEPTH_CHUNK`] (below `gemm`'s smallest cache-derived depth block, so its own blocking,
+//! which depends on the CPU's cache sizes, never cuts further), and the shapes for which `gemm`
+//! switches to kernels whose order depends on the vector width (`m·n ≤ 256`, `m ≤ 1`, `n ≤ 1`,
+//! `k ≤ 2`) run through a plain fused-multiply-add loop of the same order instead
+//! (`gemm_follows_one_summation_order_whatever_the_shape`). So exported bytes that come from this
+//! executor (`step.pte`'s timestep table) are the same on x86-64 and aarch64.
 //!
 //! Soundness: the only `unsafe` is the call into `gemm::gemm`, which reads and writes through raw
 //! pointers and strides. Every [`MatRef`] is checked when it is made (private fields, checked
@@ -151,9 +157,44 @@ impl SendPtr {
     }
 }
 
+/// Largest depth chunk: `gemm` 0.19 blocks the depth by `max(512, cache-derived).min(k)`, so a
+/// call with `k ≤ 512` is never cut, on any CPU.
+pub const DEPTH_CHUNK: usize = 512;
+
+/// The depth `0..k` as `ceil(k / DEPTH_CHUNK)` near-equal chunks `(start, length)` (the first
+/// ones one longer): each at most [`DEPTH_CHUNK`], none of 1 or 2 when `k > 2` (which `gemm`
+/// would compute with its ISA-ordered outer-product kernel).
+pub fn depth_chunks(k: usize) -> Vec<(usize, usize)> {
+    let n = k.div_ceil(DEPTH_CHUNK).max(1);
+    let (q, r) = (k / n, k % n);
+    let mut start = 0;
+    (0..n)
+        .map(|i| {
+            let len = q + usize::from(i < r);
+            let c = (start, len);
+            start += len;
+            c
+        })
+        .collect()
+}
+
+/// Largest output tile (`m·n`) `gemm` 0.19 computes with its horizontal (dot-product) kernels,
+/// whose summation order follows the vector width.
+const SMALL_OUTPUT: usize = 16 * 16;
+
+/// Shapes `gemm` 0.19 would hand to kernels whose order depends on the ISA (horizontal kernels,
+/// GEMV, the `k ≤ 2` outer product).
+fn ordered_by_isa(m: usize, k: usize, n: usize) -> bool {
+    k <= 2 || m <= 1 || n <= 1 || m * n <= SMALL_OUTPUT
+}
+
 /// `dst[m×n] (row-major, contiguous) = (accumulate ? dst : 0) + lhs[m×k] · rhs[k×n]`.
 ///
-/// `parallel` lets `gemm` use the rayon pool; inside an outer parallel loop pass `false`.
+/// Summation order, the same on every CPU with fused multiply-add (x86-64 with FMA, aarch64):
+/// each output is `(…((d + s₀) + s₁) + …)` where `d` is the output (or the first chunk's sum
+/// when not accumulating) and `sᵢ` the fused-multiply-add chain, from zero, over depth chunk
+/// `i` of [`depth_chunks`]. `parallel` lets `gemm` use the rayon pool; inside an outer parallel
+/// loop pass `false`.
 pub fn gemm_f32(
     dst: &mut [f32],
     lhs: MatRef<'_>,
@@ -183,6 +224,10 @@ pub fn gemm_f32(
         }
         return Ok(());
     }
+    if ordered_by_isa(m, k, n) {
+        fma_loop(dst, lhs, rhs, accumulate);
+        return Ok(());
+    }
     let (lhs_rs, lhs_cs) = lhs.strides_isize()?;
     let (rhs_rs, rhs_cs) = rhs.strides_isize()?;
     // dst.len() == m * n and a slice holds at most isize::MAX bytes, so n fits.
@@ -195,6 +240,7 @@ pub fn gemm_f32(
     } else {
         Split::None
     };
+    let chunks = depth_chunks(k);
     let dst_ptr = SendPtr(dst.as_mut_ptr());
     let block = |i0: usize, mi: usize, j0: usize, nj: usize| {
         // SAFETY: `gemm::gemm` reads lhs (mi×k from row i0) and rhs (k×nj from column j0) and
@@ -209,40 +255,92 @@ pub fn gemm_f32(
         // - Aliasing: dst is `&mut` (exclusive), lhs and rhs are shared borrows that cannot
         //   alias it; distinct blocks write disjoint elements and all finish before we return.
         // - dst is initialised f32, so reading it when `accumulate` is fine.
-        unsafe {
-            gemm::gemm(
-                mi,
-                nj,
-                k,
-                dst_ptr.get().add(i0 * n + j0),
-                1,
-                dst_rs,
-                accumulate,
-                lhs.data.as_ptr().add(i0 * lhs.rs),
-                lhs_cs,
-                lhs_rs,
-                rhs.data.as_ptr().add(j0 * rhs.cs),
-                rhs_cs,
-                rhs_rs,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                Parallelism::None,
-            );
+        // - Depth chunks: chunk (p0, kc) reads lhs columns p0..p0+kc and rhs rows p0..p0+kc,
+        //   which lie inside the checked k×… views (p0 + kc <= k), so `add(p0 * cs)` /
+        //   `add(p0 * rs)` are offsets of elements of the same views.
+        for (c, &(p0, kc)) in chunks.iter().enumerate() {
+            debug_assert!(!ordered_by_isa(mi, kc, nj), "{mi}x{kc}x{nj}");
+            unsafe {
+                gemm::gemm(
+                    mi,
+                    nj,
+                    kc,
+                    dst_ptr.get().add(i0 * n + j0),
+                    1,
+                    dst_rs,
+                    accumulate || c > 0,
+                    lhs.data.as_ptr().add(i0 * lhs.rs + p0 * lhs.cs),
+                    lhs_cs,
+                    lhs_rs,
+                    rhs.data.as_ptr().add(j0 * rhs.cs + p0 * rhs.rs),
+                    rhs_cs,
+                    rhs_rs,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    Parallelism::None,
+                );
+            }
         }
     };
     match split {
         Split::None => block(0, m, 0, n),
-        Split::Cols(nb) => (0..n.div_ceil(nb))
+        Split::Cols(nb) => cut(n, nb, m)
             .into_par_iter()
-            .for_each(|b| block(0, m, b * nb, nb.min(n - b * nb))),
-        Split::Rows(mb) => (0..m.div_ceil(mb))
+            .for_each(|(j0, nj)| block(0, m, j0, nj)),
+        Split::Rows(mb) => cut(m, mb, n)
             .into_par_iter()
-            .for_each(|b| block(b * mb, mb.min(m - b * mb), 0, n)),
+            .for_each(|(i0, mi)| block(i0, mi, 0, n)),
     }
     Ok(())
+}
+
+/// `len` cut into blocks of `size` as `(start, length)`; a last block that `gemm` would run
+/// with an ISA-ordered kernel (width 1, or at most [`SMALL_OUTPUT`] outputs against the
+/// `other` dimension) joins the one before it. A function of the shape only.
+fn cut(len: usize, size: usize, other: usize) -> Vec<(usize, usize)> {
+    let mut v: Vec<(usize, usize)> = (0..len)
+        .step_by(size)
+        .map(|s| (s, size.min(len - s)))
+        .collect();
+    if v.len() > 1
+        && let Some(&(_, last)) = v.last()
+        && (last <= 1 || last * other <= SMALL_OUTPUT)
+    {
+        v.pop();
+        if let Some(prev) = v.last_mut() {
+            prev.1 += last;
+        }
+    }
+    v
+}
+
+/// The order [`gemm_f32`] promises, as a plain loop: per output, fused multiply-adds over each
+/// depth chunk from zero, each chunk's sum added to the output in turn. For the shapes `gemm`
+/// would run with ISA-ordered kernels (small, so the loop's speed does not matter).
+fn fma_loop(dst: &mut [f32], lhs: MatRef<'_>, rhs: MatRef<'_>, accumulate: bool) {
+    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    let chunks = depth_chunks(k);
+    for i in 0..m {
+        for j in 0..n {
+            let o = &mut dst[i * n + j];
+            for &(p0, kc) in &chunks {
+                let mut acc = 0.0f32;
+                for p in p0..p0 + kc {
+                    let a = lhs.data[i * lhs.rs + p * lhs.cs];
+                    let b = rhs.data[p * rhs.rs + j * rhs.cs];
+                    acc = a.mul_add(b, acc);
+                }
+                *o = if p0 == 0 && !accumulate {
+                    acc
+                } else {
+                    *o + acc
+                };
+            }
+        }
+    }
 }
 
 /// PyTorch `F.linear`: `x[rows×k] · w[n×k]ᵀ (+ bias[n])` → `[rows×n]`.
@@ -352,6 +450,108 @@ pub fn matmul_batched(
     Ok(out)
 }
 
+/// Shapes `(m, k, n)` of [`summation_order_check`]: each of `gemm`'s shape-chosen paths and
+/// both sides of its thresholds.
+pub const ORDER_SHAPES: [(usize, usize, usize); 17] = [
+    (10, 24, 24),
+    (10, 16, 16),
+    (16, 16, 16),
+    (10, 32, 32),
+    (1, 600, 300),
+    (300, 600, 1),
+    (70, 2, 70),
+    (70, 1, 70),
+    (3, 1000, 70),
+    (20, 513, 40),
+    (20, 514, 40),
+    (10, 1024, 96),
+    (64, 1100, 64),
+    (24, 1537, 300),
+    (300, 40, 1025),
+    (1025, 40, 70),
+    (1000, 40, 100),
+];
+
+/// Checks on this machine that [`gemm_f32`] follows the summation order it documents, bit for
+/// bit, against an independent `mul_add` loop: every shape of [`ORDER_SHAPES`], seeded output or
+/// not, rhs row-major or transposed (as linear weights are), split across threads or not.
+/// Returns the number of shapes checked, or the first mismatch.
+pub fn summation_order_check() -> std::result::Result<usize, String> {
+    fn view(r: Result<MatRef<'_>>) -> std::result::Result<MatRef<'_>, String> {
+        r.map_err(|e| e.to_string())
+    }
+    let seq = |len: usize, seed: u32| -> Vec<f32> {
+        let mut s = seed;
+        (0..len)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((s >> 8) as f32 / (1u32 << 24) as f32) - 0.5
+            })
+            .collect()
+    };
+    for &(m, k, n) in &ORDER_SHAPES {
+        let a = seq(m * k, 11);
+        let b = seq(k * n, 12);
+        let mut bt = vec![0.0f32; k * n];
+        for p in 0..k {
+            for j in 0..n {
+                bt[j * k + p] = b[p * n + j];
+            }
+        }
+        let bias = seq(m * n, 13);
+        for seed in [None, Some(&bias[..])] {
+            // The order, spelled out: per output, fused multiply-adds from zero over each depth
+            // chunk, each chunk's sum added to the output in turn.
+            let mut want = seed.map_or_else(|| vec![0.0f32; m * n], <[f32]>::to_vec);
+            for i in 0..m {
+                for j in 0..n {
+                    for (c, &(p0, kc)) in depth_chunks(k).iter().enumerate() {
+                        let mut acc = 0.0f32;
+                        for p in p0..p0 + kc {
+                            acc = a[i * k + p].mul_add(b[p * n + j], acc);
+                        }
+                        let o = &mut want[i * n + j];
+                        *o = if c == 0 && seed.is_none() {
+                            acc
+                        } else {
+                            *o + acc
+                        };
+                    }
+                }
+            }
+            for (parallel, transposed) in [(false, false), (true, false), (true, true)] {
+                let mut d = seed.map_or_else(|| vec![7.0f32; m * n], <[f32]>::to_vec);
+                let rhs = if transposed {
+                    view(MatRef::row_major(&bt, n, k))?.t()
+                } else {
+                    view(MatRef::row_major(&b, k, n))?
+                };
+                gemm_f32(
+                    &mut d,
+                    view(MatRef::row_major(&a, m, k))?,
+                    rhs,
+                    seed.is_some(),
+                    parallel,
+                )
+                .map_err(|e| e.to_string())?;
+                if let Some(at) = d
+                    .iter()
+                    .zip(&want)
+                    .position(|(x, y)| x.to_bits() != y.to_bits())
+                {
+                    return Err(format!(
+                        "{m}x{k}x{n} (parallel {parallel}, transposed {transposed}, seeded {}): output {at} is {:e}, the order gives {:e}",
+                        seed.is_some(),
+                        d[at],
+                        want[at]
+                    ));
+                }
+            }
+        }
+    }
+    Ok(ORDER_SHAPES.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,6 +609,32 @@ mod tests {
         let r = naive(&x, &wt, m, k, n);
         for (a, b) in y.iter().zip(&r) {
             assert!((*a as f64 - b).abs() < 1e-4, "{a} vs {b}");
+        }
+    }
+
+    /// Bit for bit the order [`gemm_f32`] documents, on both sides of every path `gemm` would
+    /// otherwise choose by shape (its ISA-dependent small-matrix kernels: `m·n ≤ 256`, `m ≤ 1`,
+    /// `n ≤ 1`, `k ≤ 2`; its cache-dependent depth blocking above 512; thread blocks with a
+    /// narrow tail): the result depends on the inputs only, not on the CPU's vector width or
+    /// cache sizes. `petite doctor` runs the same check on the machine it runs on.
+    #[test]
+    fn gemm_follows_one_summation_order_whatever_the_shape() {
+        assert_eq!(summation_order_check(), Ok(ORDER_SHAPES.len()));
+    }
+
+    #[test]
+    fn depth_chunks_cover_the_depth_in_near_equal_pieces() {
+        for k in [1, 2, 3, 511, 512, 513, 514, 1024, 1025, 1537, 16384] {
+            let c = depth_chunks(k);
+            assert_eq!(c.len(), k.div_ceil(DEPTH_CHUNK));
+            assert_eq!(c[0].0, 0);
+            assert!(c.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+            assert_eq!(c.last().map(|&(s, l)| s + l), Some(k));
+            assert!(
+                c.iter()
+                    .all(|&(_, l)| l <= DEPTH_CHUNK && (k <= 2 || l > 2)),
+                "{k}: {c:?}"
+            );
         }
     }
 

@@ -17,7 +17,10 @@ pub use activation::{gelu_tanh, gelu_tanh_scalar, silu, silu_scalar};
 pub use attention::{SdpaShape, sdpa, softmax_lastdim};
 pub use conv::{Conv2dParams, conv2d, conv2d_out_hw};
 pub use elementwise::{broadcast_shape, broadcast_strides, broadcast_to, map_binary, map_ternary};
-pub use matmul::{MatRef, gemm_f32, linear, matmul_batched};
+pub use matmul::{
+    DEPTH_CHUNK, MatRef, ORDER_SHAPES, depth_chunks, gemm_f32, linear, matmul_batched,
+    summation_order_check,
+};
 pub use norm::{layer_norm, rms_norm};
 pub use rope::{rope_cos_sin, rope_inv_freq, rotary_halves};
 pub use shape::{

@@ -1,5 +1,6 @@
-//! `petite doctor`: what this machine offers the export — the GPU the CUDA driver reports (if
-//! any) and which TensorRT builder `--backend tensorrt` would use, found the same way.
+//! `petite doctor`: what this machine offers the export — architecture and OS page size, the GPU
+//! the CUDA driver reports (if any) and which TensorRT builder `--backend tensorrt` would use,
+//! found the same way.
 use std::path::PathBuf;
 
 use clap::Args;
@@ -19,6 +20,18 @@ pub struct DoctorArgs {
 
 /// Runs `petite doctor`; fails only on an I/O error printing.
 pub fn run(a: DoctorArgs) -> anyhow::Result<()> {
+    println!(
+        "system: {} {}, page size: {} bytes",
+        std::env::consts::OS,
+        std::env::consts::ARCH,
+        petite_weights::page_size()
+    );
+    // The reference executor's GEMM (and so step.pte's timestep table) in its one summation
+    // order on this CPU: what makes exports byte-identical across x86-64 and aarch64.
+    match petite_reference::kernels::summation_order_check() {
+        Ok(n) => println!("gemm: the documented summation order, bit for bit ({n} shapes)"),
+        Err(e) => println!("gemm: NOT the documented summation order: {e}"),
+    }
     match petite_engine::gpu::probe() {
         Some(g) => println!(
             "gpu: {} (compute capability {}.{}, {:.1} GiB, {})",

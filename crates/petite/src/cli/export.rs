@@ -37,6 +37,12 @@ pub struct ExportArgs {
     /// GPU present, else sm86, the nearest to Jetson Orin's sm87, which TensorRT-RTX lacks).
     #[arg(long, value_name = "smXY")]
     pub trt_target: Option<String>,
+    /// tensorrt: build weight-streamable engines (trtexec --weightStreaming, TensorRT-RTX
+    /// BuilderFlag.WEIGHT_STREAMING) and give every engine this much GPU weight memory at run
+    /// time, e.g. 256MiB (the `weight_streaming_budget` compile spec Torch-TensorRT's runtime
+    /// reads per engine; at least one layer's weights).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub weight_streaming_budget: Option<u64>,
     /// Weight bytes per engine, e.g. 512MiB (default: from --memory-budget, else 512MiB; not
     /// with --backend portable).
     #[arg(long, value_parser = parse_size)]
@@ -66,12 +72,16 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         trtexec: a.trtexec.clone(),
         trt_python: a.trt_python.clone(),
         trt_target: a.trt_target.clone(),
+        weight_streaming_budget: a.weight_streaming_budget,
     };
     if a.backend != Backend::TensorRt
-        && (a.trtexec.is_some() || a.trt_python.is_some() || a.trt_target.is_some())
+        && (a.trtexec.is_some()
+            || a.trt_python.is_some()
+            || a.trt_target.is_some()
+            || a.weight_streaming_budget.is_some())
     {
         anyhow::bail!(
-            "--trtexec, --trt-python and --trt-target apply to --backend tensorrt only (got --backend {})",
+            "--trtexec, --trt-python, --trt-target and --weight-streaming-budget apply to --backend tensorrt only (got --backend {})",
             a.backend.name()
         );
     }

@@ -101,6 +101,7 @@ impl<'l> EngineStages<'l> {
         // The costliest engine to build under the backend's memory model (by dtype mix).
         let mut engine_need = 0u64;
         for (plan, program) in [(&prefix_plan, &progs.prefix), (&step_plan, &progs.step)] {
+            builder.check_plan(program, plan)?; // e.g. a weight-streaming budget below one layer
             for e in &plan.engines {
                 engine_need = engine_need.max(memory.bytes(WeightBytes::of_engine(program, e)));
             }
@@ -207,7 +208,8 @@ impl<'l> EngineStages<'l> {
             .reports
             .iter()
             .zip(&plan.engines)
-            .map(|(r, e)| {
+            .zip(&rep.engines)
+            .map(|((r, e), built)| {
                 let wb = WeightBytes::of_engine(program, e);
                 json!({
                     "name": r.name,
@@ -223,6 +225,7 @@ impl<'l> EngineStages<'l> {
                     "builder_peak_rss_bytes": r.stats.map(|s| s.builder_peak_rss_bytes),
                     "build_s": r.stats.map(|s| s.build_s),
                     "plan_bytes": r.stats.map(|s| s.plan_bytes),
+                    "compile_specs": engines::compile_specs_json(built),
                 })
             })
             .collect();
@@ -436,7 +439,7 @@ fn forward_method(
         let d = m.delegate(DelegateSpec {
             id: e.backend_id.clone(),
             processed: Processed::Segment(seg),
-            compile_specs: vec![],
+            compile_specs: engines::compile_specs(e),
         });
         let mut args = Vec::new();
         for &v in e.input_values.iter().chain(&e.output_values) {

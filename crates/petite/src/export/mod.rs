@@ -50,7 +50,9 @@ use crate::{Error, Result};
 pub const METHOD: &str = "forward";
 /// Method of `step.pte` returning the timestep table.
 pub const TABLE_METHOD: &str = "timestep_table";
-/// Alignment of engine segments in the `.pte` (a page: engines are mapped in place).
+/// Alignment of engine segments in the `.pte`: a file-format choice (4 KiB, the smallest Linux
+/// page), not the OS page; `verify` maps engine regions rounded to the OS page, so 16/64 KiB-page
+/// kernels read it as well.
 pub const ENGINE_ALIGNMENT: u64 = 4096;
 /// Default engine cap when neither `--engine-cap` nor a backend-driven budget sets one.
 pub const DEFAULT_ENGINE_CAP: u64 = 512 << 20;
