@@ -288,8 +288,9 @@ def main():
         theirs = mirror(ours, mode == "device")
         compare(path, ours, theirs)
         copies = sum(1 for s in ours["steps"] if s[0] in ("h2d", "d2h"))
+        bufs = ", ".join(f"buffer {k} on {d}:{i}" for (k, (d, i)) in ours["buffer_devices"])
         print(f"  {path}: {mode} placement equals ExecuTorch 1.5.1's: {len(ours['delegates'])} "
-              f"delegates, {copies} copies, buffers {ours['buffer_devices'] or 'all CPU'}, "
+              f"delegates, {copies} copies, {bufs or 'every buffer on the host'}, "
               f"{len(ours['values'])} tensors")
 
 
