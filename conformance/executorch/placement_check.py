@@ -16,8 +16,8 @@ by field: the instruction sequence (copy operators, where they sit, each delegat
 every tensor's dtype, sizes, planned buffer and device tag (`extra_tensor_info`), which planned
 buffers exist and their devices (`non_const_buffer_device`), the operator table, each delegate's
 `target_device` compile spec, the method's inputs and outputs. Buffer sizes and offsets are not
-compared (ExecuTorch reuses memory by lifetime, petite plans each value its own slot); both
-programs must keep every tensor inside its buffer. Exit 1 on the first difference, naming it.
+compared (both plan by lifetime, with different orders); in both programs no two tensors may
+share a byte while both are live. Exit 1 on the first difference, naming it.
 """
 
 import sys
@@ -221,6 +221,42 @@ def describe(program, method="forward"):
     }
 
 
+def check_lifetimes(path, who, plan):
+    """No two tensors of one planned buffer share a byte while both are live (first to last
+    instruction naming them; method inputs from the start, outputs to the end)."""
+    n = sum(len(c.instructions) for c in plan.chains)
+    live = {}
+
+    def touch(v, at):
+        a, b = live.get(v, (at, at))
+        live[v] = (min(a, at), max(b, at))
+
+    for v in plan.inputs:
+        touch(v, 0)
+    at = 0
+    for chain in plan.chains:
+        for ins in chain.instructions:
+            at += 1
+            for v in getattr(ins.instr_args, "args", []):
+                touch(v, at)
+    for v in plan.outputs:
+        touch(v, n + 1)
+    spans = []
+    for vi, (first, last) in live.items():
+        t = plan.values[vi].val
+        if not isinstance(t, Tensor) or t.allocation_info is None:
+            continue
+        a = t.allocation_info
+        off = a.memory_offset_low | (a.memory_offset_high << 32)
+        nbytes = torch.zeros(list(t.sizes), dtype=DTYPES[int(t.scalar_type)]).nbytes
+        spans.append((a.memory_id, off, off + nbytes, first, last, vi))
+    for i, x in enumerate(spans):
+        for y in spans[i + 1:]:
+            if x[0] == y[0] and x[1] < y[2] and y[1] < x[2] and x[3] <= y[4] and y[3] <= x[4]:
+                fail(f"{path}: {who}: values {x[5]} and {y[5]} overlap in buffer {x[0]} while both are live")
+    return len(spans)
+
+
 def origin(name):
     """The value a (chain of) copies started from."""
     while "(" in name:
@@ -287,11 +323,15 @@ def main():
                 fail(f"{path}: method {p.name} has device buffers")
         theirs = mirror(ours, mode == "device")
         compare(path, ours, theirs)
+        check_lifetimes(path, "petite", ours["plan"])
+        check_lifetimes(path, "ExecuTorch", theirs["plan"])
+        sizes = (list(ours["plan"].non_const_buffer_sizes[1:]),
+                 list(theirs["plan"].non_const_buffer_sizes[1:]))
         copies = sum(1 for s in ours["steps"] if s[0] in ("h2d", "d2h"))
         bufs = ", ".join(f"buffer {k} on {d}:{i}" for (k, (d, i)) in ours["buffer_devices"])
         print(f"  {path}: {mode} placement equals ExecuTorch 1.5.1's: {len(ours['delegates'])} "
               f"delegates, {copies} copies, {bufs or 'every buffer on the host'}, "
-              f"{len(ours['values'])} tensors")
+              f"{len(ours['values'])} tensors; buffer bytes petite {sizes[0]}, ExecuTorch {sizes[1]}")
 
 
 if __name__ == "__main__":

@@ -440,6 +440,119 @@ impl MethodBuilder {
         Ok(v)
     }
 
+    /// Re-plans planned buffer `memory_id` by lifetime, as ExecuTorch's memory planner does: a
+    /// tensor is live from the first to the last instruction of the (single, straight-line)
+    /// chain that names it — method inputs from the start, method outputs to the end, a tensor
+    /// no instruction names for the whole method — and two tensors share bytes only if their
+    /// lifetimes are disjoint. First fit in order of first use, 16-byte aligned; the buffer
+    /// shrinks to the highest end. Call after the chain is complete. Refuses a method with
+    /// jumps (lifetimes would not be intervals).
+    pub fn reuse_buffer(&mut self, memory_id: u32) -> Result<()> {
+        let plan = &mut self.plan;
+        let n = plan
+            .chains
+            .iter()
+            .map(|c| c.instructions.len())
+            .sum::<usize>();
+        let mut live: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+        let touch = |v: usize, at: usize, live: &mut BTreeMap<usize, (usize, usize)>| {
+            let e = live.entry(v).or_insert((at, at));
+            e.0 = e.0.min(at);
+            e.1 = e.1.max(at);
+        };
+        let values = &plan.values;
+        // Tensors a value index stands for (itself, or a list's members).
+        let tensors_of = |v: i32| -> Vec<usize> {
+            match values.get(v as usize) {
+                Some(EValue::Tensor(_)) => vec![v as usize],
+                Some(EValue::TensorList(l)) | Some(EValue::OptionalTensorList(l)) => {
+                    l.iter().filter(|&&i| i >= 0).map(|&i| i as usize).collect()
+                }
+                _ => vec![],
+            }
+        };
+        for &v in &plan.inputs {
+            for t in tensors_of(v) {
+                touch(t, 0, &mut live);
+            }
+        }
+        let mut at = 0;
+        for chain in &plan.chains {
+            for ins in &chain.instructions {
+                at += 1;
+                let named: Vec<i32> = match ins {
+                    Instruction::KernelCall { args, .. }
+                    | Instruction::DelegateCall { args, .. } => args.clone(),
+                    Instruction::MoveCall { move_from, move_to } => vec![*move_from, *move_to],
+                    Instruction::FreeCall { value_index } => vec![*value_index],
+                    Instruction::JumpFalseCall { .. } => {
+                        return Err(Error::Build(format!(
+                            "method {:?}: planned buffer {memory_id} cannot be re-planned by lifetime in a method with jumps",
+                            plan.name
+                        )));
+                    }
+                };
+                for v in named {
+                    for t in tensors_of(v) {
+                        touch(t, at, &mut live);
+                    }
+                }
+            }
+        }
+        for &v in &plan.outputs {
+            for t in tensors_of(v) {
+                touch(t, n + 1, &mut live);
+            }
+        }
+        // The buffer's tensors with their sizes and lifetimes, in order of first use.
+        let mut items: Vec<(usize, u64, (usize, usize))> = Vec::new();
+        for (i, v) in plan.values.iter().enumerate() {
+            if let EValue::Tensor(t) = v
+                && t.allocation_info.is_some_and(|a| a.memory_id == memory_id)
+            {
+                let nbytes = t.nbytes().ok_or_else(|| {
+                    Error::Build(format!(
+                        "method {:?}: value {i} has no byte size",
+                        plan.name
+                    ))
+                })?;
+                items.push((i, nbytes, live.get(&i).copied().unwrap_or((0, n + 1))));
+            }
+        }
+        items.sort_by_key(|&(i, _, (first, _))| (first, i));
+        let mut placed: Vec<(u64, u64, usize)> = Vec::new(); // (offset, end, last use)
+        let mut high = 0u64;
+        for (i, nbytes, (first, last)) in items {
+            let mut busy: Vec<(u64, u64)> = placed
+                .iter()
+                .filter(|&&(_, _, l)| l >= first)
+                .map(|&(o, e, _)| (o, e))
+                .collect();
+            busy.sort_unstable();
+            let mut offset = 0u64;
+            for (o, e) in busy {
+                if offset + nbytes <= o {
+                    break;
+                }
+                offset = offset.max(e.div_ceil(PLANNED_ALIGNMENT) * PLANNED_ALIGNMENT);
+            }
+            if let EValue::Tensor(t) = &mut plan.values[i] {
+                t.allocation_info = Some(AllocationDetails {
+                    memory_id,
+                    memory_offset: offset,
+                });
+            }
+            placed.push((offset, offset + nbytes, last));
+            high = high.max(offset + nbytes);
+        }
+        let k = memory_id as usize;
+        if plan.non_const_buffer_sizes.len() <= k {
+            plan.non_const_buffer_sizes.resize(k + 1, 0);
+        }
+        plan.non_const_buffer_sizes[k] = high as i64;
+        Ok(())
+    }
+
     /// Puts planned buffer `memory_id` (1-based) on a device: listed in the plan's
     /// `non_const_buffer_device` (ExecuTorch lists only non-CPU buffers there; the runtime backs
     /// them with that device's allocator), and every tensor later planned in it with

@@ -564,3 +564,41 @@ fn device_placement_round_trips_and_a_lying_device_tag_is_refused() {
         assert!(e.contains("tagged") && e.contains("planned buffer"), "{e}");
     }
 }
+
+/// `reuse_buffer`: tensors of one buffer share bytes only when their lifetimes (first to last
+/// instruction naming them) are disjoint; the buffer shrinks to what is live at once.
+#[test]
+fn reuse_buffer_plans_by_lifetime() {
+    let mut m = MethodBuilder::new("forward");
+    m.place_buffer(2, DeviceType::CUDA, 0);
+    let x = m.planned_tensor_in(1, ScalarType::FLOAT, &[4]).unwrap();
+    let y = m.planned_tensor_in(1, ScalarType::FLOAT, &[4]).unwrap();
+    // a -> b -> c on the device, each 40 bytes (rounded to 48 by the 16-byte alignment).
+    let dev: Vec<i32> = (0..3)
+        .map(|_| m.planned_tensor_in(2, ScalarType::FLOAT, &[10]).unwrap())
+        .collect();
+    let (a, b, c) = (dev[0], dev[1], dev[2]);
+    m.kernel_call("et_copy::_h2d_copy", "out", &[x, a, a]);
+    m.kernel_call("aten::relu", "out", &[a, b, b]);
+    m.kernel_call("aten::relu", "out", &[b, c, c]);
+    m.kernel_call("et_copy::_d2h_copy", "out", &[c, y, y]);
+    m.inputs(&[x]);
+    m.outputs(&[y]);
+    m.reuse_buffer(2).unwrap();
+    let plan = m.plan_mut().clone();
+    let off = |v: i32| match &plan.values[v as usize] {
+        EValue::Tensor(t) => t.allocation_info.unwrap().memory_offset,
+        _ => unreachable!(),
+    };
+    // a and b are live together at instruction 2, b and c at 3; a is dead before c.
+    assert_eq!((off(a), off(b), off(c)), (0, 48, 0));
+    assert_eq!(plan.non_const_buffer_sizes[2], 88);
+    // The host buffer is left alone.
+    assert_eq!((off(x), off(y)), (0, 16));
+    // Still a valid program (every tensor inside its buffer, tags match).
+    let mut pb = ProgramBuilder::new();
+    let mut m2 = MethodBuilder::new("forward");
+    *m2.plan_mut() = plan;
+    pb.add_method(m2).unwrap();
+    pb.build().unwrap();
+}

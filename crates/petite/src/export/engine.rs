@@ -429,7 +429,8 @@ impl Stages for EngineStages<'_> {
 /// tagged in `extra_tensor_info`), an `et_copy::_h2d_copy.out` into a fresh device tensor before
 /// each delegate's use of a method input, an `et_copy::_d2h_copy.out` after the delegate that
 /// produces a method output, none between delegates, and `target_device=cuda:d` on every
-/// delegate (the compile spec Torch-TensorRT's partitioner sets). The conformance tier checks
+/// delegate (the compile spec Torch-TensorRT's partitioner sets); device tensors share buffer
+/// 2 by lifetime ([`MethodBuilder::reuse_buffer`]). The conformance tier checks
 /// this layout against ExecuTorch's own exporter.
 fn forward_method(
     pb: &mut ProgramBuilder,
@@ -553,6 +554,12 @@ fn forward_method(
     }
     m.inputs(&inputs);
     m.outputs(&outputs);
+    if device.is_some() {
+        // Device memory is the scarce one (on a Jetson, the one DRAM the engines live in):
+        // values share it by lifetime, as ExecuTorch's planner shares it. The host buffer keeps
+        // the one-slot-per-value plan of `--placement host`.
+        m.reuse_buffer(DEVICE)?;
+    }
     pb.add_method(m)?;
     Ok(())
 }
