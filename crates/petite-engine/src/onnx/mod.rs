@@ -126,9 +126,35 @@ enum Attr {
     Ints(Vec<i64>),
 }
 
+/// How [`emit_with`] writes a model, beyond its [`Flavor`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmitOptions<'a> {
+    /// Which model to emit.
+    pub flavor: Flavor,
+    /// `linear` as `Gemm(x, W, b, transB=1)` (inputs of rank ≠ 2 reshaped to 2-D around it)
+    /// instead of `MatMul(x, Transpose(W))`. For ONNX Runtime: it constant-folds a `Transpose`
+    /// of an initializer into a transposed copy held in memory, one per `linear` node — for a
+    /// weight shared by ten steps, ten copies — where `Gemm` reads the stored weight as it is.
+    pub gemm_linear: bool,
+    /// The graph's name.
+    pub graph_name: &'a str,
+}
+
+impl EmitOptions<'_> {
+    /// What [`emit`] uses: `MatMul(x, Transpose(W))`, graph `petite_engine`.
+    pub fn engine(flavor: Flavor) -> Self {
+        EmitOptions {
+            flavor,
+            gemm_linear: false,
+            graph_name: "petite_engine",
+        }
+    }
+}
+
 struct Emitter<'a> {
     p: &'a Program,
     flavor: Flavor,
+    gemm_linear: bool,
     weights: &'a BTreeMap<String, WeightLocation>,
     location: &'a str,
     nodes: Vec<Msg>,
@@ -386,6 +412,31 @@ impl Emitter<'_> {
                     None
                 };
                 let y = match &n.op {
+                    Op::Linear if self.gemm_linear => {
+                        let xs = self.p.node(n.inputs[0]).tensor().map(|t| t.shape.clone());
+                        let ys = self.p.node(id).tensor().map(|t| t.shape.clone());
+                        let (Some(xs), Some(ys)) = (xs, ys) else {
+                            return Err(self.unsupported(id, "tuple operand"));
+                        };
+                        let k = *xs.last().unwrap_or(&1) as i64;
+                        let x2 = if xs.len() == 2 {
+                            x
+                        } else {
+                            let s = self.const_i64(&[-1, k]);
+                            self.op("Reshape", &[&x, &s], vec![])
+                        };
+                        let mut ins = vec![x2.as_str(), w.as_str()];
+                        if let Some(b) = &b {
+                            ins.push(b);
+                        }
+                        let g = self.op("Gemm", &ins, vec![("transB", Attr::I(1))]);
+                        if ys.len() == 2 {
+                            g
+                        } else {
+                            let s = self.const_i64(&dims(&ys));
+                            self.op("Reshape", &[&g, &s], vec![])
+                        }
+                    }
                     Op::Linear => {
                         let wt =
                             self.op("Transpose", &[&w], vec![("perm", Attr::Ints(vec![1, 0]))]);
@@ -811,6 +862,20 @@ pub fn emit(
     location: &str,
     flavor: Flavor,
 ) -> Result<Vec<u8>> {
+    emit_with(program, weights, location, &EmitOptions::engine(flavor))
+}
+
+/// [`emit`] with explicit [`EmitOptions`]. Every weight node is one initializer (external data
+/// in `location`); a program that declares each weight once (petite-graph's builder does, also
+/// across [`petite_graph::Builder::inline`]d copies) stores each weight once however many nodes
+/// read it.
+pub fn emit_with(
+    program: &Program,
+    weights: &BTreeMap<String, WeightLocation>,
+    location: &str,
+    opts: &EmitOptions<'_>,
+) -> Result<Vec<u8>> {
+    let flavor = opts.flavor;
     program.validate()?;
     let order = program.topo_order()?;
     let names: Vec<String> = program
@@ -823,6 +888,7 @@ pub fn emit(
     let mut e = Emitter {
         p: program,
         flavor,
+        gemm_linear: opts.gemm_linear,
         weights,
         location,
         nodes: Vec::new(),
@@ -855,7 +921,7 @@ pub fn emit(
     for n in &e.nodes {
         graph.msg(1, n);
     }
-    graph.str(2, "petite_engine");
+    graph.str(2, opts.graph_name);
     for t in &e.inits {
         graph.msg(5, t);
     }

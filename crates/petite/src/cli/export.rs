@@ -22,7 +22,9 @@ pub struct ExportArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Backend: reference | tensorrt (engines as delegates) | portable (no engines: every op an
-    /// ExecuTorch portable kernel call, runs in any ExecuTorch runtime; check with `petite verify`).
+    /// ExecuTorch portable kernel call, runs in any ExecuTorch runtime; check with `petite verify`)
+    /// | onnx (the whole policy as one ONNX model, OUT/pi05.onnx + pi05.onnx.data + pi05.onnx.json,
+    /// for ONNX Runtime (f32) or TensorRT; check with `petite verify`).
     #[arg(long, value_enum, default_value = "reference")]
     pub backend: Backend,
     /// tensorrt: TensorRT's trtexec (JetPack: /usr/src/tensorrt/bin/trtexec); else
@@ -95,6 +97,20 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         .map(std::time::Duration::from_millis);
     let r = export(&o).with_context(|| format!("export of {}", a.checkpoint.display()))?;
     print!("{}", r.table);
+    if a.backend == Backend::Onnx {
+        let o = &r.report_json["onnx"];
+        println!(
+            "onnx: wrote {} ({} B protobuf, opset {}, {} initializers, {} B of weights in {}; report: {})",
+            a.out.join(petite::export::onnx::MODEL).display(),
+            o["model_bytes"],
+            o["opset"],
+            o["initializers"],
+            o["weight_bytes"],
+            petite::export::onnx::DATA,
+            r.report.display()
+        );
+        return Ok(());
+    }
     if a.backend == Backend::Portable {
         let m =
             |p: &str| r.report_json["programs"][p]["methods"][0]["plan"]["planned_bytes"].clone();
