@@ -8,6 +8,8 @@ DIR holds pi05.onnx, pi05.onnx.data and pi05.onnx.json (the interface, checked a
 inputs file first: a name, dtype or shape the model does not take is one line naming it).
 INPUTS holds images, image_masks, tokens, token_mask, noise (testdata/pi05/README.md).
 --check: onnx.checker.check_model(full_check=True) first (needs the onnx package).
+--probe-bf16: for a bf16 model, after --check, confirm ONNX Runtime's CPU provider refuses it
+(NOT_IMPLEMENTED; exit 0), which is what `petite verify`'s refusal states (exit 1 if it ran).
 --expected: max |actions - golden[key]| <= tol, folded as petite's max_abs_diff does (a NaN or
 +-inf on either side, or a length mismatch, fails; never a number). --no-prepack: ONNX
 Runtime's session.disable_prepacking (no packed copy of each weight per node that reads it).
@@ -64,6 +66,22 @@ def max_abs_diff(actual, expected):
     return float(np.float32(np.abs(a.astype(np.float64) - e.astype(np.float64)).max())), None
 
 
+def probe_bf16(model, check_s):
+    """What `petite verify` assumes of a bf16 model: ONNX Runtime's CPU provider cannot create a
+    session for it (NOT_IMPLEMENTED). Exit 0 when so; 1 when ORT ran it (the refusal is stale)."""
+    import onnxruntime as ort
+
+    try:
+        ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001  (ORT raises its own pybind types)
+        msg = str(e).strip().splitlines()[-1]
+        print(json.dumps({"runtime": f"onnxruntime {ort.__version__}", "checker_s": check_s,
+                          "bf16_session": "refused", "error": msg}))
+        sys.exit(0 if "NOT_IMPLEMENTED" in msg else 1)
+    print(json.dumps({"runtime": f"onnxruntime {ort.__version__}", "bf16_session": "created"}))
+    sys.exit(1)
+
+
 def arg(name, default=None):
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 
@@ -76,7 +94,16 @@ def main():
         fail(f"{spec_path}: missing (written by `petite export --backend onnx` next to pi05.onnx)")
     with open(spec_path) as f:
         spec = json.load(f)
+    check_s = None
+    if "--check" in sys.argv:
+        import onnx
+
+        t = time.perf_counter()
+        onnx.checker.check_model(model, full_check=True)
+        check_s = time.perf_counter() - t
     if spec.get("dtype") != "f32":
+        if "--probe-bf16" in sys.argv:
+            probe_bf16(model, check_s)
         fail(f"{model} is a {spec.get('dtype')} model: ONNX Runtime's CPU provider has no bf16 "
              "Gemm/MatMul kernels; run it with TensorRT, or export --dtype f32 for ONNX Runtime")
     inputs_path = arg("--inputs")
@@ -93,15 +120,6 @@ def main():
             fail(f"{inputs_path}: tensor `{name}`: the model takes {i['dtype']} {shape}, found "
                  f"{v.dtype} {list(v.shape)} (exported with another config?)")
         feeds[name] = np.ascontiguousarray(v)
-    if "--check" in sys.argv:
-        import onnx
-
-        t = time.perf_counter()
-        onnx.checker.check_model(model, full_check=True)
-        check_s = time.perf_counter() - t
-    else:
-        check_s = None
-
     import onnxruntime as ort
 
     so = ort.SessionOptions()

@@ -43,7 +43,7 @@ pub enum Tier {
     Pte,
     /// The weights tier (safetensors and conversion against Python's readers).
     Weights,
-    /// ONNX Runtime runs the per-engine ONNX models.
+    /// ONNX Runtime runs the per-engine ONNX models and the whole-policy export (`--backend onnx`).
     Onnx,
     /// ExecuTorch's runtime runs the portable exports.
     Portable,
