@@ -38,7 +38,7 @@ fn memcap(cmd: &mut Command, json: &Path) -> Result<crate::util::MemcapRun> {
 
 /// Inputs of the real config (3 cameras 224², 200 tokens of which 48 real, chunk 50 × 32):
 /// deterministic, images in [-1, 1], one camera masked.
-fn write_inputs(path: &Path) -> Result<()> {
+pub(super) fn write_inputs(path: &Path) -> Result<()> {
     let table = [
         TensorSpec::new("images", Dtype::F32, &[3, 3, 224, 224]),
         TensorSpec::new("image_masks", Dtype::U8, &[3]),

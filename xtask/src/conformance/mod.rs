@@ -11,6 +11,7 @@ use crate::util;
 mod aarch64;
 mod lerobot;
 mod onnx;
+pub use onnx::REQUIREMENTS as ONNX_REQUIREMENTS;
 mod portable;
 mod pte;
 mod tensorrt;

@@ -364,13 +364,14 @@ impl Emitter<'_> {
             .tensor()
             .cloned()
             .ok_or_else(|| self.unsupported(id, "constant declared as a tuple"))?;
-        let raw: Vec<u8> = match (self.flavor, t.dtype) {
+        let raw: std::borrow::Cow<'_, [u8]> = match (self.flavor, t.dtype) {
             (Flavor::F32Twin, Dtype::Bf16) => data
                 .chunks_exact(2)
                 .flat_map(|c| {
                     f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16).to_le_bytes()
                 })
-                .collect(),
+                .collect::<Vec<u8>>()
+                .into(),
             (Flavor::F32Twin, Dtype::F16) => data
                 .chunks_exact(2)
                 .flat_map(|c| {
@@ -378,8 +379,9 @@ impl Emitter<'_> {
                         .to_f32()
                         .to_le_bytes()
                 })
-                .collect(),
-            _ => data.to_vec(),
+                .collect::<Vec<u8>>()
+                .into(),
+            _ => data.into(),
         };
         let c = self.init_raw(self.ty(t.dtype), &t.shape, &raw);
         self.finish_native(id, &c);
@@ -875,6 +877,21 @@ pub fn emit_with(
     location: &str,
     opts: &EmitOptions<'_>,
 ) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    emit_to(program, weights, location, opts, &mut v)?;
+    Ok(v)
+}
+
+/// [`emit_with`] written to `out` as it is encoded (the bytes are the same): what the whole-
+/// policy export uses, so the model is held in memory once (its nodes and initializers as
+/// encoded messages), not three times (nodes, graph, model). Returns the bytes written.
+pub fn emit_to(
+    program: &Program,
+    weights: &BTreeMap<String, WeightLocation>,
+    location: &str,
+    opts: &EmitOptions<'_>,
+    out: &mut dyn std::io::Write,
+) -> Result<u64> {
     let flavor = opts.flavor;
     program.validate()?;
     let order = program.topo_order()?;
@@ -917,36 +934,66 @@ pub fn emit_with(
         }
         outs.push(value_info(&o.name, e.ty(t.dtype), &t.shape));
     }
-    let mut graph = Msg::new();
-    for n in &e.nodes {
-        graph.msg(1, n);
-    }
-    graph.str(2, opts.graph_name);
-    for t in &e.inits {
-        graph.msg(5, t);
-    }
+    let mut graph_tail = Msg::new();
+    graph_tail.str(2, opts.graph_name);
+    let mut io_infos = Msg::new();
     for &id in &program.inputs {
         let t = program
             .node(id)
             .tensor()
             .cloned()
             .unwrap_or_else(|| petite_graph::TensorType::new(Dtype::F32, &[]));
-        graph.msg(
+        io_infos.msg(
             11,
             &value_info(&e.names[id.index()], e.ty(t.dtype), &t.shape),
         );
     }
     for o in &outs {
-        graph.msg(12, o);
+        io_infos.msg(12, o);
     }
-    let mut model = Msg::new();
-    model
-        .int(1, IR_VERSION)
+    // GraphProto: nodes (1), name (2), initializers (5), inputs (11), outputs (12); streamed
+    // field by field, so the model is never held twice (its length is known up front).
+    let graph_len: usize = e
+        .nodes
+        .iter()
+        .map(|n| pb::field_len(1, n.0.len()))
+        .sum::<usize>()
+        + graph_tail.0.len()
+        + e.inits
+            .iter()
+            .map(|t| pb::field_len(5, t.0.len()))
+            .sum::<usize>()
+        + io_infos.0.len();
+    let mut head = Msg::new();
+    head.int(1, IR_VERSION)
         .str(2, "petite")
-        .str(3, env!("CARGO_PKG_VERSION"))
-        .msg(7, &graph)
-        .msg(8, Msg::new().str(1, "").int(2, OPSET));
-    Ok(model.0)
+        .str(3, env!("CARGO_PKG_VERSION"));
+    let mut tail = Msg::new();
+    tail.msg(8, Msg::new().str(1, "").int(2, OPSET));
+    let io = |e: std::io::Error| Error::Io {
+        path: "(ONNX model)".into(),
+        op: "write",
+        source: e,
+    };
+    let mut n = 0u64;
+    let mut put = |b: &[u8]| -> Result<()> {
+        n += b.len() as u64;
+        out.write_all(b).map_err(io)
+    };
+    put(&head.0)?;
+    put(&pb::field_header(7, graph_len))?;
+    for m in &e.nodes {
+        put(&pb::field_header(1, m.0.len()))?;
+        put(&m.0)?;
+    }
+    put(&graph_tail.0)?;
+    for t in &e.inits {
+        put(&pb::field_header(5, t.0.len()))?;
+        put(&t.0)?;
+    }
+    put(&io_infos.0)?;
+    put(&tail.0)?;
+    Ok(n)
 }
 
 /// Writes `bytes` to `path` through a temporary name and a rename.

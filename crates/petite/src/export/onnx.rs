@@ -191,14 +191,16 @@ impl<'l> OnnxStages<'l> {
         }
         let progs = &l.progs;
         let selection = selection(&[&progs.prefix, &progs.step])?;
-        let r = petite_pi05::programs::time_row_len(&l.cfg);
-        let dry = petite_pi05::build_policy(&l.cfg, progs, &vec![0.0; l.cfg.steps * r])?;
-        let locs = stand_in_locations(&[&dry]);
-        onnx::emit_with(&dry, &locs, DATA, &emit_options()).map_err(|e| {
-            Error::Usage(format!(
-                "the policy program: {e}; --backend onnx cannot export it (nothing was written)"
-            ))
-        })?;
+        // The policy is the prefix and the step (plus a constant, a slice and a reshape per
+        // step): emitting those two into nothing checks every op and weight.
+        let locs = stand_in_locations(&[&progs.prefix, &progs.step]);
+        for (what, p) in [("prefix", &progs.prefix), ("step", &progs.step)] {
+            onnx::emit_to(p, &locs, DATA, &emit_options(), &mut std::io::sink()).map_err(|e| {
+                Error::Usage(format!(
+                    "the {what} program: {e}; --backend onnx cannot export it (nothing was written)"
+                ))
+            })?;
+        }
         Ok(OnnxStages {
             l,
             opts,
@@ -243,7 +245,11 @@ impl Stages for OnnxStages<'_> {
         let (cfg, progs) = (&self.l.cfg, &self.l.progs);
         let table = super::timestep_values(progs, &self.l.ck, cfg)?;
         self.policy = Some(petite_pi05::build_policy(cfg, progs, &table.values)?);
-        self.table = Some(table);
+        // The policy holds the table now (its one constant); only the shape is kept here.
+        self.table = Some(Table {
+            values: Vec::new(),
+            row_len: table.row_len,
+        });
         Ok(())
     }
 
@@ -260,18 +266,23 @@ impl Stages for OnnxStages<'_> {
         let c = self.mapping.as_ref().ok_or_else(Self::out_of_order)?;
         let policy = self.policy.as_ref().ok_or_else(Self::out_of_order)?;
         let locs = onnx::locations(c.file.header());
-        let bytes = onnx::emit_with(policy, &locs, DATA, &emit_options())?;
-        // The model: written and fsynced under its staged name (published by finish).
+        // The model: streamed as it is encoded and fsynced under its staged name (published
+        // by finish).
         let model = out.join(MODEL);
         let staged_model = save.staged(&model);
-        {
+        let model_bytes = {
             use std::io::Write;
-            let mut f = std::fs::File::create(&staged_model)
+            let f = std::fs::File::create(&staged_model)
                 .map_err(|e| Error::io(&staged_model, "create", e))?;
-            f.write_all(&bytes)
-                .and_then(|()| f.sync_all())
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            let n = onnx::emit_to(policy, &locs, DATA, &emit_options(), &mut w)?;
+            w.flush()
                 .map_err(|e| Error::io(&staged_model, "write", e))?;
-        }
+            w.get_ref()
+                .sync_all()
+                .map_err(|e| Error::io(&staged_model, "fsync", e))?;
+            n
+        };
         save.pb.inc(1);
         // The external data is the mapping file itself: moved (renamed, with its seal) from the
         // cache to `pi05.onnx.data` when the export publishes, so no weight byte is written
@@ -340,7 +351,7 @@ impl Stages for OnnxStages<'_> {
         save.pb.finish_and_clear();
         let data_bytes = std::fs::metadata(c.file.path()).map_or(0, |m| m.len());
         self.written = Some(Written {
-            model_bytes: bytes.len() as u64,
+            model_bytes,
             data_bytes,
             data_moved: moved,
             initializers: weights.len(),
