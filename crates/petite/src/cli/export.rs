@@ -1,4 +1,5 @@
-//! `petite export`: a pi0.5 checkpoint → `prefix.pte` + `step.pte` in bounded memory.
+//! `petite export`: a pi0.5 checkpoint → `prefix.pte` + `step.pte` (or, `--backend onnx`, one
+//! `pi05.onnx`) in bounded memory.
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -18,7 +19,8 @@ pub struct ExportArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Output directory: prefix.pte, step.pte, report.json, cache/ (mapping file); portable:
-    /// also prefix.pte.json, step.pte.json (the methods' inputs and outputs).
+    /// also prefix.pte.json, step.pte.json (the methods' inputs and outputs); onnx: pi05.onnx,
+    /// pi05.onnx.data (its external data: the mapping file), pi05.onnx.json, report.json.
     #[arg(long)]
     pub out: PathBuf,
     /// Backend: reference | tensorrt (engines as delegates) | portable (no engines: every op an

@@ -8,7 +8,8 @@
 //! (the bf16 mapping file, kept for the next run), `engines/` (only while building, or with
 //! `--keep-engines`). Finished engine files are named by a hash of their subgraph, the
 //! checkpoint's identity and the backend settings, so an interrupted export re-run with the same
-//! arguments reuses them.
+//! arguments reuses them. `--backend onnx` ([`onnx`]) writes `pi05.onnx`, `pi05.onnx.data` (the
+//! mapping file, moved out of `cache/` when published) and `pi05.onnx.json` instead of the `.pte`s.
 //!
 //! Faults ([`crate::guard`]): `.petite.lock` is locked (one export per `--out`) before the
 //! first write; the inputs' identities are checked at every stage boundary and before the
