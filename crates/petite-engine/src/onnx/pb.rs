@@ -112,7 +112,7 @@ mod tests {
         // A streamed field's header + body is the nested message's encoding.
         for len in [0usize, 1, 127, 128, 300, 16_384, 2_097_152] {
             let body = vec![7u8; len];
-            let whole = Msg::new().bytes(20, &body).0;
+            let whole = Msg::new().bytes(20, &body).0.clone();
             let mut streamed = field_header(20, len);
             streamed.extend_from_slice(&body);
             assert_eq!(streamed, whole, "{len}");
