@@ -167,7 +167,10 @@ def main():
             ok = False
     res["ok"] = ok
     if "--print-actions" in sys.argv:
-        res["actions"] = [float(x) for x in np.asarray(actions, dtype=np.float32).ravel()]
+        # JSON has no NaN/inf: those travel as the strings "nan", "inf", "-inf" (petite parses
+        # them back, and its max_abs_diff then fails naming the value and its index).
+        res["actions"] = [float(x) if np.isfinite(x) else str(x)
+                          for x in np.asarray(actions, dtype=np.float32).ravel()]
     print(json.dumps(res))
     if not ok:
         sys.exit(1)

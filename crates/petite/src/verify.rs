@@ -641,6 +641,20 @@ pub fn find_ort_python(explicit: Option<&Path>) -> Result<PathBuf> {
     Ok(python)
 }
 
+/// The actions of the ONNX Runtime driver's JSON line: numbers, and `"nan"`/`"inf"`/`"-inf"` for
+/// what JSON cannot hold (kept as such, so the shared fold fails on them naming the index).
+/// `None` when it is not a list of those.
+fn driver_actions(v: &serde_json::Value) -> Option<Vec<f32>> {
+    v.as_array()?
+        .iter()
+        .map(|x| match x {
+            serde_json::Value::Number(n) => n.as_f64().map(|f| f as f32),
+            serde_json::Value::String(s) => s.parse::<f32>().ok().filter(|f| !f.is_finite()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Runs `pi05.onnx` in ONNX Runtime: a separate Python process (`python`) running the driver
 /// embedded in this binary, one `session.run` for the whole policy. Returns the actions and the
 /// driver's JSON line (without the actions).
@@ -713,12 +727,8 @@ pub fn run_onnx(
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().last().unwrap_or("");
     let mut j: serde_json::Value = serde_json::from_str(line)?;
-    let actions: Vec<f32> = j["actions"]
-        .as_array()
-        .ok_or_else(|| bad(&model, "the driver returned no actions"))?
-        .iter()
-        .map(|v| v.as_f64().unwrap_or(f64::NAN) as f32)
-        .collect();
+    let actions = driver_actions(&j["actions"])
+        .ok_or_else(|| bad(&model, "the driver returned no actions"))?;
     if actions.len() != cfg.chunk * cfg.action_dim {
         return Err(bad(
             &model,
@@ -1009,5 +1019,30 @@ mod tests {
         let err = action_error(&clean, &clean[..4]).unwrap_err().to_string();
         assert!(err.contains("length mismatch"), "{err}");
         assert!(action_error(&clean[..4], &clean).is_err());
+    }
+
+    /// The ONNX Runtime driver's actions: a NaN or infinity it prints as a string comes back as
+    /// that value, so the fold fails on it (never a pass, never a lost element); anything else
+    /// that is not a number is no actions at all.
+    #[test]
+    fn driver_actions_keep_non_finite_values_for_the_fold() {
+        let j: serde_json::Value =
+            serde_json::from_str(r#"[0.5, "nan", -2, "-inf", "inf"]"#).unwrap();
+        let a = driver_actions(&j).unwrap();
+        assert_eq!(a.len(), 5);
+        assert!(a[1].is_nan() && a[3] == f32::NEG_INFINITY && a[4] == f32::INFINITY);
+        let err = action_error(&a, &[0.5, 0.0, -2.0, 0.0, 0.0])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("NaN") && err.contains("index 1"), "{err}");
+        for bad in [
+            r#"[1, "x"]"#,
+            r#"[1, "2.5"]"#,
+            r#"[1, null]"#,
+            r#"{"a": 1}"#,
+        ] {
+            let j: serde_json::Value = serde_json::from_str(bad).unwrap();
+            assert!(driver_actions(&j).is_none(), "{bad}");
+        }
     }
 }
