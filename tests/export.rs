@@ -413,6 +413,91 @@ fn sharded_hub_layout_exports_the_same_model() {
     );
 }
 
+/// The device placement ExecuTorch plans for device delegates (the conformance tier compares it
+/// with ExecuTorch's exporter field by field; this checks its invariants on the product's own
+/// output): method inputs and outputs in host buffer 1; every delegate argument a CUDA-tagged
+/// tensor in buffer 2, the only buffer `non_const_buffer_device` lists; an h2d copy into a fresh
+/// device tensor for each delegate use of a method input, a d2h copy after the delegate that
+/// produces each method output, no copy between delegates; `target_device=cuda:0` on every
+/// delegate.
+fn check_device_placement(pte: &Path) {
+    use petite_pte::model::{DeviceType, EValue, Instruction};
+    let f = petite_pte::PteFile::open(pte).unwrap();
+    let plan = &f.program().execution_plan[0];
+    assert_eq!(plan.name, "forward");
+    let devs = plan
+        .non_const_buffer_device
+        .as_ref()
+        .expect("device buffers");
+    assert_eq!(devs.len(), 1);
+    assert_eq!(
+        (
+            devs[0].buffer_idx,
+            devs[0].device_type,
+            devs[0].device_index
+        ),
+        (2, DeviceType::CUDA, 0)
+    );
+    let place = |v: i32| -> (u32, Option<DeviceType>) {
+        let EValue::Tensor(t) = &plan.values[v as usize] else {
+            panic!("value {v} is not a tensor")
+        };
+        let a = t.allocation_info.expect("planned");
+        (
+            a.memory_id,
+            t.extra_tensor_info.as_ref().map(|e| e.device_type),
+        )
+    };
+    let host = (1, None);
+    let device = (2, Some(DeviceType::CUDA));
+    for &v in plan.inputs.iter().chain(&plan.outputs) {
+        assert_eq!(place(v), host, "method I/O value {v}");
+    }
+    let ops: Vec<String> = (plan.operators.iter())
+        .map(|o| format!("{}.{}", o.name, o.overload))
+        .collect();
+    let (mut h2d, mut d2h, mut delegates) = (0, 0, 0);
+    let mut copied_inputs = std::collections::BTreeSet::new();
+    for ins in &plan.chains[0].instructions {
+        match ins {
+            Instruction::KernelCall { op_index, args } => {
+                let op = &ops[*op_index as usize];
+                assert_eq!(args.len(), 3);
+                assert_eq!(args[1], args[2], "out is the return value");
+                if op == "et_copy::_h2d_copy.out" {
+                    assert!(plan.inputs.contains(&args[0]), "h2d from a method input");
+                    assert_eq!((place(args[0]), place(args[1])), (host, device));
+                    assert!(
+                        copied_inputs.insert(args[1]),
+                        "a fresh device tensor per use"
+                    );
+                    h2d += 1;
+                } else {
+                    assert_eq!(op, "et_copy::_d2h_copy.out");
+                    assert!(plan.outputs.contains(&args[1]), "d2h into a method output");
+                    assert_eq!((place(args[0]), place(args[1])), (device, host));
+                    d2h += 1;
+                }
+            }
+            Instruction::DelegateCall {
+                delegate_index,
+                args,
+            } => {
+                for &a in args {
+                    assert_eq!(place(a), device, "delegate {delegate_index} arg {a}");
+                }
+                let d = &plan.delegates[*delegate_index as usize];
+                let spec = d.compile_specs.iter().find(|c| c.key == "target_device");
+                assert_eq!(spec.map(|c| c.value.as_slice()), Some(&b"cuda:0"[..]));
+                delegates += 1;
+            }
+            other => panic!("unexpected instruction {other:?}"),
+        }
+    }
+    assert!(delegates >= 1 && h2d >= plan.inputs.len().min(1));
+    assert_eq!(d2h, plan.outputs.len(), "one d2h per method output");
+}
+
 /// A stand-in `trtexec` at `path`: answers `--help` with TensorRT's version banner (how a
 /// trtexec is probed), then runs the shell `body`.
 fn stand_in(path: &Path, body: &str) -> std::path::PathBuf {
@@ -466,6 +551,29 @@ fn tensorrt_backend_with_a_stand_in_trtexec() {
     let v = verify_cmd(&c, &out).output().unwrap();
     assert!(!v.status.success());
     assert!(String::from_utf8_lossy(&v.stderr).contains("TensorRTBackend"));
+    assert_eq!(r["placement"], "device cuda:0");
+    for p in ["prefix", "step"] {
+        check_device_placement(&out.join(format!("{p}.pte")));
+    }
+
+    // --placement host: the engines reused, one host buffer, no copies, no device tags.
+    ok(
+        export_cmd(&c, &out, &["--backend", "tensorrt", "--placement", "host"])
+            .env("PETITE_TRTEXEC", &fake)
+            .output()
+            .unwrap(),
+    );
+    let rh = report(&out);
+    assert_eq!(rh["placement"], "host");
+    for p in ["prefix", "step"] {
+        let f = petite_pte::PteFile::open(out.join(format!("{p}.pte"))).unwrap();
+        for plan in &f.program().execution_plan {
+            assert!(plan.non_const_buffer_device.is_none(), "{p}");
+            assert!(plan.operators.is_empty(), "{p}: {:?}", plan.operators);
+            assert!(plan.delegates.iter().all(|d| d.compile_specs.is_empty()));
+            assert!(plan.non_const_buffer_sizes.len() <= 2);
+        }
+    }
 
     assert_eq!(r["builder"], "trtexec TensorRT 10.3.0");
     for p in ["prefix", "step"] {
@@ -670,7 +778,10 @@ fn weight_streaming_budget_builds_streamable_engines_and_writes_the_compile_spec
         for d in &specs {
             assert_eq!(
                 d,
-                &vec![("weight_streaming_budget".to_string(), value.clone())],
+                &vec![
+                    ("weight_streaming_budget".to_string(), value.clone()),
+                    ("target_device".to_string(), b"cuda:0".to_vec())
+                ],
                 "{p}"
             );
         }
@@ -713,10 +824,39 @@ fn weight_streaming_budget_builds_streamable_engines_and_writes_the_compile_spec
             .skip(builds)
             .all(|l| !l.contains("--weightStreaming"))
     );
-    assert!(specs_of(&out2.join("prefix.pte")).iter().all(Vec::is_empty));
+    let only_device = vec![("target_device".to_string(), b"cuda:0".to_vec())];
+    assert!(
+        specs_of(&out2.join("prefix.pte"))
+            .iter()
+            .all(|d| d == &only_device)
+    );
 
     // Not a TensorRT export: refused.
     let out3 = s.0.join("out3");
     let mut cmd = export_cmd(&c, &out3, &["--weight-streaming-budget", "64MiB"]);
     refused(&mut cmd, &out3, &["apply to --backend tensorrt only"]);
+}
+
+/// `--placement device` where the engines run on the CPU (reference) or there are no engines
+/// (portable): refused in one line before any work, nothing created.
+#[test]
+fn device_placement_is_refused_where_nothing_runs_on_a_device() {
+    let s = Scratch::new("placement");
+    let c = case("two_cams_mqa");
+    for backend in ["reference", "portable"] {
+        let out = s.0.join(backend);
+        let mut cmd = common::export_cmd(&c, &out);
+        cmd.args(["--backend", backend, "--placement", "device"]);
+        let err = refused(&mut cmd, &out, &[]);
+        // The cause is one line saying what to do (under anyhow's "Caused by").
+        let last = err.trim().lines().last().unwrap();
+        for needle in ["--placement device", "no device", "use --backend tensorrt"] {
+            assert!(last.contains(needle), "{err}");
+        }
+        assert!(!out.exists(), "{backend}: nothing created");
+    }
+    // Host placement is what those backends do anyway: accepted.
+    ok(export_cmd(&c, &s.0.join("host"), &["--placement", "host"])
+        .output()
+        .unwrap());
 }

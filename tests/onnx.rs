@@ -156,6 +156,10 @@ fn bad_input_is_refused_before_any_file_is_written() {
             &["--engine-cap does not apply to --backend onnx"],
         ),
         (
+            export_cmd(&c, &out, &["--placement", "device"]),
+            &["--placement device", "--backend onnx", "drop --placement"],
+        ),
+        (
             {
                 let mut cmd = export_cmd(&c, &out, &[]);
                 cmd.arg("--memory-budget").arg("1MiB");

@@ -383,6 +383,12 @@ pub trait EngineBuilder {
         let _ = (program, plan);
         Ok(())
     }
+    /// The CUDA device (index) this backend's engines run on, `None` for the host CPU. An
+    /// exporter plans such delegates' inputs and outputs in that device's memory, as ExecuTorch
+    /// plans a device-tagged delegate (see petite's `--placement`). The default is the host.
+    fn device(&self) -> Option<u8> {
+        None
+    }
 }
 
 /// What an earlier run left at an engine's path ([`reuse_engine`]).

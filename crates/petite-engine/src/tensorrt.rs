@@ -600,6 +600,11 @@ impl EngineBuilder for TensorRtBuilder {
         BACKEND_ID
     }
 
+    /// The device the blob names (`device_id`): Torch-TensorRT's runtime runs the engine there.
+    fn device(&self) -> Option<u8> {
+        u8::try_from(self.device_id).ok()
+    }
+
     fn info(&self) -> BuilderInfo {
         self.tool.info.clone()
     }

@@ -386,6 +386,26 @@ impl MethodBuilder {
     /// A tensor placed at the end of planned buffer 1 (16-byte aligned), growing it. A simple
     /// bump plan: no reuse between tensors with disjoint lifetimes.
     pub fn planned_tensor(&mut self, scalar_type: ScalarType, sizes: &[i32]) -> Result<i32> {
+        self.planned_tensor_in(1, scalar_type, sizes)
+    }
+
+    /// A tensor placed at the end of planned buffer `memory_id` (1-based; buffers up to it are
+    /// created empty), 16-byte aligned, growing it — the bump plan of
+    /// [`MethodBuilder::planned_tensor`] in any buffer. A tensor in a buffer given a device by
+    /// [`MethodBuilder::place_buffer`] carries that device in its `extra_tensor_info`, as
+    /// ExecuTorch's memory planner writes it.
+    pub fn planned_tensor_in(
+        &mut self,
+        memory_id: u32,
+        scalar_type: ScalarType,
+        sizes: &[i32],
+    ) -> Result<i32> {
+        if memory_id == 0 {
+            return Err(Error::Build(format!(
+                "method {:?}: planned buffer 0 is reserved",
+                self.plan.name
+            )));
+        }
         let t = Tensor::new(scalar_type, sizes);
         let nbytes = t.nbytes().ok_or_else(|| {
             Error::Build(format!(
@@ -393,13 +413,54 @@ impl MethodBuilder {
                 self.plan.name
             ))
         })?;
-        if self.plan.non_const_buffer_sizes.len() < 2 {
-            self.plan.non_const_buffer_sizes.resize(2, 0);
+        let k = memory_id as usize;
+        if self.plan.non_const_buffer_sizes.len() <= k {
+            self.plan.non_const_buffer_sizes.resize(k + 1, 0);
         }
-        let used = self.plan.non_const_buffer_sizes[1] as u64;
+        let used = self.plan.non_const_buffer_sizes[k] as u64;
         let offset = used.div_ceil(PLANNED_ALIGNMENT) * PLANNED_ALIGNMENT;
-        self.plan.non_const_buffer_sizes[1] = (offset + nbytes) as i64;
-        Ok(self.planned_tensor_at(scalar_type, sizes, 1, offset))
+        self.plan.non_const_buffer_sizes[k] = (offset + nbytes) as i64;
+        let v = self.planned_tensor_at(scalar_type, sizes, memory_id, offset);
+        let device = self
+            .plan
+            .non_const_buffer_device
+            .iter()
+            .flatten()
+            .find(|d| d.buffer_idx as u32 == memory_id)
+            .copied();
+        if let (Some(d), EValue::Tensor(t)) = (device, &mut self.plan.values[v as usize]) {
+            t.extra_tensor_info = Some(ExtraTensorInfo {
+                mutable_data_segments_idx: 0,
+                fully_qualified_name: None,
+                location: TensorDataLocation::SEGMENT,
+                device_type: d.device_type,
+                device_index: d.device_index,
+            });
+        }
+        Ok(v)
+    }
+
+    /// Puts planned buffer `memory_id` (1-based) on a device: listed in the plan's
+    /// `non_const_buffer_device` (ExecuTorch lists only non-CPU buffers there; the runtime backs
+    /// them with that device's allocator), and every tensor later planned in it with
+    /// [`MethodBuilder::planned_tensor_in`] tagged with the device. Call before planning
+    /// tensors in it.
+    pub fn place_buffer(&mut self, memory_id: u32, device_type: DeviceType, device_index: i8) {
+        let k = memory_id as usize;
+        if self.plan.non_const_buffer_sizes.len() <= k {
+            self.plan.non_const_buffer_sizes.resize(k + 1, 0);
+        }
+        let list = self
+            .plan
+            .non_const_buffer_device
+            .get_or_insert_with(Vec::new);
+        list.retain(|d| d.buffer_idx as u32 != memory_id);
+        list.push(NonConstBufferDevice {
+            buffer_idx: memory_id as i32,
+            device_type,
+            device_index,
+        });
+        list.sort_by_key(|d| d.buffer_idx);
     }
 
     /// The index of operator `name.overload`, added on first use.

@@ -37,6 +37,9 @@ pub struct MethodSummary {
     pub delegates: Vec<DelegateSummary>,
     /// Planned buffer sizes (without the reserved slot 0).
     pub planned_buffers: Vec<i64>,
+    /// Where each planned buffer lives, parallel to `planned_buffers`: `host`, or the device
+    /// `non_const_buffer_device` names (e.g. `CUDA:0`).
+    pub buffer_devices: Vec<String>,
 }
 
 /// One delegate.
@@ -204,6 +207,17 @@ pub fn summarize(p: &Program, layout: &Layout) -> Summary {
                     .skip(1)
                     .copied()
                     .collect(),
+                buffer_devices: (1..plan.non_const_buffer_sizes.len())
+                    .map(|k| {
+                        plan.non_const_buffer_device
+                            .iter()
+                            .flatten()
+                            .find(|d| d.buffer_idx as usize == k)
+                            .map_or("host".to_string(), |d| {
+                                format!("{:?}:{}", d.device_type, d.device_index)
+                            })
+                    })
+                    .collect(),
             }
         })
         .collect();
@@ -280,7 +294,10 @@ impl Summary {
                     }
                 );
             }
-            let _ = writeln!(s, "  planned buffers: {:?}", m.planned_buffers);
+            let buffers: Vec<String> = (m.planned_buffers.iter().zip(&m.buffer_devices))
+                .map(|(n, d)| format!("{n} ({d})"))
+                .collect();
+            let _ = writeln!(s, "  planned buffers: [{}]", buffers.join(", "));
         }
         for (k, seg, size) in &self.named_data {
             let _ = writeln!(s, "named data {k:?}: segment {seg}, {size} bytes");

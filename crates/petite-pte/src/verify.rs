@@ -349,6 +349,25 @@ fn verify_tensor(
                 a.memory_offset, a.memory_id
             )));
         }
+        // A planned tensor lives where its buffer lives: ExecuTorch tags device tensors and
+        // backs their buffer with that device's memory; a tag that disagrees with the buffer
+        // would hand a host pointer to device code or the reverse.
+        let buffer_device = plan
+            .non_const_buffer_device
+            .iter()
+            .flatten()
+            .find(|d| d.buffer_idx as u32 == a.memory_id)
+            .map_or((DeviceType::CPU, 0), |d| (d.device_type, d.device_index));
+        let tensor_device = t
+            .extra_tensor_info
+            .as_ref()
+            .map_or((DeviceType::CPU, 0), |e| (e.device_type, e.device_index));
+        if buffer_device != tensor_device {
+            return Err(Error::invalid(format!(
+                "tensor in planned buffer {} is tagged {:?}:{} but the buffer is on {:?}:{}",
+                a.memory_id, tensor_device.0, tensor_device.1, buffer_device.0, buffer_device.1
+            )));
+        }
     } else if t.data_buffer_idx > 0 && !external {
         let idx = t.data_buffer_idx as usize;
         if let Some(seg_size) = constant_seg_size {

@@ -494,3 +494,73 @@ fn a_file_cut_after_its_flatbuffer_is_a_truncated_error() {
         }
     }
 }
+
+/// A method planned as ExecuTorch plans device delegates: host buffer 1, CUDA buffer 2, copies
+/// at the edges. Returns the file's bytes, `f` applied to the program before encoding.
+fn device_program_with(f: impl FnOnce(&mut Program)) -> Vec<u8> {
+    let mut pb = ProgramBuilder::new();
+    let mut m = MethodBuilder::new("forward");
+    m.place_buffer(2, DeviceType::CUDA, 0);
+    let x = m.planned_tensor_in(1, ScalarType::FLOAT, &[4]).unwrap();
+    let xd = m.planned_tensor_in(2, ScalarType::FLOAT, &[4]).unwrap();
+    let yd = m.planned_tensor_in(2, ScalarType::FLOAT, &[4]).unwrap();
+    let y = m.planned_tensor_in(1, ScalarType::FLOAT, &[4]).unwrap();
+    m.kernel_call("et_copy::_h2d_copy", "out", &[x, xd, xd]);
+    m.kernel_call("et_copy::_d2h_copy", "out", &[yd, y, y]);
+    m.inputs(&[x]);
+    m.outputs(&[y]);
+    pb.add_method(m).unwrap();
+    let (mut p, segs) = pb.build().unwrap();
+    p.segments = petite_pte::writer::layout_segments(&segs).unwrap();
+    f(&mut p);
+    let fb = petite_pte::encode::encode_program(&p);
+    let base = (fb.len() as u64 + 32).div_ceil(128) * 128;
+    let mut out = petite_pte::header::insert(&fb, base, 0);
+    out.resize(base as usize, 0);
+    out
+}
+
+#[test]
+fn device_placement_round_trips_and_a_lying_device_tag_is_refused() {
+    let f = read_bytes(&device_program_with(|_| {})).unwrap();
+    let plan = &f.0.execution_plan[0];
+    assert_eq!(plan.non_const_buffer_sizes, vec![0, 32, 32]);
+    let devs = plan.non_const_buffer_device.as_ref().unwrap();
+    assert_eq!(devs.len(), 1);
+    assert_eq!(
+        (
+            devs[0].buffer_idx,
+            devs[0].device_type,
+            devs[0].device_index
+        ),
+        (2, DeviceType::CUDA, 0)
+    );
+    let tags: Vec<Option<DeviceType>> = plan
+        .values
+        .iter()
+        .map(|v| match v {
+            EValue::Tensor(t) => t.extra_tensor_info.as_ref().map(|e| e.device_type),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        tags,
+        vec![None, Some(DeviceType::CUDA), Some(DeviceType::CUDA), None]
+    );
+    // A device tensor whose tag was dropped, and a host tensor tagged CUDA: both refused.
+    for (value, tag) in [(1usize, None), (0, Some(DeviceType::CUDA))] {
+        let e = err_of(&device_program_with(|p| {
+            let EValue::Tensor(t) = &mut p.execution_plan[0].values[value] else {
+                unreachable!()
+            };
+            t.extra_tensor_info = tag.map(|device_type| ExtraTensorInfo {
+                mutable_data_segments_idx: 0,
+                fully_qualified_name: None,
+                location: TensorDataLocation::SEGMENT,
+                device_type,
+                device_index: 0,
+            });
+        }));
+        assert!(e.contains("tagged") && e.contains("planned buffer"), "{e}");
+    }
+}

@@ -22,7 +22,6 @@ const OPS_SCRIPT: &str = "conformance/executorch/run_portable_ops.py";
 const PI05_SCRIPT: &str = "conformance/executorch/run_pi05_portable.py";
 /// The pte tier's heavy venv, same list so the venv is shared (`--no-cache-dir` keeps pip's
 /// ~3 GB cache off the disk).
-const FULL_REQUIREMENTS: &[&str] = &["--no-cache-dir", "executorch==1.5.1", "torch==2.13.0"];
 /// bf16 portable export vs lerobot (f32 or bf16 mode). Measured max: 2.95e-2 vs f32 and 2.46e-2
 /// vs bf16 (two_cams_mqa); lerobot's own bf16-vs-f32 is 8e-3 – 9.6e-3. Portable bf16 kernels
 /// round inside mm/bmm and every elementwise op, where lerobot's bf16 mode keeps SigLIP, norms and
@@ -72,7 +71,10 @@ pub fn run(full: bool) -> Result<()> {
     )?;
     let mut pythons = vec![(util::venv("pte", codegen::PTE_VENV_REQUIREMENTS)?, "numpy")];
     if full {
-        pythons.push((util::venv("pte-full", FULL_REQUIREMENTS)?, "torch"));
+        pythons.push((
+            util::venv("pte-full", super::pte::FULL_REQUIREMENTS)?,
+            "torch",
+        ));
     }
     let mut dirs = Vec::new();
     for case in CASES {

@@ -13,7 +13,9 @@ use crate::{codegen, util};
 const SCRIPT: &str = "xtask/src/conformance/pte_check.py";
 
 /// The heavy tier's packages (`--no-cache-dir` keeps pip's ~3 GB cache off the disk).
-const FULL_REQUIREMENTS: &[&str] = &["--no-cache-dir", "executorch==1.5.1", "torch==2.13.0"];
+/// The venv of ExecuTorch 1.5.1 with PyTorch (its exporter and deserializer), `target/venv-pte-full`.
+pub(super) const FULL_REQUIREMENTS: &[&str] =
+    &["--no-cache-dir", "executorch==1.5.1", "torch==2.13.0"];
 
 /// Runs the tier.
 pub fn run(full: bool) -> Result<()> {

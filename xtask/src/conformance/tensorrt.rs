@@ -11,8 +11,13 @@
 //! plan built without it (TensorRT-RTX builds are otherwise byte-identical), and every delegate
 //! of both `.pte` files, read back with petite-pte's reader, carries exactly the
 //! `weight_streaming_budget` compile spec (ASCII decimal bytes, Torch-TensorRT's encoding); a
-//! budget below one layer is refused. The whole-policy ONNX export (`--backend onnx --dtype bf16`)
-//! of every golden is parsed and built by TensorRT-RTX as one engine. What it cannot check: running a plan (no GPU here that
+//! budget below one layer is refused. Placement: every export's `.pte` files (default: device
+//! placement) and one re-export with `--placement host` are compared field by field with the
+//! programs ExecuTorch 1.5.1's own exporter plans for the same delegate dataflow, with and
+//! without a `target_device=cuda:0` delegate (`conformance/executorch/placement_check.py`,
+//! venv `target/venv-pte-full`). The whole-policy ONNX export (`--backend onnx --dtype bf16`) of
+//! every golden is parsed and built by TensorRT-RTX as one engine. What it cannot check: running
+//! a plan (no GPU here that
 //! TensorRT-RTX supports: so not the plan's streamable size either), and JetPack TensorRT's own
 //! builder.
 
@@ -33,11 +38,14 @@ const STREAMING_BUDGET: (&str, u64) = ("64KiB", 64 << 10);
 /// Plan bytes allowed per engine: 1.05x its weights plus this much (kernels, metadata: the
 /// small goldens' engines measured 2.4-4.0 MiB of plan around under 0.3 MiB of weights).
 const PLAN_SLACK: u64 = 8 << 20;
+/// The delegate-placement oracle (ExecuTorch 1.5.1's exporter; see its docstring).
+const PLACEMENT_SCRIPT: &str = "conformance/executorch/placement_check.py";
 
 /// Runs the tier.
 pub fn run() -> Result<()> {
     let root = util::root();
     let python = util::venv("trt", &[petite_engine::tensorrt::RTX_REQUIREMENT])?;
+    let et_python = util::venv("pte-full", super::pte::FULL_REQUIREMENTS)?;
     let petite = util::release_petite()?;
     let out = root.join("target").join("tensorrt-conformance");
     if out.exists() {
@@ -82,6 +90,13 @@ pub fn run() -> Result<()> {
             cap.unwrap_or("default")
         );
         total += n;
+        placement_check(&et_python, "device", &dir)?;
+        if cap.is_some() {
+            // The same engines (reused) with the former layout: equal to ExecuTorch's program
+            // for delegates without a target device.
+            util::run(cmd.arg("--placement").arg("host"))?;
+            placement_check(&et_python, "host", &dir)?;
+        }
     }
     total += weight_streaming(&petite, &python, &out)?;
     refusals(&petite, &python, &out)?;
@@ -207,7 +222,11 @@ fn weight_streaming(petite: &Path, python: &Path, out: &Path) -> Result<usize> {
                     .map(|c| (c.key.as_str(), c.value.as_slice()))
                     .collect();
                 ensure!(
-                    specs == [("weight_streaming_budget", want.as_bytes())],
+                    specs
+                        == [
+                            ("weight_streaming_budget", want.as_bytes()),
+                            ("target_device", b"cuda:0")
+                        ],
                     "{p}.pte: delegate {} has compile specs {specs:?}",
                     d.id
                 );
@@ -221,6 +240,33 @@ fn weight_streaming(petite: &Path, python: &Path, out: &Path) -> Result<usize> {
         STREAMING_BUDGET.0
     );
     Ok(n)
+}
+
+/// ExecuTorch's own exporter against the delegate placement of `dir`'s `.pte` files
+/// (`conformance/executorch/placement_check.py`, `mode` device or host).
+fn placement_check(python: &Path, mode: &str, dir: &Path) -> Result<()> {
+    let script = util::root().join(PLACEMENT_SCRIPT);
+    let o = std::process::Command::new(python)
+        .arg(&script)
+        .arg(mode)
+        .arg(dir.join("prefix.pte"))
+        .arg(dir.join("step.pte"))
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    let err = String::from_utf8_lossy(&o.stderr);
+    ensure!(
+        o.status.success(),
+        "{}: {mode} placement differs from ExecuTorch's:\n{}",
+        dir.display(),
+        err.lines()
+            .filter(|l| l.starts_with("placement_check") || l.contains("Error"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    for l in String::from_utf8_lossy(&o.stdout).lines() {
+        eprintln!("xtask: tensorrt: placement:{l}");
+    }
+    Ok(())
 }
 
 /// The plan bytes inside a `TR01` blob.

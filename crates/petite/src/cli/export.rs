@@ -60,6 +60,12 @@ pub struct ExportArgs {
     /// compute in the weights' dtype (bf16 matmuls round inside the kernel; see README).
     #[arg(long, value_enum, default_value = "bf16")]
     pub dtype: super::PrecisionArg,
+    /// Where the delegates' inputs and outputs live: device (as ExecuTorch plans a device
+    /// delegate: values between engines in a CUDA buffer, host↔device copies only at the
+    /// method's inputs and outputs; what Torch-TensorRT's runtime on a Jetson needs) or host
+    /// (one CPU buffer, no copies). Default: device for tensorrt, host otherwise.
+    #[arg(long, value_enum)]
+    pub placement: Option<petite::export::Placement>,
     /// Keep the engine files under OUT/engines after writing the .pte files.
     #[arg(long)]
     pub keep_engines: bool,
@@ -93,6 +99,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     o.memory_budget = a.memory_budget;
     o.precision = a.dtype.into();
     o.keep_engines = a.keep_engines;
+    o.placement = a.placement;
     o.handle_ctrl_c = true;
     o.pause_after_engine = a
         .pause_after_engine_ms

@@ -54,6 +54,7 @@ pub fn to_json(s: &Summary) -> Value {
                 "compile_specs": d.compile_specs,
             })).collect::<Vec<_>>(),
             "planned_buffers": m.planned_buffers,
+            "buffer_devices": m.buffer_devices,
         })).collect::<Vec<_>>(),
         "named_data": s.named_data.iter()
             .map(|(k, seg, size)| json!({"key": k, "segment": seg, "size": size}))

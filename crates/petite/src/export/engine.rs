@@ -9,14 +9,14 @@ use petite_engine::{BuildOptions, BuiltEngine, EngineBuilder, EngineReport, Weig
 use petite_graph::{Program, ValueId};
 use petite_partition::{PartitionOptions, Plan};
 use petite_pi05::Precision;
-use petite_pte::model::ScalarType;
+use petite_pte::model::{DeviceType, ScalarType};
 use petite_pte::{DelegateSpec, MethodBuilder, Processed, ProgramBuilder, SegmentData};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::mapping::{self, ExportWeights};
 use super::{
-    CONVERT_BYTES, DEFAULT_ENGINE_CAP, ENGINE_ALIGNMENT, ExportOptions, Loaded, METHOD,
+    CONVERT_BYTES, DEFAULT_ENGINE_CAP, ENGINE_ALIGNMENT, ExportOptions, Loaded, METHOD, Placement,
     SaveTargets, Saved, Stages, TABLE_METHOD, Table, bar, interrupted, timestep_values,
 };
 use crate::engines::{self, Backend};
@@ -28,6 +28,8 @@ pub(super) struct EngineStages<'l> {
     l: &'l Loaded,
     opts: &'l ExportOptions,
     builder: Box<dyn EngineBuilder>,
+    /// The CUDA device the delegates' I/O is planned on (`None`: all in host memory).
+    device: Option<u8>,
     engine_cap: u64,
     memory_budget: Option<u64>,
     need: u64,
@@ -60,6 +62,16 @@ impl<'l> EngineStages<'l> {
         }
         // Finds and probes the backend's tool: a missing builder is refused before any work.
         let builder = opts.backend.builder(&opts.backend_options)?;
+        let device = match (opts.placement, builder.device()) {
+            (Some(Placement::Host), _) | (None, None) => None,
+            (Some(Placement::Device), Some(d)) | (None, Some(d)) => Some(d),
+            (Some(Placement::Device), None) => {
+                return Err(Error::Usage(format!(
+                    "--placement device: the {} backend's engines run on the CPU, so there is no device to place their inputs and outputs on; use --backend tensorrt, or drop --placement",
+                    opts.backend.name()
+                )));
+            }
+        };
         let memory = builder.memory();
         // On an integrated GPU (Jetson) the export shares the device's one memory pool: with no
         // cap or budget given, the budget is what is available now.
@@ -131,6 +143,7 @@ impl<'l> EngineStages<'l> {
             l,
             opts,
             builder,
+            device,
             engine_cap,
             memory_budget,
             need,
@@ -311,11 +324,11 @@ impl Stages for EngineStages<'_> {
             .as_ref()
             .ok_or_else(|| Error::Usage("export stages out of order: no table yet".into()))?;
         let mut p = ProgramBuilder::new();
-        forward_method(&mut p, &progs.prefix, &self.prefix_engines)?;
+        forward_method(&mut p, &progs.prefix, &self.prefix_engines, self.device)?;
         let prefix_sum = p.write(save.staged(&save.prefix_pte), save.wopts)?;
         save.pb.inc(1);
         let mut p = ProgramBuilder::new();
-        forward_method(&mut p, &progs.step, &self.step_engines)?;
+        forward_method(&mut p, &progs.step, &self.step_engines, self.device)?;
         let bytes: Vec<u8> = table.values.iter().flat_map(|v| v.to_le_bytes()).collect();
         let idx = p.add_constant(&bytes);
         let mut tm = MethodBuilder::new(TABLE_METHOD);
@@ -362,6 +375,10 @@ impl Stages for EngineStages<'_> {
             "memory_budget": self.memory_budget,
             "memory_estimate": self.need,
             "builder": self.builder.info().to_string(),
+            "placement": match self.device {
+                None => "host".to_string(),
+                Some(d) => format!("device cuda:{d}"),
+            },
             "builder_settings": self.builder.settings(),
             "build_memory_model": self.builder.memory(),
             "mapping": {
@@ -404,31 +421,51 @@ impl Stages for EngineStages<'_> {
 }
 
 /// Adds method `forward` for `program` run as `engines` (each stored once as named data).
+///
+/// `device: None` plans every value in one host buffer, with no copies. `Some(d)` plans as
+/// ExecuTorch ≥ 1.4 plans a device-tagged delegate (`PropagateDevicePass` + memory planning with
+/// `enable_non_cpu_memory_planning`): the method's inputs and outputs in host buffer 1, every
+/// delegate input and output in buffer 2 on CUDA device `d` (`non_const_buffer_device`, tensors
+/// tagged in `extra_tensor_info`), an `et_copy::_h2d_copy.out` into a fresh device tensor before
+/// each delegate's use of a method input, an `et_copy::_d2h_copy.out` after the delegate that
+/// produces a method output, none between delegates, and `target_device=cuda:d` on every
+/// delegate (the compile spec Torch-TensorRT's partitioner sets). The conformance tier checks
+/// this layout against ExecuTorch's own exporter.
 fn forward_method(
     pb: &mut ProgramBuilder,
     program: &Program,
     engines: &[BuiltEngine],
+    device: Option<u8>,
 ) -> Result<()> {
     let mut m = MethodBuilder::new(METHOD);
-    let mut values: BTreeMap<ValueId, i32> = BTreeMap::new();
-    let mut value_of = |m: &mut MethodBuilder, v: ValueId| -> Result<i32> {
-        if let Some(&i) = values.get(&v) {
-            return Ok(i);
-        }
+    let tensor_of = |v: ValueId| -> Result<(ScalarType, Vec<i32>)> {
         let t = program.node(v).tensor().ok_or_else(|| {
             Error::Usage(format!(
                 "value {v} crossing an engine boundary is not a tensor"
             ))
         })?;
         let sizes: Vec<i32> = t.shape.iter().map(|&d| d as i32).collect();
-        let i = m.planned_tensor(petite_portable::scalar_type(t.dtype), &sizes)?;
-        values.insert(v, i);
-        Ok(i)
+        Ok((petite_portable::scalar_type(t.dtype), sizes))
     };
+    // Host values (method inputs, outputs) and, with a device, the delegates' device values.
+    const HOST: u32 = 1;
+    const DEVICE: u32 = 2;
+    let mut host: BTreeMap<ValueId, i32> = BTreeMap::new();
+    let mut on_device: BTreeMap<ValueId, i32> = BTreeMap::new();
+    let new_tensor = |m: &mut MethodBuilder, v: ValueId, buffer: u32| -> Result<i32> {
+        let (st, sizes) = tensor_of(v)?;
+        Ok(m.planned_tensor_in(buffer, st, &sizes)?)
+    };
+    if let Some(d) = device {
+        m.place_buffer(DEVICE, DeviceType::CUDA, d as i8);
+    }
     let mut inputs = Vec::new();
     for &id in &program.inputs {
-        inputs.push(value_of(&mut m, id)?);
+        let i = new_tensor(&mut m, id, HOST)?;
+        host.insert(id, i);
+        inputs.push(i);
     }
+    let method_outputs: Vec<ValueId> = program.outputs.iter().map(|o| o.value).collect();
     for e in engines {
         let (path, offset, len) = engines::payload(e);
         let seg = pb.add_named_data(
@@ -436,20 +473,83 @@ fn forward_method(
             SegmentData::file_region(path, offset, len),
             ENGINE_ALIGNMENT,
         )?;
-        let d = m.delegate(DelegateSpec {
+        let mut compile_specs = engines::compile_specs(e);
+        if let Some(d) = device {
+            compile_specs.push(petite_pte::model::CompileSpec {
+                key: "target_device".into(),
+                value: format!("cuda:{d}").into_bytes(),
+            });
+        }
+        let di = m.delegate(DelegateSpec {
             id: e.backend_id.clone(),
             processed: Processed::Segment(seg),
-            compile_specs: engines::compile_specs(e),
+            compile_specs,
         });
         let mut args = Vec::new();
-        for &v in e.input_values.iter().chain(&e.output_values) {
-            args.push(value_of(&mut m, v)?);
+        for &v in &e.input_values {
+            let a = match device {
+                None => match host.get(&v) {
+                    Some(&i) => i,
+                    None => {
+                        let i = new_tensor(&mut m, v, HOST)?;
+                        host.insert(v, i);
+                        i
+                    }
+                },
+                Some(_) => match on_device.get(&v) {
+                    Some(&i) => i,
+                    None => {
+                        // A method input: copied into a device tensor of its own for this use.
+                        let &src = host.get(&v).ok_or_else(|| {
+                            Error::Usage(format!(
+                                "engine {}: input value {v} is neither a method input nor an earlier engine's output",
+                                e.name
+                            ))
+                        })?;
+                        let t = new_tensor(&mut m, v, DEVICE)?;
+                        m.kernel_call("et_copy::_h2d_copy", "out", &[src, t, t]);
+                        t
+                    }
+                },
+            };
+            args.push(a);
         }
-        m.delegate_call(d, &args);
+        let mut leaving = Vec::new();
+        for &v in &e.output_values {
+            let a = match device {
+                None => match host.get(&v) {
+                    Some(&i) => i,
+                    None => {
+                        let i = new_tensor(&mut m, v, HOST)?;
+                        host.insert(v, i);
+                        i
+                    }
+                },
+                Some(_) => {
+                    let t = new_tensor(&mut m, v, DEVICE)?;
+                    on_device.insert(v, t);
+                    if method_outputs.contains(&v) {
+                        leaving.push((v, t));
+                    }
+                    t
+                }
+            };
+            args.push(a);
+        }
+        m.delegate_call(di, &args);
+        for (v, t) in leaving {
+            let h = new_tensor(&mut m, v, HOST)?;
+            m.kernel_call("et_copy::_d2h_copy", "out", &[t, h, h]);
+            host.insert(v, h);
+        }
     }
     let mut outputs = Vec::new();
-    for o in &program.outputs {
-        outputs.push(value_of(&mut m, o.value)?);
+    for &v in &method_outputs {
+        let i = match host.get(&v) {
+            Some(&i) => i,
+            None => new_tensor(&mut m, v, HOST)?,
+        };
+        outputs.push(i);
     }
     m.inputs(&inputs);
     m.outputs(&outputs);

@@ -92,6 +92,21 @@ pub struct ExportOptions {
     pub handle_ctrl_c: bool,
     /// Sleep this long after each engine (tests interrupt an export midway with it).
     pub pause_after_engine: Option<Duration>,
+    /// Where the delegates' inputs and outputs are planned (`None`: the backend's default —
+    /// device memory for engines that run on a GPU, host memory otherwise).
+    pub placement: Option<Placement>,
+}
+
+/// Where a `.pte`'s delegate inputs and outputs live in memory (`--placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Placement {
+    /// One host (CPU) buffer for every value, no copies: what CPU engines run on, and what
+    /// Torch-TensorRT's runtime copies to the GPU and back around every engine call.
+    Host,
+    /// As ExecuTorch plans a device delegate: values between delegates in a CUDA buffer,
+    /// host↔device copies only at the method's inputs and outputs (the default for
+    /// `--backend tensorrt`).
+    Device,
 }
 
 impl ExportOptions {
@@ -110,6 +125,7 @@ impl ExportOptions {
             progress: true,
             handle_ctrl_c: false,
             pause_after_engine: None,
+            placement: None,
         }
     }
 }

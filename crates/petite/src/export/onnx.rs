@@ -35,7 +35,7 @@ use crate::{Error, Result};
 
 /// The model file under `--out`.
 pub const MODEL: &str = "pi05.onnx";
-/// Its external data (the mapping file, hard-linked).
+/// Its external data (the mapping file, moved out of the cache when published).
 pub const DATA: &str = "pi05.onnx.data";
 /// Its interface description.
 pub const SPEC: &str = "pi05.onnx.json";
@@ -175,6 +175,16 @@ impl<'l> OnnxStages<'l> {
                 "--engine-cap does not apply to --backend onnx (it writes one model, no engines)"
                     .into(),
             ));
+        }
+        if let Some(p) = opts.placement {
+            return Err(Error::Usage(format!(
+                "--placement {}: --backend onnx writes no .pte, so there are no delegate values \
+                 to place (the runtime that runs pi05.onnx places its own); drop --placement",
+                match p {
+                    super::Placement::Host => "host",
+                    super::Placement::Device => "device",
+                }
+            )));
         }
         let need = l.base + CONVERT_BYTES;
         if let Some(b) = opts.memory_budget
