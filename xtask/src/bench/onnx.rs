@@ -6,7 +6,8 @@
 //! `petite pi05 run` (the reference executor) runs on the same checkpoint and inputs, both under
 //! memcap (measuring only); the driver is handed the reference's actions as `--expected`, so the
 //! run reports the max |ORT − reference| through max_abs_diff's rule. The export's files are
-//! deleted at the end unless `--keep` (13.4 GB in f32).
+//! deleted at the end unless `--keep` (13.4 GB in f32). `--lerobot`: lerobot 0.6.1's PyTorch
+//! CPU `sample_actions` on the same checkpoint and inputs, in the same run, for comparison.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -42,6 +43,11 @@ pub struct Args {
     /// Skip `petite pi05 run` (then no error against the reference is reported).
     #[arg(long)]
     pub no_reference: bool,
+    /// Also run lerobot's PyTorch CPU f32 `sample_actions` on the same checkpoint (lerobot
+    /// layout) and inputs, in the same run (`target/venv-lerobot`, under memcap with this cap;
+    /// the full model peaks near 20 GiB).
+    #[arg(long, value_name = "LIMIT", num_args = 0..=1, default_missing_value = "21GiB")]
+    pub lerobot: Option<String>,
     /// Keep the export under target/bench-onnx/out.
     #[arg(long)]
     pub keep: bool,
@@ -192,6 +198,39 @@ pub fn run(a: &Args) -> Result<()> {
     );
     if !a.keep {
         std::fs::remove_dir_all(&out)?;
+    }
+    if let Some(limit) = &a.lerobot {
+        let py = super::pi05_run::venv()?;
+        let mut cmd = Command::new(&py);
+        cmd.arg(root.join(super::pi05_run::SCRIPT))
+            .arg("--checkpoint")
+            .arg(&checkpoint)
+            .arg("--inputs")
+            .arg(&inputs)
+            .args(["--runs", "1", "--warmup", "0", "--threads", "2"]);
+        if !a.no_reference {
+            cmd.arg("--expected").arg(&actions);
+        }
+        // No exit check: the script exits 1 when its own 1e-6 comparison fails, figures kept.
+        let l = util::memcap_measure(&["--limit", limit], &cmd, &json)?;
+        if l.oom_killed {
+            bail!("lerobot outgrew --lerobot {limit} and was killed");
+        }
+        let line = l
+            .stdout
+            .lines()
+            .rev()
+            .find(|s| s.trim_start().starts_with('{'))
+            .with_context(|| format!("lerobot bench printed no JSON (exit {})", l.exit))?;
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        println!(
+            "  lerobot sample_actions (torch CPU f32, 2 threads): load {} s, {} s per chunk, whole process {:.1} s, peak RSS {:.2} GiB; max |lerobot - reference| {}",
+            v["load_s"],
+            v["s_per_chunk_median"],
+            l.wall_s,
+            gib(l.peak_rss),
+            v["max_abs_diff_vs_expected"],
+        );
     }
     if r.exit != 0 {
         bail!(

@@ -10,7 +10,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail, ensure};
 use petite_weights::{Dtype, SafetensorsWriter, TensorSpec};
 
-const SCRIPT: &str = "conformance/lerobot/bench_sample_actions.py";
+pub(super) const SCRIPT: &str = "conformance/lerobot/bench_sample_actions.py";
 const REQUIREMENTS: &str = "conformance/lerobot/requirements.txt";
 
 /// Options of the pi0.5 run benchmark.
@@ -83,7 +83,7 @@ pub(super) fn write_inputs(path: &Path) -> Result<()> {
 
 /// `target/venv-lerobot` from the pinned requirements (parsed as the conformance tier does, so
 /// the venv is shared, not rebuilt).
-fn venv() -> Result<PathBuf> {
+pub(super) fn venv() -> Result<PathBuf> {
     let path = crate::util::root().join(REQUIREMENTS);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
