@@ -512,6 +512,117 @@ impl Builder {
         Ok(())
     }
 
+    /// Copies `p`'s nodes into this program (a call inlined): each input of `p` is bound to the
+    /// value `inputs` gives for its name, every node that `p`'s outputs depend on is re-added
+    /// (types re-inferred, so a binding of another type fails at the node that reads it), and
+    /// the values of `p`'s outputs are returned by name. Weights are declared through
+    /// [`Builder::weight`] / [`Builder::weight_rows`], so a weight (or row range) already in this
+    /// program is the same value: inlining one program ten times reads each weight once.
+    /// Labels are prefixed with `label_prefix` (`"step.3"` → `step.3.expert.layers.0`);
+    /// recompute marks are kept. A name in `inputs` that `p` does not take is an error, as is an
+    /// input of `p` left unbound.
+    pub fn inline(
+        &mut self,
+        p: &Program,
+        inputs: &BTreeMap<&str, ValueId>,
+        label_prefix: &str,
+    ) -> Result<BTreeMap<String, ValueId>> {
+        let iface = |name: &str, reason: String| Error::Interface {
+            kind: "input",
+            name: name.to_string(),
+            reason,
+        };
+        for name in inputs.keys() {
+            if p.input_by_name(name).is_none() {
+                return Err(iface(
+                    name,
+                    "bound, but the inlined program has no such input".into(),
+                ));
+            }
+        }
+        let roots: Vec<ValueId> = p.outputs.iter().map(|o| o.value).collect();
+        let live = p.ancestors(&roots);
+        let mut map: Vec<Option<ValueId>> = vec![None; p.len()];
+        for id in p.topo_order()? {
+            if !live[id.index()] {
+                continue;
+            }
+            let n = p.node(id);
+            let label = match (&n.label, label_prefix.is_empty()) {
+                (Some(l), false) => Some(format!("{label_prefix}.{l}")),
+                (Some(l), true) => Some(l.clone()),
+                (None, false) => Some(label_prefix.to_string()),
+                (None, true) => None,
+            };
+            let t = || {
+                n.tensor()
+                    .cloned()
+                    .ok_or_else(|| self.err(n.op.name(), "tuple source"))
+            };
+            let v = match &n.op {
+                Op::Input { name } => {
+                    let v = *inputs.get(name.as_str()).ok_or_else(|| {
+                        iface(name, "taken by the inlined program but not bound".into())
+                    })?;
+                    self.check_id("inline", v)?;
+                    let want = t()?;
+                    let got = self.tensor(v)?;
+                    if *got != want {
+                        return Err(iface(
+                            name,
+                            format!("the program takes {want}, bound to {got}"),
+                        ));
+                    }
+                    map[id.index()] = Some(v);
+                    continue;
+                }
+                Op::Weight { name, rows: None } => {
+                    let t = t()?;
+                    self.weight(name, t.dtype, &t.shape)?
+                }
+                Op::Weight {
+                    name,
+                    rows: Some(rows),
+                } => {
+                    let t = t()?;
+                    // The node holds the slice's shape; rows `[0, end)` are the least the full
+                    // tensor has, which is all `weight_rows` checks against.
+                    let mut full = t.shape.clone();
+                    if let Some(r) = full.first_mut() {
+                        *r = rows[1];
+                    }
+                    self.weight_rows(name, t.dtype, &full, *rows)?
+                }
+                Op::Constant { data } => {
+                    let t = t()?;
+                    self.constant(t.dtype, &t.shape, data.clone())?
+                }
+                op => {
+                    let ins: Vec<ValueId> = n
+                        .inputs
+                        .iter()
+                        .map(|i| map[i.index()].expect("inputs come first in topological order"))
+                        .collect();
+                    self.node(op.clone(), &ins)?
+                }
+            };
+            let node = &mut self.prog.nodes[v.index()];
+            // A weight shared with an earlier copy keeps the first copy's label.
+            if !matches!(node.op, Op::Weight { .. }) || node.label.is_none() {
+                node.label = label;
+            }
+            node.recompute |= n.recompute;
+            map[id.index()] = Some(v);
+        }
+        Ok(p.outputs
+            .iter()
+            .map(|o| {
+                let v = map[o.value.index()].expect("outputs are live");
+                (o.name.clone(), v)
+            })
+            .collect())
+    }
+
     /// Validates and returns the program.
     pub fn finish(self) -> Result<Program> {
         self.prog.validate()?;

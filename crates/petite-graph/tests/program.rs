@@ -1,5 +1,7 @@
 //! Validation of hand-made (and deserialised) programs, walks, helpers, serde, the 1M chain.
 
+use std::collections::BTreeMap;
+
 use petite_graph::{
     Builder, Dtype, Error, GraphOutput, Node, NodeId, Op, Program, TensorType, UnaryOp, ValueType,
 };
@@ -857,4 +859,73 @@ fn overflowing_shapes_are_rejected_without_panicking() {
         let msg = p.validate().unwrap_err().to_string();
         assert!(msg.contains(want), "{want}: {msg}");
     }
+}
+
+/// `Builder::inline`: a step program inlined three times in a chain reads each weight (and row
+/// range) once, keeps labels under the prefix and recompute marks, drops dead nodes, and
+/// refuses unknown, missing and mistyped bindings by name.
+#[test]
+fn inline_chains_a_program_and_shares_its_weights() {
+    let mut s = Builder::new();
+    let x = s.input("x", Dtype::F32, &[2, 4]).unwrap();
+    let c = s.input("c", Dtype::F32, &[4]).unwrap();
+    s.push_scope("proj");
+    let w = s.weight("proj.weight", Dtype::F32, &[4, 4]).unwrap();
+    let r = s
+        .weight_rows("table", Dtype::F32, &[10, 4], [2, 4])
+        .unwrap();
+    let y = s.linear(x, w, None).unwrap();
+    let y = s.add(y, c).unwrap();
+    let m = s.sum(r, &[0], false).unwrap();
+    let y = s.add(y, m).unwrap();
+    s.mark_recompute(m).unwrap();
+    let _dead = s.neg(x).unwrap();
+    s.pop_scope();
+    s.output("y", y).unwrap();
+    let step = s.finish().unwrap();
+
+    let mut b = Builder::new();
+    let x0 = b.input("x0", Dtype::F32, &[2, 4]).unwrap();
+    let c = b.input("c", Dtype::F32, &[4]).unwrap();
+    let mut x = x0;
+    for k in 0..3 {
+        let ins = BTreeMap::from([("x", x), ("c", c)]);
+        x = b.inline(&step, &ins, &format!("step.{k}")).unwrap()["y"];
+    }
+    b.output("out", x).unwrap();
+    let p = b.finish().unwrap();
+    let ws = p.weights();
+    assert_eq!(ws.len(), 2, "{ws:?}");
+    assert_eq!(p.weight_bytes(), 4 * 4 * 4 + 2 * 4 * 4);
+    // 3 x (linear, add, reduce, add) + 2 inputs + 2 weights; the dead neg is not copied.
+    assert_eq!(p.len(), 3 * 4 + 4, "{p}");
+    let labels: Vec<&str> = p.nodes.iter().filter_map(|n| n.label.as_deref()).collect();
+    assert!(labels.contains(&"step.2.proj"), "{labels:?}");
+    assert_eq!(p.nodes.iter().filter(|n| n.recompute).count(), 3);
+
+    let mut b = Builder::new();
+    let x0 = b.input("x0", Dtype::F32, &[2, 4]).unwrap();
+    let wrong = b.input("c", Dtype::F32, &[5]).unwrap();
+    let e = b
+        .inline(&step, &BTreeMap::from([("x", x0)]), "s")
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("\"c\"") && e.to_string().contains("not bound"),
+        "{e}"
+    );
+    let e = b
+        .inline(
+            &step,
+            &BTreeMap::from([("x", x0), ("c", x0), ("z", x0)]),
+            "s",
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("\"z\""), "{e}");
+    let e = b
+        .inline(&step, &BTreeMap::from([("x", x0), ("c", wrong)]), "s")
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("f32[4]") || e.to_string().contains("[4]"),
+        "{e}"
+    );
 }

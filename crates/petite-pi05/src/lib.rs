@@ -12,8 +12,8 @@ pub mod synth;
 
 pub use config::{ExpertConfig, LanguageConfig, Pi05Config, VisionConfig};
 pub use programs::{
-    DEFAULT_EMBEDDING_SHARD_BYTES, Precision, PrefixOptions, Programs, build_all, build_prefix,
-    build_prefix_with, build_step, build_timestep_table,
+    DEFAULT_EMBEDDING_SHARD_BYTES, Precision, PrefixOptions, Programs, build_all, build_policy,
+    build_prefix, build_prefix_with, build_step, build_timestep_table,
 };
 
 /// Errors of this crate; each names the file, field or tensor and what was expected.

@@ -16,6 +16,10 @@
 //! * `step`: `x_t` f32 `[chunk, action_dim]`, `time_row` f32 `[R]`, `prefix_k_{i}`,
 //!   `prefix_v_{i}`, `prefix_pad_mask` → `x_next` f32 `[chunk, action_dim]` (the Euler update
 //!   `x_t + dt·v_t` folded in).
+//! * `policy` ([`build_policy`]): the whole inference as one program — `images`, `image_masks`,
+//!   `tokens`, `token_mask`, `noise` f32 `[chunk, action_dim]` → `actions` f32
+//!   `[chunk, action_dim]`: the prefix once, then the step inlined `steps` times (each weight
+//!   declared once, so every copy reads the same one), the timestep table a constant.
 
 use std::collections::HashMap;
 
@@ -70,6 +74,10 @@ pub mod io {
     pub const X_NEXT: &str = "x_next";
     /// Timestep-table output: f32 `[steps, R]`.
     pub const TIMESTEP_TABLE: &str = "timestep_table";
+    /// Policy input: x at t = 1, f32 `[chunk, action_dim]`.
+    pub const NOISE: &str = "noise";
+    /// Policy output: f32 `[chunk, action_dim]` after the last Euler step (model space).
+    pub const ACTIONS: &str = "actions";
     /// Layer `i`'s prefix keys (after RoPE).
     pub fn prefix_k(i: usize) -> String {
         format!("prefix_k_{i}")
@@ -650,4 +658,54 @@ pub fn build_all(cfg: &Pi05Config, precision: Precision) -> Result<Programs> {
         prefix: build_prefix(cfg, precision)?,
         step: build_step(cfg, precision)?,
     })
+}
+
+/// The whole policy as one program (interface in the module doc): `progs.prefix` once, then
+/// `progs.step` inlined `cfg.steps` times ([`Builder::inline`], which declares each weight once,
+/// so the ten steps share theirs), step `k` reading row `k` of `table` — the f32 `[steps, R]`
+/// timestep table, computed beforehand (it depends on the weights only) and stored as one
+/// constant. Runs exactly what [`crate::run::run_model`] orchestrates, as one graph.
+pub fn build_policy(cfg: &Pi05Config, progs: &Programs, table: &[f32]) -> Result<Program> {
+    let r = time_row_len(cfg);
+    if table.len() != cfg.steps * r {
+        return Err(Error::Internal(format!(
+            "timestep table: expected {} x {r} values, found {}",
+            cfg.steps,
+            table.len()
+        )));
+    }
+    let mut b = Builder::new();
+    let mut bound: std::collections::BTreeMap<&str, ValueId> = Default::default();
+    for &id in &progs.prefix.inputs {
+        let name = progs.prefix.input_name(id).unwrap_or_default();
+        let t = progs
+            .prefix
+            .node(id)
+            .tensor()
+            .ok_or_else(|| Error::Internal(format!("prefix input `{name}` is not a tensor")))?;
+        bound.insert(name, b.input(name, t.dtype, &t.shape)?);
+    }
+    let noise = b.input(io::NOISE, Dtype::F32, &[cfg.chunk, cfg.action_dim])?;
+    let prefix_out = b.inline(&progs.prefix, &bound, "prefix")?;
+    b.push_scope("timestep_table");
+    let tab = b.constant_f32(&[cfg.steps, r], table)?;
+    b.pop_scope();
+    let mut x = noise;
+    for k in 0..cfg.steps {
+        let scope = format!("step.{k}");
+        b.push_scope(&scope);
+        let row = b.slice(tab, 0, k as isize, k as isize + 1, 1)?;
+        let row = b.reshape(row, &[r])?;
+        b.pop_scope();
+        let mut ins: std::collections::BTreeMap<&str, ValueId> =
+            prefix_out.iter().map(|(n, &v)| (n.as_str(), v)).collect();
+        ins.insert(io::X_T, x);
+        ins.insert(io::TIME_ROW, row);
+        let out = b.inline(&progs.step, &ins, &scope)?;
+        x = *out
+            .get(io::X_NEXT)
+            .ok_or_else(|| Error::Internal("step program has no x_next output".into()))?;
+    }
+    b.output(io::ACTIONS, x)?;
+    Ok(b.finish()?)
 }

@@ -205,3 +205,77 @@ fn hub_layout_copy_gives_identical_actions() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The whole policy as one program (`build_policy`: the prefix once, the step inlined ten times
+/// with shared weights, the timestep table a constant) run by the reference executor gives
+/// `run_model`'s actions bit for bit, f32 and bf16, on every golden; f32 is also within the
+/// parity bound of lerobot's actions. Each weight appears once in it.
+#[test]
+fn policy_program_equals_the_orchestrated_run() {
+    use std::collections::BTreeMap;
+
+    use petite_pi05::programs::io;
+    use petite_reference::{Executor, Tensor};
+    for case in cases() {
+        let name = case.file_name().unwrap().to_string_lossy().to_string();
+        let cfg = Pi05Config::from_json_file(case.join("config.json")).unwrap();
+        let ck = open_checkpoint(case.join("model.safetensors")).unwrap();
+        let inputs = Inputs::from_file(case.join("inputs.safetensors"), &cfg).unwrap();
+        let exp = MappedSafetensors::open(case.join("expected.safetensors")).unwrap();
+        for prec in [Precision::F32, Precision::Bf16] {
+            let r = run_model(&cfg, &ck, &inputs, prec).unwrap();
+            let progs = petite_pi05::build_all(&cfg, prec).unwrap();
+            let policy = petite_pi05::build_policy(&cfg, &progs, &r.timestep_table).unwrap();
+            let mut names: Vec<String> = policy
+                .weights()
+                .into_iter()
+                .map(|w| w.display_name())
+                .collect();
+            let n = names.len();
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), n, "{name}: a weight declared twice");
+            let step_only = progs.step.weights().len();
+            assert_eq!(
+                n,
+                progs.prefix.weights().len() + step_only,
+                "{name}: weights"
+            );
+            let s = cfg.vision.image_size;
+            let feeds = BTreeMap::from([
+                (
+                    io::IMAGES.to_string(),
+                    Tensor::f32(&[cfg.cameras, 3, s, s], inputs.images.clone()).unwrap(),
+                ),
+                (
+                    io::IMAGE_MASKS.to_string(),
+                    Tensor::u8(&[cfg.cameras], inputs.image_masks.clone()).unwrap(),
+                ),
+                (
+                    io::TOKENS.to_string(),
+                    Tensor::i64(&[cfg.tokens], inputs.tokens.clone()).unwrap(),
+                ),
+                (
+                    io::TOKEN_MASK.to_string(),
+                    Tensor::u8(&[cfg.tokens], inputs.token_mask.clone()).unwrap(),
+                ),
+                (
+                    io::NOISE.to_string(),
+                    Tensor::f32(&[cfg.chunk, cfg.action_dim], inputs.noise.clone()).unwrap(),
+                ),
+            ]);
+            let out = Executor::new(&policy, &ck).unwrap().run(feeds).unwrap();
+            let actions = out[io::ACTIONS].float_values().unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&actions),
+                bits(&r.actions),
+                "{name} {prec:?}: policy vs run_model"
+            );
+            if prec == Precision::F32 {
+                let want = exp.tensor("actions").unwrap().to_f32_vec().unwrap();
+                assert!(max_abs(&actions, &want) <= F32_BOUND, "{name}");
+            }
+        }
+    }
+}

@@ -22,6 +22,9 @@ pub enum Backend {
     /// No engines: every op as an ExecuTorch portable kernel call (petite-portable), runnable by
     /// any ExecuTorch runtime on any CPU. The export takes its own path ([`crate::export`]).
     Portable,
+    /// No engines: the whole policy as one ONNX model (`pi05.onnx` + external data) for ONNX
+    /// Runtime, TensorRT (`trtexec --onnx`) or any ONNX tool ([`crate::export`]).
+    Onnx,
 }
 
 /// Backend settings from the command line (only TensorRT has any).
@@ -50,6 +53,7 @@ impl Backend {
             Backend::Reference => "reference",
             Backend::TensorRt => "tensorrt",
             Backend::Portable => "portable",
+            Backend::Onnx => "onnx",
         }
     }
 
@@ -95,9 +99,10 @@ impl Backend {
                 }
                 Ok(Box::new(b))
             }
-            Backend::Portable => Err(Error::Usage(
-                "the portable backend builds no engines".into(),
-            )),
+            Backend::Portable | Backend::Onnx => Err(Error::Usage(format!(
+                "the {} backend builds no engines",
+                self.name()
+            ))),
         }
     }
 }

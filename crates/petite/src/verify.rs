@@ -6,7 +6,8 @@
 //! Only the reference backend's engines run here; a `.pte` with another backend's delegates is
 //! refused by name. Portable `.pte` files (plain kernel calls, `--backend portable`) run in
 //! ExecuTorch's own runtime instead: a separate Python process with executorch-numpy-runtime,
-//! driven by the script embedded in this binary ([`run_portable`]).
+//! driven by the script embedded in this binary ([`run_portable`]). An ONNX export
+//! (`--backend onnx`: `pi05.onnx`, no `.pte`) runs in ONNX Runtime the same way ([`run_onnx`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -429,23 +430,40 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     drop(f32_progs);
 
     let prefix_path = opts.pte_dir.join("prefix.pte");
-    let portable = is_portable(&PteFile::open(&prefix_path)?);
+    // An ONNX export (`pi05.onnx`, no `.pte`) runs in ONNX Runtime: its interface is checked
+    // against the config and its dtype against what ONNX Runtime's CPU provider runs, and the
+    // Python found, before anything runs.
+    let onnx = is_onnx(&opts.pte_dir);
+    let ort_python = if onnx {
+        check_onnx_spec(&opts.pte_dir, &cfg)?;
+        Some(find_ort_python(opts.python.as_deref())?)
+    } else {
+        None
+    };
+    let portable = !onnx && is_portable(&PteFile::open(&prefix_path)?);
     let python = if portable {
         check_specs(&opts.pte_dir, &cfg)?;
         Some(find_python(opts.python.as_deref())?)
     } else {
         None
     };
-    let st = rec.begin("pte");
-    let (actions, runtime) = match &python {
-        Some(py) => {
+    let st = rec.begin(if onnx { "onnx" } else { "pte" });
+    let (actions, runtime) = match (&ort_python, &python) {
+        (Some(py), _) => {
+            let (a, j) = run_onnx(&opts.pte_dir, &cfg, &inputs, opts.inputs.as_deref(), py)?;
+            (
+                a,
+                json!({"runtime": "onnxruntime (separate process)", "driver": j}),
+            )
+        }
+        (None, Some(py)) => {
             let (a, j) = run_portable(&opts.pte_dir, &cfg, &inputs, opts.inputs.as_deref(), py)?;
             (
                 a,
                 json!({"runtime": "executorch-numpy-runtime (separate process)", "driver": j}),
             )
         }
-        None => (
+        (None, None) => (
             run_pte(&opts.pte_dir, &cfg, &inputs)?,
             json!({"runtime": "petite reference engines"}),
         ),
@@ -462,7 +480,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         "pte_dir": opts.pte_dir.display().to_string(),
         "checkpoint": opts.checkpoint.display().to_string(),
         "inputs": inputs_desc,
-        "backend": if portable { "portable" } else { "engines" },
+        "backend": if onnx { "onnx" } else if portable { "portable" } else { "engines" },
         "run": runtime,
         // null (and `error` set) when the actions could not be compared (NaN, inf, length).
         "max_abs_action_error": compared.as_ref().ok(),
@@ -507,6 +525,227 @@ pub fn action_error(actions: &[f32], reference: &[f32]) -> Result<f32> {
 
 /// Environment variable naming the Python that runs portable `.pte` files.
 pub const PYTHON_ENV: &str = "PETITE_PYTHON";
+/// Environment variable naming the Python (with onnxruntime and numpy) that runs ONNX exports.
+pub const ORT_PYTHON_ENV: &str = "PETITE_ORT_PYTHON";
+/// The ONNX Runtime driver: the whole policy in one `session.run`.
+const ORT_DRIVER_PY: &str = include_str!("../../../conformance/onnxruntime/run_pi05_onnx.py");
+
+/// Whether `dir` holds an ONNX export (`pi05.onnx`) and no `prefix.pte`.
+pub fn is_onnx(dir: &Path) -> bool {
+    dir.join(crate::export::onnx::MODEL).exists() && !dir.join("prefix.pte").exists()
+}
+
+/// Checks `pi05.onnx.json` (the interface `petite export --backend onnx` writes) against `cfg`
+/// and ONNX Runtime's CPU provider: a bf16 model is refused before anything runs (that
+/// provider has no bf16 `Gemm`/`MatMul` kernels: onnxruntime 1.31.1 fails the session with
+/// `NOT_IMPLEMENTED ... Gemm(13)`), and every input and the output must have the shapes the
+/// config gives, each mismatch one line naming the tensor.
+pub fn check_onnx_spec(dir: &Path, cfg: &Pi05Config) -> Result<()> {
+    let spec_path = dir.join(crate::export::onnx::SPEC);
+    let model = dir.join(crate::export::onnx::MODEL);
+    if !spec_path.exists() {
+        return Err(bad(
+            &spec_path,
+            "missing: ONNX exports are described by the pi05.onnx.json `petite export \
+             --backend onnx` writes next to pi05.onnx; re-run the export",
+        ));
+    }
+    let spec = crate::report::read_json(&spec_path)?;
+    match spec["dtype"].as_str() {
+        Some("f32") => {}
+        other => {
+            return Err(bad(
+                &model,
+                format!(
+                    "a {} model: ONNX Runtime's CPU provider has no bf16 Gemm/MatMul kernels, so \
+                     it is not run; build it with TensorRT (trtexec --onnx={} --stronglyTyped) \
+                     or export with --dtype f32 to verify it in ONNX Runtime",
+                    other.unwrap_or("(no dtype)"),
+                    model.display()
+                ),
+            ));
+        }
+    }
+    let s = cfg.vision.image_size;
+    let want: Vec<(&str, &str, Vec<usize>)> = vec![
+        (io::IMAGES, "f32", vec![cfg.cameras, 3, s, s]),
+        (io::IMAGE_MASKS, "u8", vec![cfg.cameras]),
+        (io::TOKENS, "i64", vec![cfg.tokens]),
+        (io::TOKEN_MASK, "u8", vec![cfg.tokens]),
+        (io::NOISE, "f32", vec![cfg.chunk, cfg.action_dim]),
+        (io::ACTIONS, "f32", vec![cfg.chunk, cfg.action_dim]),
+    ];
+    let all: Vec<&serde_json::Value> = ["inputs", "outputs"]
+        .iter()
+        .flat_map(|k| spec[*k].as_array().into_iter().flatten())
+        .collect();
+    for (name, dtype, shape) in want {
+        let Some(t) = all.iter().find(|t| t["name"] == name) else {
+            return Err(bad(
+                &spec_path,
+                format!("the model has no `{name}`; was it written by another petite?"),
+            ));
+        };
+        let got: Vec<usize> = t["shape"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.as_u64().map(|d| d as usize))
+            .collect();
+        if got != shape || t["dtype"] != dtype {
+            return Err(bad(
+                &spec_path,
+                format!(
+                    "`{name}` is {} {got:?}, the config gives {dtype} {shape:?} (was it exported \
+                     with another config?)",
+                    t["dtype"].as_str().unwrap_or("?")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn no_ort(detail: &str) -> Error {
+    Error::Usage(format!(
+        "{detail}: ONNX exports run in ONNX Runtime, which needs a Python with onnxruntime and \
+         numpy. Pass --python PATH or set ${ORT_PYTHON_ENV}; `cargo xtask conformance --only \
+         onnx` builds one at target/venv-ort, or by hand: python3 -m venv V && V/bin/pip \
+         install onnxruntime==1.31.1 numpy"
+    ))
+}
+
+/// The Python to run ONNX exports with: `explicit`, else `$PETITE_ORT_PYTHON`, else the venv
+/// `cargo xtask conformance` builds in this workspace (`target/venv-ort`, if present).
+/// Checked: it must import onnxruntime and numpy.
+pub fn find_ort_python(explicit: Option<&Path>) -> Result<PathBuf> {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/venv-ort/bin/python");
+    let python = match (explicit, std::env::var_os(ORT_PYTHON_ENV)) {
+        (Some(p), _) => p.to_path_buf(),
+        (None, Some(p)) => PathBuf::from(p),
+        (None, None) if venv.exists() => venv,
+        (None, None) => return Err(no_ort("no Python given")),
+    };
+    let out = std::process::Command::new(&python)
+        .args(["-c", "import onnxruntime, numpy"])
+        .output()
+        .map_err(|e| no_ort(&format!("{}: cannot start: {e}", python.display())))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or("").to_string();
+        return Err(no_ort(&format!(
+            "{}: cannot import onnxruntime ({last})",
+            python.display()
+        )));
+    }
+    Ok(python)
+}
+
+/// The actions of the ONNX Runtime driver's JSON line: numbers, and `"nan"`/`"inf"`/`"-inf"` for
+/// what JSON cannot hold (kept as such, so the shared fold fails on them naming the index).
+/// `None` when it is not a list of those.
+fn driver_actions(v: &serde_json::Value) -> Option<Vec<f32>> {
+    v.as_array()?
+        .iter()
+        .map(|x| match x {
+            serde_json::Value::Number(n) => n.as_f64().map(|f| f as f32),
+            serde_json::Value::String(s) => s.parse::<f32>().ok().filter(|f| !f.is_finite()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Runs `pi05.onnx` in ONNX Runtime: a separate Python process (`python`) running the driver
+/// embedded in this binary, one `session.run` for the whole policy. Returns the actions and the
+/// driver's JSON line (without the actions).
+pub fn run_onnx(
+    dir: &Path,
+    cfg: &Pi05Config,
+    inputs: &Inputs,
+    inputs_file: Option<&Path>,
+    python: &Path,
+) -> Result<(Vec<f32>, serde_json::Value)> {
+    check_onnx_spec(dir, cfg)?;
+    let model = dir.join(crate::export::onnx::MODEL);
+    let scratch = ScratchDir(std::env::temp_dir().join(format!(
+        "petite-verify-onnx-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    )));
+    std::fs::create_dir_all(&scratch.0).map_err(|e| Error::io(&scratch.0, "create", e))?;
+    let driver = scratch.0.join("run_pi05_onnx.py");
+    std::fs::write(&driver, ORT_DRIVER_PY).map_err(|e| Error::io(&driver, "write driver", e))?;
+    let inputs_path = match inputs_file {
+        Some(p) => p.to_path_buf(),
+        None => {
+            let p = scratch.0.join("inputs.safetensors");
+            write_inputs(&p, cfg, inputs)?;
+            p
+        }
+    };
+    // The model's files are the files that ran only if they are the same at the end.
+    let ids: Vec<(PathBuf, FileIdentity)> = [crate::export::onnx::MODEL, crate::export::onnx::DATA]
+        .iter()
+        .map(|n| {
+            let p = dir.join(n);
+            let md = std::fs::metadata(&p).map_err(|e| Error::io(&p, "stat", e))?;
+            Ok((p, FileIdentity::of(&md)))
+        })
+        .collect::<Result<_>>()?;
+    let out = std::process::Command::new(python)
+        .arg(&driver)
+        .arg(dir)
+        .arg("--inputs")
+        .arg(&inputs_path)
+        .arg("--print-actions")
+        .output()
+        .map_err(|e| Error::io(python, "start the ONNX Runtime driver", e))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        // The driver's own refusals are one line; ONNX Runtime's failures end its traceback.
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        return Err(bad(
+            &model,
+            format!(
+                "ONNX Runtime failed ({}; {}): {}",
+                out.status,
+                python.display(),
+                last.trim()
+            ),
+        ));
+    }
+    for (p, id) in &ids {
+        id.check(p, Role::Program)?;
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().unwrap_or("");
+    let mut j: serde_json::Value = serde_json::from_str(line)?;
+    let actions = driver_actions(&j["actions"])
+        .ok_or_else(|| bad(&model, "the driver returned no actions"))?;
+    if actions.len() != cfg.chunk * cfg.action_dim {
+        return Err(bad(
+            &model,
+            format!(
+                "{} actions, the config has chunk {} x action_dim {}",
+                actions.len(),
+                cfg.chunk,
+                cfg.action_dim
+            ),
+        ));
+    }
+    if let Some(o) = j.as_object_mut() {
+        o.remove("actions");
+        o.insert("python".into(), python.display().to_string().into());
+    }
+    Ok((actions, j))
+}
 
 /// The runner every portable driver shares (conformance/executorch is the one source).
 const ET_RUNNER_PY: &str = include_str!("../../../conformance/executorch/et_runner.py");
@@ -780,5 +1019,30 @@ mod tests {
         let err = action_error(&clean, &clean[..4]).unwrap_err().to_string();
         assert!(err.contains("length mismatch"), "{err}");
         assert!(action_error(&clean[..4], &clean).is_err());
+    }
+
+    /// The ONNX Runtime driver's actions: a NaN or infinity it prints as a string comes back as
+    /// that value, so the fold fails on it (never a pass, never a lost element); anything else
+    /// that is not a number is no actions at all.
+    #[test]
+    fn driver_actions_keep_non_finite_values_for_the_fold() {
+        let j: serde_json::Value =
+            serde_json::from_str(r#"[0.5, "nan", -2, "-inf", "inf"]"#).unwrap();
+        let a = driver_actions(&j).unwrap();
+        assert_eq!(a.len(), 5);
+        assert!(a[1].is_nan() && a[3] == f32::NEG_INFINITY && a[4] == f32::INFINITY);
+        let err = action_error(&a, &[0.5, 0.0, -2.0, 0.0, 0.0])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("NaN") && err.contains("index 1"), "{err}");
+        for bad in [
+            r#"[1, "x"]"#,
+            r#"[1, "2.5"]"#,
+            r#"[1, null]"#,
+            r#"{"a": 1}"#,
+        ] {
+            let j: serde_json::Value = serde_json::from_str(bad).unwrap();
+            assert!(driver_actions(&j).is_none(), "{bad}");
+        }
     }
 }

@@ -5,6 +5,7 @@ use anyhow::Result;
 
 mod convert;
 mod engine;
+mod onnx;
 mod pi05_run;
 mod pte;
 mod synth;
@@ -22,6 +23,9 @@ pub enum BenchCmd {
     Synth(synth::Args),
     /// Seconds per chunk: `petite pi05 run` (full size, f32) vs lerobot PyTorch CPU f32.
     Pi05Run(pi05_run::Args),
+    /// `petite export --backend onnx` at full size under memcap, then the model in ONNX Runtime
+    /// CPU beside `petite pi05 run` on the same inputs (seconds per chunk, peaks, max error).
+    Onnx(onnx::Args),
 }
 
 /// Runs one benchmark.
@@ -32,5 +36,6 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Pte(a) => pte::run(&a),
         BenchCmd::Synth(a) => synth::run(&a),
         BenchCmd::Pi05Run(a) => pi05_run::run(&a),
+        BenchCmd::Onnx(a) => onnx::run(&a),
     }
 }

@@ -10,7 +10,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail, ensure};
 use petite_weights::{Dtype, SafetensorsWriter, TensorSpec};
 
-const SCRIPT: &str = "conformance/lerobot/bench_sample_actions.py";
+pub(super) const SCRIPT: &str = "conformance/lerobot/bench_sample_actions.py";
 const REQUIREMENTS: &str = "conformance/lerobot/requirements.txt";
 
 /// Options of the pi0.5 run benchmark.
@@ -38,7 +38,7 @@ fn memcap(cmd: &mut Command, json: &Path) -> Result<crate::util::MemcapRun> {
 
 /// Inputs of the real config (3 cameras 224², 200 tokens of which 48 real, chunk 50 × 32):
 /// deterministic, images in [-1, 1], one camera masked.
-fn write_inputs(path: &Path) -> Result<()> {
+pub(super) fn write_inputs(path: &Path) -> Result<()> {
     let table = [
         TensorSpec::new("images", Dtype::F32, &[3, 3, 224, 224]),
         TensorSpec::new("image_masks", Dtype::U8, &[3]),
@@ -83,7 +83,7 @@ fn write_inputs(path: &Path) -> Result<()> {
 
 /// `target/venv-lerobot` from the pinned requirements (parsed as the conformance tier does, so
 /// the venv is shared, not rebuilt).
-fn venv() -> Result<PathBuf> {
+pub(super) fn venv() -> Result<PathBuf> {
     let path = crate::util::root().join(REQUIREMENTS);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;

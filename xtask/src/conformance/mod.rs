@@ -11,6 +11,7 @@ use crate::util;
 mod aarch64;
 mod lerobot;
 mod onnx;
+pub use onnx::REQUIREMENTS as ONNX_REQUIREMENTS;
 mod portable;
 mod pte;
 mod tensorrt;
@@ -43,7 +44,7 @@ pub enum Tier {
     Pte,
     /// The weights tier (safetensors and conversion against Python's readers).
     Weights,
-    /// ONNX Runtime runs the per-engine ONNX models.
+    /// ONNX Runtime runs the per-engine ONNX models and the whole-policy export (`--backend onnx`).
     Onnx,
     /// ExecuTorch's runtime runs the portable exports.
     Portable,

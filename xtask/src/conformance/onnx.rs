@@ -1,11 +1,19 @@
-//! The ONNX tier for petite-engine's `tensorrt` backend, in the `onnx` venv (onnx, onnxruntime,
-//! numpy): for small pi0.5 configs (f32 and bf16 programs, prefix, step, and the prefix with its
-//! token embedding forced into 16-row shards), every planned engine is emitted as ONNX in both
-//! flavours (TensorRT's and the f32 twin); every model must pass
-//! `onnx.checker.check_model(full_check=True)` with its weights as external data in the bf16
-//! mapping file, and the twin run by ONNX Runtime on CPU must match the reference executor's
-//! outputs for that engine within 1e-4 (bf16 outputs: elements 1–2 bf16 ulps apart are counted
-//! and reported, see the script). No TensorRT is involved.
+//! The ONNX tier, in the `ort` venv (`target/venv-ort`: onnx, onnxruntime, numpy; also the
+//! Python `petite verify` finds by default for ONNX exports).
+//!
+//! 1. petite-engine's `tensorrt` backend: for small pi0.5 configs (f32 and bf16 programs,
+//!    prefix, step, and the prefix with its token embedding forced into 16-row shards), every
+//!    planned engine is emitted as ONNX in both flavours (TensorRT's and the f32 twin); every
+//!    model must pass `onnx.checker.check_model(full_check=True)` with its weights as external
+//!    data in the bf16 mapping file, and the twin run by ONNX Runtime on CPU must match the
+//!    reference executor's outputs for that engine within 1e-4 (bf16 outputs: elements 1–2
+//!    bf16 ulps apart are counted and reported, see the script). No TensorRT is involved.
+//! 2. `petite export --backend onnx` (the whole policy as one model) per golden case of
+//!    testdata/pi05: f32 and bf16 models pass the full checker; the f32 model, one
+//!    `session.run` in ONNX Runtime, is within [`F32_BOUND`] of lerobot's f32 actions; the bf16
+//!    model is refused by ONNX Runtime's CPU provider (NOT_IMPLEMENTED, what `petite verify`
+//!    says before running one); `petite verify` (its embedded copy of the same driver) runs
+//!    each f32 model within 1e-4 of petite's f32 reference.
 
 use std::process::Command;
 
@@ -14,14 +22,35 @@ use anyhow::Result;
 use crate::util;
 
 const SCRIPT: &str = "xtask/src/conformance/onnx_check.py";
+const DRIVER: &str = "conformance/onnxruntime/run_pi05_onnx.py";
 
 /// The venv's packages.
 pub const REQUIREMENTS: &[&str] = &["onnx==1.23.2", "onnxruntime==1.31.1", "numpy==2.5.5"];
 
+/// The f32 whole-policy model vs lerobot's f32 actions. Measured (ONNX Runtime 1.31.1, this
+/// machine): 5.4e-7 / 3.6e-7 / 5.1e-7 (two_cams_mqa / three_cams_masked_gqa /
+/// one_cam_mha_unpadded) — the same size as petite's own f32 reference vs lerobot (≤ 6e-7:
+/// two f32 summation orders over ten steps). The bound is the workspace's f32 parity bound:
+/// ~185x the measured error, and below the smallest real mistake the goldens show (an exact-GELU
+/// port, 2.6e-4 – 4.0e-4; testdata/pi05/README.md).
+const F32_BOUND: &str = "1e-4";
+const CASES: &[&str] = &[
+    "two_cams_mqa",
+    "three_cams_masked_gqa",
+    "one_cam_mha_unpadded",
+];
+
+/// `petite ARGS` from a release build of this checkout.
+fn petite(args: &[&str]) -> Result<()> {
+    let mut all = vec!["run", "--release", "-q", "-p", "petite", "--"];
+    all.extend_from_slice(args);
+    util::cargo(&all)
+}
+
 /// Runs the tier.
 pub fn run() -> Result<()> {
     let root = util::root();
-    let python = util::venv("onnx", REQUIREMENTS)?;
+    let python = util::venv("ort", REQUIREMENTS)?;
     let dir = root.join("target").join("onnx-conformance");
     let dir_s = dir.display().to_string();
     util::cargo(&[
@@ -36,5 +65,63 @@ pub fn run() -> Result<()> {
         &dir_s,
     ])?;
     util::run(Command::new(&python).arg(root.join(SCRIPT)).arg(&dir))?;
+
+    // The whole policy as one model, per golden case.
+    let driver = root.join(DRIVER);
+    for case in CASES {
+        let case_dir = root.join("testdata").join("pi05").join(case);
+        let cfg = case_dir.join("config.json").display().to_string();
+        let ck = case_dir.join("model.safetensors").display().to_string();
+        let inputs = case_dir.join("inputs.safetensors");
+        for dtype in ["f32", "bf16"] {
+            let out = dir.join("export").join(format!("{case}-{dtype}"));
+            let out_s = out.display().to_string();
+            petite(&[
+                "export",
+                "--backend",
+                "onnx",
+                "--dtype",
+                dtype,
+                "--config",
+                &cfg,
+                "--checkpoint",
+                &ck,
+                "--out",
+                &out_s,
+            ])?;
+            let mut cmd = Command::new(&python);
+            cmd.arg(&driver)
+                .arg(&out)
+                .arg("--inputs")
+                .arg(&inputs)
+                .arg("--check");
+            if dtype == "f32" {
+                cmd.arg("--expected")
+                    .arg(case_dir.join("expected.safetensors"))
+                    .args(["--key", "actions", "--tol", F32_BOUND]);
+            } else {
+                cmd.arg("--probe-bf16");
+            }
+            util::run(&mut cmd)?;
+            if dtype == "f32" {
+                petite(&[
+                    "verify",
+                    "--pte-dir",
+                    &out_s,
+                    "--config",
+                    &cfg,
+                    "--checkpoint",
+                    &ck,
+                    "--inputs",
+                    &inputs.display().to_string(),
+                    "--python",
+                    &python.display().to_string(),
+                    // f32 model vs petite's f32 reference, both computed in this run.
+                    "--max-error",
+                    "1e-4",
+                ])?;
+            }
+        }
+    }
     Ok(())
 }

@@ -15,7 +15,9 @@
 //! placement) and one re-export with `--placement host` are compared field by field with the
 //! programs ExecuTorch 1.5.1's own exporter plans for the same delegate dataflow, with and
 //! without a `target_device=cuda:0` delegate (`conformance/executorch/placement_check.py`,
-//! venv `target/venv-pte-full`). What it cannot check: running a plan (no GPU here that
+//! venv `target/venv-pte-full`). The whole-policy ONNX export (`--backend onnx --dtype bf16`) of
+//! every golden is parsed and built by TensorRT-RTX as one engine. What it cannot check: running
+//! a plan (no GPU here that
 //! TensorRT-RTX supports: so not the plan's streamable size either), and JetPack TensorRT's own
 //! builder.
 
@@ -98,8 +100,58 @@ pub fn run() -> Result<()> {
     }
     total += weight_streaming(&petite, &python, &out)?;
     refusals(&petite, &python, &out)?;
+    whole_policy(&petite, &python, &out)?;
     std::fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
     eprintln!("xtask: tensorrt: {total} engines parsed and built, zero errors");
+    Ok(())
+}
+
+/// `--backend onnx --dtype bf16` (the whole policy as one model, bf16 kept bf16 for TensorRT)
+/// of every golden: TensorRT-RTX parses `pi05.onnx` with its external data and builds it as one
+/// strongly typed engine (the driver `--backend tensorrt` runs per engine), zero errors, a
+/// `vtrt` plan. Measured here: 8–24 s and a builder peak RSS of 0.58–0.91 GiB per golden.
+fn whole_policy(petite: &Path, python: &Path, out: &Path) -> Result<()> {
+    let root = util::root();
+    let driver = root.join("crates/petite-engine/python/trt_rtx_build.py");
+    for case in CASES {
+        let case_dir = root.join("testdata").join("pi05").join(case);
+        let dir = out.join(format!("{case}-onnx-bf16"));
+        util::run(
+            std::process::Command::new(petite)
+                .args(["export", "--backend", "onnx", "--dtype", "bf16", "--config"])
+                .arg(case_dir.join("config.json"))
+                .arg("--checkpoint")
+                .arg(case_dir.join("model.safetensors"))
+                .arg("--out")
+                .arg(&dir),
+        )?;
+        let plan = dir.join("pi05.plan");
+        let o = std::process::Command::new(python)
+            .arg(&driver)
+            .arg("--onnx")
+            .arg(dir.join("pi05.onnx"))
+            .arg("--plan")
+            .arg(&plan)
+            .args(["--target", "sm86"])
+            .output()
+            .context("starting the TensorRT-RTX driver")?;
+        ensure!(
+            o.status.success(),
+            "{case}: TensorRT-RTX did not build pi05.onnx ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let bytes = std::fs::read(&plan).with_context(|| plan.display().to_string())?;
+        ensure!(
+            bytes.starts_with(b"vtrt"),
+            "{case}: {} is not a TensorRT-RTX plan",
+            plan.display()
+        );
+        eprintln!(
+            "xtask: tensorrt: {case}: whole-policy pi05.onnx (bf16) built as one engine: {}",
+            String::from_utf8_lossy(&o.stdout).trim()
+        );
+    }
     Ok(())
 }
 

@@ -126,9 +126,35 @@ enum Attr {
     Ints(Vec<i64>),
 }
 
+/// How [`emit_with`] writes a model, beyond its [`Flavor`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmitOptions<'a> {
+    /// Which model to emit.
+    pub flavor: Flavor,
+    /// `linear` as `Gemm(x, W, b, transB=1)` (inputs of rank ≠ 2 reshaped to 2-D around it)
+    /// instead of `MatMul(x, Transpose(W))`. For ONNX Runtime: it constant-folds a `Transpose`
+    /// of an initializer into a transposed copy held in memory, one per `linear` node — for a
+    /// weight shared by ten steps, ten copies — where `Gemm` reads the stored weight as it is.
+    pub gemm_linear: bool,
+    /// The graph's name.
+    pub graph_name: &'a str,
+}
+
+impl EmitOptions<'_> {
+    /// What [`emit`] uses: `MatMul(x, Transpose(W))`, graph `petite_engine`.
+    pub fn engine(flavor: Flavor) -> Self {
+        EmitOptions {
+            flavor,
+            gemm_linear: false,
+            graph_name: "petite_engine",
+        }
+    }
+}
+
 struct Emitter<'a> {
     p: &'a Program,
     flavor: Flavor,
+    gemm_linear: bool,
     weights: &'a BTreeMap<String, WeightLocation>,
     location: &'a str,
     nodes: Vec<Msg>,
@@ -338,13 +364,14 @@ impl Emitter<'_> {
             .tensor()
             .cloned()
             .ok_or_else(|| self.unsupported(id, "constant declared as a tuple"))?;
-        let raw: Vec<u8> = match (self.flavor, t.dtype) {
+        let raw: std::borrow::Cow<'_, [u8]> = match (self.flavor, t.dtype) {
             (Flavor::F32Twin, Dtype::Bf16) => data
                 .chunks_exact(2)
                 .flat_map(|c| {
                     f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16).to_le_bytes()
                 })
-                .collect(),
+                .collect::<Vec<u8>>()
+                .into(),
             (Flavor::F32Twin, Dtype::F16) => data
                 .chunks_exact(2)
                 .flat_map(|c| {
@@ -352,8 +379,9 @@ impl Emitter<'_> {
                         .to_f32()
                         .to_le_bytes()
                 })
-                .collect(),
-            _ => data.to_vec(),
+                .collect::<Vec<u8>>()
+                .into(),
+            _ => data.into(),
         };
         let c = self.init_raw(self.ty(t.dtype), &t.shape, &raw);
         self.finish_native(id, &c);
@@ -386,6 +414,31 @@ impl Emitter<'_> {
                     None
                 };
                 let y = match &n.op {
+                    Op::Linear if self.gemm_linear => {
+                        let xs = self.p.node(n.inputs[0]).tensor().map(|t| t.shape.clone());
+                        let ys = self.p.node(id).tensor().map(|t| t.shape.clone());
+                        let (Some(xs), Some(ys)) = (xs, ys) else {
+                            return Err(self.unsupported(id, "tuple operand"));
+                        };
+                        let k = *xs.last().unwrap_or(&1) as i64;
+                        let x2 = if xs.len() == 2 {
+                            x
+                        } else {
+                            let s = self.const_i64(&[-1, k]);
+                            self.op("Reshape", &[&x, &s], vec![])
+                        };
+                        let mut ins = vec![x2.as_str(), w.as_str()];
+                        if let Some(b) = &b {
+                            ins.push(b);
+                        }
+                        let g = self.op("Gemm", &ins, vec![("transB", Attr::I(1))]);
+                        if ys.len() == 2 {
+                            g
+                        } else {
+                            let s = self.const_i64(&dims(&ys));
+                            self.op("Reshape", &[&g, &s], vec![])
+                        }
+                    }
                     Op::Linear => {
                         let wt =
                             self.op("Transpose", &[&w], vec![("perm", Attr::Ints(vec![1, 0]))]);
@@ -811,6 +864,35 @@ pub fn emit(
     location: &str,
     flavor: Flavor,
 ) -> Result<Vec<u8>> {
+    emit_with(program, weights, location, &EmitOptions::engine(flavor))
+}
+
+/// [`emit`] with explicit [`EmitOptions`]. Every weight node is one initializer (external data
+/// in `location`); a program that declares each weight once (petite-graph's builder does, also
+/// across [`petite_graph::Builder::inline`]d copies) stores each weight once however many nodes
+/// read it.
+pub fn emit_with(
+    program: &Program,
+    weights: &BTreeMap<String, WeightLocation>,
+    location: &str,
+    opts: &EmitOptions<'_>,
+) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    emit_to(program, weights, location, opts, &mut v)?;
+    Ok(v)
+}
+
+/// [`emit_with`] written to `out` as it is encoded (the bytes are the same): what the whole-
+/// policy export uses, so the model is held in memory once (its nodes and initializers as
+/// encoded messages), not three times (nodes, graph, model). Returns the bytes written.
+pub fn emit_to(
+    program: &Program,
+    weights: &BTreeMap<String, WeightLocation>,
+    location: &str,
+    opts: &EmitOptions<'_>,
+    out: &mut dyn std::io::Write,
+) -> Result<u64> {
+    let flavor = opts.flavor;
     program.validate()?;
     let order = program.topo_order()?;
     let names: Vec<String> = program
@@ -823,6 +905,7 @@ pub fn emit(
     let mut e = Emitter {
         p: program,
         flavor,
+        gemm_linear: opts.gemm_linear,
         weights,
         location,
         nodes: Vec::new(),
@@ -851,36 +934,66 @@ pub fn emit(
         }
         outs.push(value_info(&o.name, e.ty(t.dtype), &t.shape));
     }
-    let mut graph = Msg::new();
-    for n in &e.nodes {
-        graph.msg(1, n);
-    }
-    graph.str(2, "petite_engine");
-    for t in &e.inits {
-        graph.msg(5, t);
-    }
+    let mut graph_tail = Msg::new();
+    graph_tail.str(2, opts.graph_name);
+    let mut io_infos = Msg::new();
     for &id in &program.inputs {
         let t = program
             .node(id)
             .tensor()
             .cloned()
             .unwrap_or_else(|| petite_graph::TensorType::new(Dtype::F32, &[]));
-        graph.msg(
+        io_infos.msg(
             11,
             &value_info(&e.names[id.index()], e.ty(t.dtype), &t.shape),
         );
     }
     for o in &outs {
-        graph.msg(12, o);
+        io_infos.msg(12, o);
     }
-    let mut model = Msg::new();
-    model
-        .int(1, IR_VERSION)
+    // GraphProto: nodes (1), name (2), initializers (5), inputs (11), outputs (12); streamed
+    // field by field, so the model is never held twice (its length is known up front).
+    let graph_len: usize = e
+        .nodes
+        .iter()
+        .map(|n| pb::field_len(1, n.0.len()))
+        .sum::<usize>()
+        + graph_tail.0.len()
+        + e.inits
+            .iter()
+            .map(|t| pb::field_len(5, t.0.len()))
+            .sum::<usize>()
+        + io_infos.0.len();
+    let mut head = Msg::new();
+    head.int(1, IR_VERSION)
         .str(2, "petite")
-        .str(3, env!("CARGO_PKG_VERSION"))
-        .msg(7, &graph)
-        .msg(8, Msg::new().str(1, "").int(2, OPSET));
-    Ok(model.0)
+        .str(3, env!("CARGO_PKG_VERSION"));
+    let mut tail = Msg::new();
+    tail.msg(8, Msg::new().str(1, "").int(2, OPSET));
+    let io = |e: std::io::Error| Error::Io {
+        path: "(ONNX model)".into(),
+        op: "write",
+        source: e,
+    };
+    let mut n = 0u64;
+    let mut put = |b: &[u8]| -> Result<()> {
+        n += b.len() as u64;
+        out.write_all(b).map_err(io)
+    };
+    put(&head.0)?;
+    put(&pb::field_header(7, graph_len))?;
+    for m in &e.nodes {
+        put(&pb::field_header(1, m.0.len()))?;
+        put(&m.0)?;
+    }
+    put(&graph_tail.0)?;
+    for t in &e.inits {
+        put(&pb::field_header(5, t.0.len()))?;
+        put(&t.0)?;
+    }
+    put(&io_infos.0)?;
+    put(&tail.0)?;
+    Ok(n)
 }
 
 /// Writes `bytes` to `path` through a temporary name and a rename.

@@ -65,6 +65,29 @@ impl Msg {
     }
 }
 
+fn varint_len(mut v: u64) -> usize {
+    let mut n = 1;
+    while v >= 0x80 {
+        v >>= 7;
+        n += 1;
+    }
+    n
+}
+
+/// The key and length prefix of a length-delimited field `field` whose body is `len` bytes:
+/// what [`Msg::bytes`] writes before the body, for a body streamed after it.
+pub fn field_header(field: u32, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(10);
+    varint(&mut out, (u64::from(field) << 3) | 2);
+    varint(&mut out, len as u64);
+    out
+}
+
+/// Bytes of a length-delimited field `field` with a `len`-byte body, header included.
+pub fn field_len(field: u32, len: usize) -> usize {
+    varint_len((u64::from(field) << 3) | 2) + varint_len(len as u64) + len
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,5 +109,14 @@ mod tests {
             [0x22, 0x03, 0x03, 0x8e, 0x02]
         );
         assert_eq!(Msg::new().float(2, 1.0).0, [0x15, 0, 0, 0x80, 0x3f]);
+        // A streamed field's header + body is the nested message's encoding.
+        for len in [0usize, 1, 127, 128, 300, 16_384, 2_097_152] {
+            let body = vec![7u8; len];
+            let whole = Msg::new().bytes(20, &body).0.clone();
+            let mut streamed = field_header(20, len);
+            streamed.extend_from_slice(&body);
+            assert_eq!(streamed, whole, "{len}");
+            assert_eq!(field_len(20, len), whole.len(), "{len}");
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! `petite export`: a pi0.5 checkpoint → `prefix.pte` + `step.pte` in bounded memory.
+//! `petite export`: a pi0.5 checkpoint → `prefix.pte` + `step.pte` (or, `--backend onnx`, one
+//! `pi05.onnx`) in bounded memory.
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -18,11 +19,14 @@ pub struct ExportArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Output directory: prefix.pte, step.pte, report.json, cache/ (mapping file); portable:
-    /// also prefix.pte.json, step.pte.json (the methods' inputs and outputs).
+    /// also prefix.pte.json, step.pte.json (the methods' inputs and outputs); onnx: pi05.onnx,
+    /// pi05.onnx.data (its external data: the mapping file), pi05.onnx.json, report.json.
     #[arg(long)]
     pub out: PathBuf,
     /// Backend: reference | tensorrt (engines as delegates) | portable (no engines: every op an
-    /// ExecuTorch portable kernel call, runs in any ExecuTorch runtime; check with `petite verify`).
+    /// ExecuTorch portable kernel call, runs in any ExecuTorch runtime; check with `petite verify`)
+    /// | onnx (the whole policy as one ONNX model, OUT/pi05.onnx + pi05.onnx.data + pi05.onnx.json,
+    /// for ONNX Runtime (f32) or TensorRT; check with `petite verify`).
     #[arg(long, value_enum, default_value = "reference")]
     pub backend: Backend,
     /// tensorrt: TensorRT's trtexec (JetPack: /usr/src/tensorrt/bin/trtexec); else
@@ -102,6 +106,20 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         .map(std::time::Duration::from_millis);
     let r = export(&o).with_context(|| format!("export of {}", a.checkpoint.display()))?;
     print!("{}", r.table);
+    if a.backend == Backend::Onnx {
+        let o = &r.report_json["onnx"];
+        println!(
+            "onnx: wrote {} ({} B protobuf, opset {}, {} initializers, {} B of weights in {}; report: {})",
+            a.out.join(petite::export::onnx::MODEL).display(),
+            o["model_bytes"],
+            o["opset"],
+            o["initializers"],
+            o["weight_bytes"],
+            petite::export::onnx::DATA,
+            r.report.display()
+        );
+        return Ok(());
+    }
     if a.backend == Backend::Portable {
         let m =
             |p: &str| r.report_json["programs"][p]["methods"][0]["plan"]["planned_bytes"].clone();

@@ -1,5 +1,5 @@
 //! `petite verify`: run an export's .pte files (engines here; portable ones in ExecuTorch's
-//! runtime) and compare with the f32 reference.
+//! runtime) or its ONNX model (in ONNX Runtime) and compare with the f32 reference.
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -9,7 +9,7 @@ use petite::verify::{DEFAULT_MAX_ERROR, VerifyOptions, verify};
 /// Arguments of `petite verify`.
 #[derive(Args, Debug)]
 pub struct VerifyArgs {
-    /// Directory holding prefix.pte and step.pte.
+    /// Directory holding prefix.pte and step.pte, or pi05.onnx (`--backend onnx`).
     #[arg(long)]
     pub pte_dir: PathBuf,
     /// The original checkpoint (for the f32 reference).
@@ -26,7 +26,9 @@ pub struct VerifyArgs {
     pub seed: u64,
     /// Python 3.12 with executorch-numpy-runtime, for portable .pte files (`--backend
     /// portable`), which run in ExecuTorch's runtime in a separate process (default:
-    /// $PETITE_PYTHON, else the workspace's target/venv-pte built by `cargo xtask conformance`).
+    /// $PETITE_PYTHON, else the workspace's target/venv-pte built by `cargo xtask conformance`);
+    /// for an ONNX export (`--backend onnx`: pi05.onnx, no .pte) a Python with onnxruntime and
+    /// numpy, which runs it in ONNX Runtime (default: $PETITE_ORT_PYTHON, else target/venv-ort).
     #[arg(long)]
     pub python: Option<PathBuf>,
     /// Fail (exit 1) when the max abs action error exceeds this. The default is the bf16-vs-f32

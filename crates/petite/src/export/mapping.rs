@@ -144,6 +144,11 @@ pub(super) fn engine_mapping(
     cache: &Path,
     progress: bool,
 ) -> Result<Converted> {
+    engine_mapping_at(ck, identity, selection, cache, None, progress)
+}
+
+/// The key a mapping file of `selection` from the source `identity` is written under.
+fn engine_key(identity: &str, selection: &[(String, Dtype)]) -> String {
     let mut h = Sha256::new();
     h.update(identity.as_bytes());
     h.update(b"|bf16|");
@@ -156,14 +161,30 @@ pub(super) fn engine_mapping(
         }
         h.update([0]);
     }
-    let key = hex::encode(h.finalize());
+    hex::encode(h.finalize())
+}
+
+/// [`engine_mapping`], also reusing the file at `also` (an earlier export's published copy of
+/// its mapping file, e.g. `--backend onnx`'s `pi05.onnx.data`) when it was written under the
+/// same key; a new file is still converted into `cache`.
+pub(super) fn engine_mapping_at(
+    ck: &CanonicalCheckpoint,
+    identity: &str,
+    selection: &[(String, Dtype)],
+    cache: &Path,
+    also: Option<&Path>,
+    progress: bool,
+) -> Result<Converted> {
+    let key = engine_key(identity, selection);
     let path = path(cache, &key);
-    if let Some(file) = current(&path, &key, selection.iter().map(|(n, _)| n.as_str())) {
-        return Ok(Converted {
-            file,
-            reused: true,
-            seconds: None,
-        });
+    for p in std::iter::once(path.as_path()).chain(also) {
+        if let Some(file) = current(p, &key, selection.iter().map(|(n, _)| n.as_str())) {
+            return Ok(Converted {
+                file,
+                reused: true,
+                seconds: None,
+            });
+        }
     }
     clear_stale(cache, &path)?;
     let pb = super::bar(progress, 0, "convert");

@@ -8,7 +8,8 @@
 //! (the bf16 mapping file, kept for the next run), `engines/` (only while building, or with
 //! `--keep-engines`). Finished engine files are named by a hash of their subgraph, the
 //! checkpoint's identity and the backend settings, so an interrupted export re-run with the same
-//! arguments reuses them.
+//! arguments reuses them. `--backend onnx` ([`onnx`]) writes `pi05.onnx`, `pi05.onnx.data` (the
+//! mapping file, moved out of `cache/` when published) and `pi05.onnx.json` instead of the `.pte`s.
 //!
 //! Faults ([`crate::guard`]): `.petite.lock` is locked (one export per `--out`) before the
 //! first write; the inputs' identities are checked at every stage boundary and before the
@@ -23,6 +24,7 @@
 
 mod engine;
 mod mapping;
+pub mod onnx;
 mod portable;
 
 use std::collections::BTreeMap;
@@ -131,10 +133,14 @@ impl ExportOptions {
 /// What an export produced.
 #[derive(Debug, Clone)]
 pub struct ExportResult {
-    /// `prefix.pte`.
+    /// `prefix.pte` (the `.pte` backends; `--backend onnx` writes none).
     pub prefix_pte: PathBuf,
-    /// `step.pte`.
+    /// `step.pte` (the `.pte` backends).
     pub step_pte: PathBuf,
+    /// Every file the export published, in order (`.pte` backends: `prefix.pte`, `step.pte`
+    /// and, portable, their specs; onnx: `pi05.onnx`, `pi05.onnx.data` unless an earlier run's
+    /// already was this mapping file, `pi05.onnx.json`).
+    pub files: Vec<PathBuf>,
     /// `report.json`.
     pub report: PathBuf,
     /// The full report.
@@ -269,13 +275,18 @@ fn report_json(
     report
 }
 
-/// What stage `save` of either backend starts with: a progress bar of one tick per `.pte`,
-/// durable writes (fsync before the rename) and the two output paths.
+/// What stage `save` of every backend starts with: a progress bar of one tick per program,
+/// durable writes (fsync before the rename) and the output paths.
 struct SaveTargets {
     pb: ProgressBar,
     wopts: WriteOptions,
     prefix_pte: PathBuf,
     step_pte: PathBuf,
+    /// Whether the backend publishes `prefix.pte` and `step.pte` (all but onnx).
+    ptes: bool,
+    /// Further `(source, final)` renames the backend's save recorded ([`SaveTargets::publish_as`]),
+    /// done in order after the `.pte`s.
+    extra: std::cell::RefCell<Vec<(PathBuf, PathBuf)>>,
 }
 
 impl SaveTargets {
@@ -288,7 +299,16 @@ impl SaveTargets {
             },
             prefix_pte: opts.out.join("prefix.pte"),
             step_pte: opts.out.join("step.pte"),
+            ptes: opts.backend != Backend::Onnx,
+            extra: Default::default(),
         }
+    }
+
+    /// Records that `from` (a staged file, or a finished cache file moved into the output) is
+    /// to be renamed to `to` when the export publishes, after the checks
+    /// [`SaveTargets::finish`] runs.
+    fn publish_as(&self, from: PathBuf, to: PathBuf) {
+        self.extra.borrow_mut().push((from, to));
     }
 
     /// Where a stage writes `path` (a `.pte` or its spec) before [`SaveTargets::finish`]
@@ -309,13 +329,16 @@ impl SaveTargets {
         saved: &Saved,
     ) -> Result<ExportResult> {
         let mut files = Vec::new();
-        for f in [&self.prefix_pte, &self.step_pte] {
-            files.push((self.staged(f), f.clone()));
-            let spec = spec_path(f);
-            if self.staged(&spec).exists() {
-                files.push((self.staged(&spec), spec));
+        if self.ptes {
+            for f in [&self.prefix_pte, &self.step_pte] {
+                files.push((self.staged(f), f.clone()));
+                let spec = spec_path(f);
+                if self.staged(&spec).exists() {
+                    files.push((self.staged(&spec), spec));
+                }
             }
         }
+        files.extend(self.extra.take());
         guard::publish(watch, &files)?;
         let report_path = opts.out.join("report.json");
         crate::report::write_json(&report_path, &report)?;
@@ -323,6 +346,7 @@ impl SaveTargets {
             prefix_pte: self.prefix_pte,
             step_pte: self.step_pte,
             report: report_path,
+            files: files.into_iter().map(|(_, f)| f).collect(),
             report_json: report,
             table,
             engines_reused: saved.engines_reused,
@@ -391,7 +415,14 @@ fn load(opts: &ExportOptions) -> Result<Loaded> {
         [&progs.timestep_table, &progs.prefix, &progs.step],
     )?;
     let ck_files = ck.files();
-    for out_name in ["prefix.pte", "step.pte", "report.json"] {
+    for out_name in [
+        "prefix.pte",
+        "step.pte",
+        "report.json",
+        onnx::MODEL,
+        onnx::DATA,
+        onnx::SPEC,
+    ] {
         let o = opts.out.join(out_name);
         if let Ok(oc) = o.canonicalize()
             && ck_files
@@ -442,6 +473,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     let loaded = load(opts)?;
     let mut stages: Box<dyn Stages + '_> = match opts.backend {
         Backend::Portable => Box::new(portable::PortableStages::plan(&loaded, opts)?),
+        Backend::Onnx => Box::new(onnx::OnnxStages::plan(&loaded, opts)?),
         Backend::Reference | Backend::TensorRt => {
             Box::new(engine::EngineStages::plan(&loaded, opts)?)
         }
