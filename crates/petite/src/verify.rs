@@ -619,22 +619,58 @@ fn no_ort(detail: &str) -> Error {
 /// `cargo xtask conformance` builds in this workspace (`target/venv-ort`, if present).
 /// Checked: it must import onnxruntime and numpy.
 pub fn find_ort_python(explicit: Option<&Path>) -> Result<PathBuf> {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/venv-ort/bin/python");
-    let python = match (explicit, std::env::var_os(ORT_PYTHON_ENV)) {
+    find_runtime_python(explicit, &ORT_RUNTIME)
+}
+
+/// A runtime nobody here wrote, run in a Python child: where its Python is looked for and what
+/// it must import (one lookup rule for every such runtime).
+struct PyRuntime {
+    /// The environment variable naming its Python.
+    env: &'static str,
+    /// The workspace venv `cargo xtask conformance` builds for it, under `target/`.
+    venv: &'static str,
+    /// What the Python must import (`import {imports}`), the first one named in errors.
+    imports: &'static str,
+    /// The one-line refusal, what it is and how to get one, after `detail`.
+    missing: fn(&str) -> Error,
+}
+
+const ORT_RUNTIME: PyRuntime = PyRuntime {
+    env: ORT_PYTHON_ENV,
+    venv: "venv-ort",
+    imports: "onnxruntime, numpy",
+    missing: no_ort,
+};
+
+const ET_RUNTIME: PyRuntime = PyRuntime {
+    env: PYTHON_ENV,
+    venv: "venv-pte",
+    imports: "executorch_numpy_runtime, numpy",
+    missing: no_python,
+};
+
+/// `explicit`, else `$env`, else the workspace venv if present; checked by importing.
+fn find_runtime_python(explicit: Option<&Path>, rt: &PyRuntime) -> Result<PathBuf> {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target")
+        .join(rt.venv)
+        .join("bin/python");
+    let python = match (explicit, std::env::var_os(rt.env)) {
         (Some(p), _) => p.to_path_buf(),
         (None, Some(p)) => PathBuf::from(p),
         (None, None) if venv.exists() => venv,
-        (None, None) => return Err(no_ort("no Python given")),
+        (None, None) => return Err((rt.missing)("no Python given")),
     };
     let out = std::process::Command::new(&python)
-        .args(["-c", "import onnxruntime, numpy"])
+        .args(["-c", &format!("import {}", rt.imports)])
         .output()
-        .map_err(|e| no_ort(&format!("{}: cannot start: {e}", python.display())))?;
+        .map_err(|e| (rt.missing)(&format!("{}: cannot start: {e}", python.display())))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let last = err.lines().last().unwrap_or("").to_string();
-        return Err(no_ort(&format!(
-            "{}: cannot import onnxruntime ({last})",
+        let first = rt.imports.split(',').next().unwrap_or(rt.imports);
+        return Err((rt.missing)(&format!(
+            "{}: cannot import {first} ({last})",
             python.display()
         )));
     }
@@ -667,25 +703,6 @@ pub fn run_onnx(
 ) -> Result<(Vec<f32>, serde_json::Value)> {
     check_onnx_spec(dir, cfg)?;
     let model = dir.join(crate::export::onnx::MODEL);
-    let scratch = ScratchDir(std::env::temp_dir().join(format!(
-        "petite-verify-onnx-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    )));
-    std::fs::create_dir_all(&scratch.0).map_err(|e| Error::io(&scratch.0, "create", e))?;
-    let driver = scratch.0.join("run_pi05_onnx.py");
-    std::fs::write(&driver, ORT_DRIVER_PY).map_err(|e| Error::io(&driver, "write driver", e))?;
-    let inputs_path = match inputs_file {
-        Some(p) => p.to_path_buf(),
-        None => {
-            let p = scratch.0.join("inputs.safetensors");
-            write_inputs(&p, cfg, inputs)?;
-            p
-        }
-    };
     // The model's files are the files that ran only if they are the same at the end.
     let ids: Vec<(PathBuf, FileIdentity)> = [crate::export::onnx::MODEL, crate::export::onnx::DATA]
         .iter()
@@ -695,56 +712,119 @@ pub fn run_onnx(
             Ok((p, FileIdentity::of(&md)))
         })
         .collect::<Result<_>>()?;
-    let out = std::process::Command::new(python)
-        .arg(&driver)
-        .arg(dir)
-        .arg("--inputs")
-        .arg(&inputs_path)
-        .arg("--print-actions")
-        .output()
-        .map_err(|e| Error::io(python, "start the ONNX Runtime driver", e))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
+    let run = DriverRun {
+        scripts: &[("run_pi05_onnx.py", ORT_DRIVER_PY)],
+        runtime: "ONNX Runtime",
+        start: "start the ONNX Runtime driver",
         // The driver's own refusals are one line; ONNX Runtime's failures end its traceback.
-        let last = err
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
-        return Err(bad(
-            &model,
-            format!(
-                "ONNX Runtime failed ({}; {}): {}",
-                out.status,
-                python.display(),
-                last.trim()
-            ),
-        ));
-    }
+        error_lines: 1,
+        blame_run: &model,
+        blame_actions: &model,
+    };
+    let out = run.run(dir, cfg, inputs, inputs_file, python)?;
     for (p, id) in &ids {
         id.check(p, Role::Program)?;
     }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().last().unwrap_or("");
-    let mut j: serde_json::Value = serde_json::from_str(line)?;
-    let actions = driver_actions(&j["actions"])
-        .ok_or_else(|| bad(&model, "the driver returned no actions"))?;
-    if actions.len() != cfg.chunk * cfg.action_dim {
-        return Err(bad(
-            &model,
-            format!(
-                "{} actions, the config has chunk {} x action_dim {}",
-                actions.len(),
-                cfg.chunk,
-                cfg.action_dim
-            ),
-        ));
+    Ok(out)
+}
+
+/// One run of a driver script embedded in this binary, in a runtime's Python child.
+struct DriverRun<'a> {
+    /// `(file name, text)` written to a scratch directory; the first is run.
+    scripts: &'a [(&'a str, &'a str)],
+    /// The runtime's name, for errors.
+    runtime: &'a str,
+    /// What failed when the child cannot start (`start the … driver`).
+    start: &'static str,
+    /// How many of stderr's last lines an error quotes.
+    error_lines: usize,
+    /// The file a failed run, and a missing or misshapen result, is reported against.
+    blame_run: &'a Path,
+    blame_actions: &'a Path,
+}
+
+impl DriverRun<'_> {
+    /// `SCRIPT TARGET --inputs FILE --print-actions` (the inputs written from `inputs` when no
+    /// file is given); returns the actions — `cfg.chunk × cfg.action_dim` of them, a NaN or inf
+    /// kept as such — and the driver's JSON line without them, plus the Python used.
+    fn run(
+        &self,
+        target: &Path,
+        cfg: &Pi05Config,
+        inputs: &Inputs,
+        inputs_file: Option<&Path>,
+        python: &Path,
+    ) -> Result<(Vec<f32>, serde_json::Value)> {
+        let scratch = ScratchDir(std::env::temp_dir().join(format!(
+            "petite-verify-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        )));
+        std::fs::create_dir_all(&scratch.0).map_err(|e| Error::io(&scratch.0, "create", e))?;
+        for (name, text) in self.scripts {
+            let p = scratch.0.join(name);
+            std::fs::write(&p, text).map_err(|e| Error::io(&p, "write driver", e))?;
+        }
+        let inputs_path = match inputs_file {
+            Some(p) => p.to_path_buf(),
+            None => {
+                let p = scratch.0.join("inputs.safetensors");
+                write_inputs(&p, cfg, inputs)?;
+                p
+            }
+        };
+        let out = std::process::Command::new(python)
+            .arg(scratch.0.join(self.scripts[0].0))
+            .arg(target)
+            .arg("--inputs")
+            .arg(&inputs_path)
+            .arg("--print-actions")
+            .output()
+            .map_err(|e| Error::io(python, self.start, e))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let mut tail: Vec<&str> = (err.lines().rev())
+                .filter(|l| !l.trim().is_empty())
+                .take(self.error_lines)
+                .map(str::trim_end)
+                .collect();
+            tail.reverse();
+            return Err(bad(
+                self.blame_run,
+                format!(
+                    "{} failed ({}; {}): {}",
+                    self.runtime,
+                    out.status,
+                    python.display(),
+                    tail.join("\n").trim()
+                ),
+            ));
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout.lines().last().unwrap_or("");
+        let mut j: serde_json::Value = serde_json::from_str(line)?;
+        let actions = driver_actions(&j["actions"])
+            .ok_or_else(|| bad(self.blame_actions, "the driver returned no actions"))?;
+        if actions.len() != cfg.chunk * cfg.action_dim {
+            return Err(bad(
+                self.blame_actions,
+                format!(
+                    "{} actions, the config has chunk {} x action_dim {}",
+                    actions.len(),
+                    cfg.chunk,
+                    cfg.action_dim
+                ),
+            ));
+        }
+        if let Some(o) = j.as_object_mut() {
+            o.remove("actions");
+            o.insert("python".into(), python.display().to_string().into());
+        }
+        Ok((actions, j))
     }
-    if let Some(o) = j.as_object_mut() {
-        o.remove("actions");
-        o.insert("python".into(), python.display().to_string().into());
-    }
-    Ok((actions, j))
 }
 
 /// The runner every portable driver shares (conformance/executorch is the one source).
@@ -770,26 +850,7 @@ fn no_python(detail: &str) -> Error {
 /// `cargo xtask conformance` builds in this workspace (if present). Checked: it must import
 /// executorch-numpy-runtime.
 pub fn find_python(explicit: Option<&Path>) -> Result<PathBuf> {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/venv-pte/bin/python");
-    let python = match (explicit, std::env::var_os(PYTHON_ENV)) {
-        (Some(p), _) => p.to_path_buf(),
-        (None, Some(p)) => PathBuf::from(p),
-        (None, None) if venv.exists() => venv,
-        (None, None) => return Err(no_python("no Python given")),
-    };
-    let out = std::process::Command::new(&python)
-        .args(["-c", "import executorch_numpy_runtime, numpy"])
-        .output()
-        .map_err(|e| no_python(&format!("{}: cannot start: {e}", python.display())))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let last = err.lines().last().unwrap_or("").to_string();
-        return Err(no_python(&format!(
-            "{}: cannot import executorch_numpy_runtime ({last})",
-            python.display()
-        )));
-    }
-    Ok(python)
+    find_runtime_python(explicit, &ET_RUNTIME)
 }
 
 /// A directory removed when dropped (the driver scripts, seeded inputs).
@@ -907,83 +968,19 @@ pub fn run_portable(
     python: &Path,
 ) -> Result<(Vec<f32>, serde_json::Value)> {
     check_specs(pte_dir, cfg)?;
-    let dir = ScratchDir(std::env::temp_dir().join(format!(
-        "petite-verify-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    )));
-    std::fs::create_dir_all(&dir.0).map_err(|e| Error::io(&dir.0, "create", e))?;
-    for (name, text) in [
-        ("et_runner.py", ET_RUNNER_PY),
-        ("run_pi05_portable.py", DRIVER_PY),
-    ] {
-        let p = dir.0.join(name);
-        std::fs::write(&p, text).map_err(|e| Error::io(&p, "write driver", e))?;
+    let (prefix, step) = (pte_dir.join("prefix.pte"), pte_dir.join("step.pte"));
+    DriverRun {
+        scripts: &[
+            ("run_pi05_portable.py", DRIVER_PY),
+            ("et_runner.py", ET_RUNNER_PY),
+        ],
+        runtime: "ExecuTorch's runtime",
+        start: "start the ExecuTorch driver",
+        error_lines: 12,
+        blame_run: &prefix,
+        blame_actions: &step,
     }
-    let inputs_path = match inputs_file {
-        Some(p) => p.to_path_buf(),
-        None => {
-            let p = dir.0.join("inputs.safetensors");
-            write_inputs(&p, cfg, inputs)?;
-            p
-        }
-    };
-    let out = std::process::Command::new(python)
-        .arg(dir.0.join("run_pi05_portable.py"))
-        .arg(pte_dir)
-        .arg("--inputs")
-        .arg(&inputs_path)
-        .arg("--print-actions")
-        .output()
-        .map_err(|e| Error::io(python, "start the ExecuTorch driver", e))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let tail: String = err
-            .lines()
-            .rev()
-            .take(12)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect::<Vec<_>>()
-            .join("\n");
-        return Err(bad(
-            &pte_dir.join("prefix.pte"),
-            format!(
-                "ExecuTorch's runtime failed ({}; {}): {tail}",
-                out.status,
-                python.display()
-            ),
-        ));
-    }
-    let line = stdout.lines().last().unwrap_or("");
-    let mut j: serde_json::Value = serde_json::from_str(line)?;
-    let actions: Vec<f32> = j["actions"]
-        .as_array()
-        .ok_or_else(|| bad(&pte_dir.join("step.pte"), "the driver returned no actions"))?
-        .iter()
-        .map(|v| v.as_f64().unwrap_or(f64::NAN) as f32)
-        .collect();
-    if actions.len() != cfg.chunk * cfg.action_dim {
-        return Err(bad(
-            &pte_dir.join("step.pte"),
-            format!(
-                "{} actions, the config has chunk {} x action_dim {}",
-                actions.len(),
-                cfg.chunk,
-                cfg.action_dim
-            ),
-        ));
-    }
-    if let Some(o) = j.as_object_mut() {
-        o.remove("actions");
-        o.insert("python".into(), python.display().to_string().into());
-    }
-    Ok((actions, j))
+    .run(pte_dir, cfg, inputs, inputs_file, python)
 }
 
 #[cfg(test)]

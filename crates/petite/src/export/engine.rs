@@ -457,6 +457,16 @@ fn forward_method(
         let (st, sizes) = tensor_of(v)?;
         Ok(m.planned_tensor_in(buffer, st, &sizes)?)
     };
+    // The host tensor of `v`, planned on first use (the whole layout of `--placement host`).
+    let host_value =
+        |m: &mut MethodBuilder, host: &mut BTreeMap<ValueId, i32>, v: ValueId| -> Result<i32> {
+            if let Some(&i) = host.get(&v) {
+                return Ok(i);
+            }
+            let i = new_tensor(m, v, HOST)?;
+            host.insert(v, i);
+            Ok(i)
+        };
     if let Some(d) = device {
         m.place_buffer(DEVICE, DeviceType::CUDA, d as i8);
     }
@@ -489,14 +499,7 @@ fn forward_method(
         let mut args = Vec::new();
         for &v in &e.input_values {
             let a = match device {
-                None => match host.get(&v) {
-                    Some(&i) => i,
-                    None => {
-                        let i = new_tensor(&mut m, v, HOST)?;
-                        host.insert(v, i);
-                        i
-                    }
-                },
+                None => host_value(&mut m, &mut host, v)?,
                 Some(_) => match on_device.get(&v) {
                     Some(&i) => i,
                     None => {
@@ -518,14 +521,7 @@ fn forward_method(
         let mut leaving = Vec::new();
         for &v in &e.output_values {
             let a = match device {
-                None => match host.get(&v) {
-                    Some(&i) => i,
-                    None => {
-                        let i = new_tensor(&mut m, v, HOST)?;
-                        host.insert(v, i);
-                        i
-                    }
-                },
+                None => host_value(&mut m, &mut host, v)?,
                 Some(_) => {
                     let t = new_tensor(&mut m, v, DEVICE)?;
                     on_device.insert(v, t);

@@ -386,10 +386,16 @@ trait Stages {
     /// timestep: the timestep table from this backend's weights.
     fn timestep(&mut self) -> Result<()>;
     /// Whether the backend builds engines (a backend that builds none records no engines
-    /// stage).
-    fn builds_engines(&self) -> bool;
-    /// engines: builds (or reuses) every engine; returns whether all were reused.
-    fn engines(&mut self, identity: &str) -> Result<bool>;
+    /// stage). Default: none.
+    fn builds_engines(&self) -> bool {
+        false
+    }
+    /// engines: builds (or reuses) every engine; returns whether all were reused. Default:
+    /// nothing to build.
+    fn engines(&mut self, identity: &str) -> Result<bool> {
+        let _ = identity;
+        Ok(true)
+    }
     /// save: `prefix.pte` and `step.pte` (durably, under the staged names of
     /// [`SaveTargets::staged`]; [`SaveTargets::finish`] publishes them).
     fn save(&mut self, save: &SaveTargets) -> Result<()>;

@@ -263,14 +263,6 @@ impl Stages for OnnxStages<'_> {
         Ok(())
     }
 
-    fn builds_engines(&self) -> bool {
-        false
-    }
-
-    fn engines(&mut self, _identity: &str) -> Result<bool> {
-        Ok(true)
-    }
-
     fn save(&mut self, save: &SaveTargets) -> Result<()> {
         let out = &self.opts.out;
         let c = self.mapping.as_ref().ok_or_else(Self::out_of_order)?;

@@ -156,14 +156,6 @@ impl Stages for PortableStages<'_> {
         Ok(())
     }
 
-    fn builds_engines(&self) -> bool {
-        false
-    }
-
-    fn engines(&mut self, _identity: &str) -> Result<bool> {
-        Ok(true)
-    }
-
     fn save(&mut self, save: &SaveTargets) -> Result<()> {
         let out_of_order = || Error::Usage("export stages out of order".into());
         let mapping = self.mapping.as_ref().ok_or_else(out_of_order)?;
