@@ -92,16 +92,7 @@ pub fn run(a: &Args) -> Result<()> {
         (ck.clone(), a.config.clone(), "export-pi05")
     } else {
         // The full-size synthetic checkpoint, cached where `bench synth --keep` puts it.
-        let dir = root.join("target").join("pi05-full");
-        let ck = dir.join("model.safetensors");
-        if !ck.exists() {
-            eprintln!("xtask: no {}; synthesizing it (15.4 GiB)", ck.display());
-            crate::util::run(
-                Command::new(&petite)
-                    .args(["pi05", "synth", "--out"])
-                    .arg(&dir),
-            )?;
-        }
+        let ck = crate::util::full_checkpoint(&petite)?;
         (ck, None, "export-pi05")
     };
     let out = a

@@ -25,6 +25,28 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| root().join("target"))
 }
 
+/// `petite ARGS` from a release build of this checkout (through `cargo run`).
+pub fn petite(args: &[&str]) -> Result<()> {
+    let mut all = vec!["run", "--release", "-q", "-p", "petite", "--"];
+    all.extend_from_slice(args);
+    cargo(&all)
+}
+
+/// The full-size synthetic f32 pi0.5 (lerobot layout, 15.4 GiB) at `target/pi05-full`, written
+/// with `petite pi05 synth` by `petite` (a binary) when missing; the benches and `export-pi05`
+/// share it.
+pub fn full_checkpoint(petite: &Path) -> Result<PathBuf> {
+    let dir = root().join("target").join("pi05-full");
+    let ck = dir.join("model.safetensors");
+    if !ck.exists() {
+        eprintln!("xtask: no {}; synthesizing it (15.4 GiB)", ck.display());
+        run(Command::new(petite)
+            .args(["pi05", "synth", "--out"])
+            .arg(&dir))?;
+    }
+    Ok(ck)
+}
+
 /// Builds the release `petite` binary and returns its path (benchmarks and the export task run
 /// it as a separate process, under memcap).
 pub fn release_petite() -> Result<PathBuf> {

@@ -63,18 +63,7 @@ pub fn run(a: &Args) -> Result<()> {
     let json = dir.join("memcap.json");
     let checkpoint = match &a.checkpoint {
         Some(c) => c.clone(),
-        None => {
-            let full = root.join("target").join("pi05-full");
-            let c = full.join("model.safetensors");
-            if !c.exists() {
-                util::run(
-                    Command::new(&petite)
-                        .args(["pi05", "synth", "--out"])
-                        .arg(&full),
-                )?;
-            }
-            c
-        }
+        None => util::full_checkpoint(&petite)?,
     };
     let inputs = dir.join("inputs.safetensors");
     super::pi05_run::write_inputs(&inputs)?;

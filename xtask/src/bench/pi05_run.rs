@@ -7,11 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, bail};
 use petite_weights::{Dtype, SafetensorsWriter, TensorSpec};
 
 pub(super) const SCRIPT: &str = "conformance/lerobot/bench_sample_actions.py";
-const REQUIREMENTS: &str = "conformance/lerobot/requirements.txt";
 
 /// Options of the pi0.5 run benchmark.
 #[derive(clap::Args, Debug)]
@@ -81,19 +80,9 @@ pub(super) fn write_inputs(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `target/venv-lerobot` from the pinned requirements (parsed as the conformance tier does, so
-/// the venv is shared, not rebuilt).
+/// `target/venv-lerobot`, the lerobot tier's venv (built from the same pinned requirements).
 pub(super) fn venv() -> Result<PathBuf> {
-    let path = crate::util::root().join(REQUIREMENTS);
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let reqs: Vec<&str> = text
-        .lines()
-        .map(|l| l.split('#').next().unwrap_or("").trim())
-        .filter(|l| !l.is_empty())
-        .collect();
-    ensure!(!reqs.is_empty(), "{} lists no requirements", path.display());
-    crate::util::venv("lerobot", &reqs)
+    crate::conformance::lerobot_venv()
 }
 
 /// Runs the benchmark.
@@ -105,18 +94,7 @@ pub fn run(a: &Args) -> Result<()> {
     let json = dir.join("memcap.json");
     let checkpoint = match &a.checkpoint {
         Some(c) => c.clone(),
-        None => {
-            let full = root.join("target").join("pi05-full");
-            let c = full.join("model.safetensors");
-            if !c.exists() {
-                crate::util::run(
-                    Command::new(&petite)
-                        .args(["pi05", "synth", "--out"])
-                        .arg(&full),
-                )?;
-            }
-            c
-        }
+        None => crate::util::full_checkpoint(&petite)?,
     };
     let inputs = dir.join("inputs.safetensors");
     let actions = dir.join("actions.safetensors");

@@ -33,12 +33,7 @@ const PACKAGES: &[&str] = &[
 ];
 /// Where Debian's cross libc lives (qemu's `-L`).
 const SYSROOT: &str = "/usr/aarch64-linux-gnu";
-/// The golden cases exported (the first also with 64 KiB pages).
-const CASES: &[&str] = &[
-    "two_cams_mqa",
-    "three_cams_masked_gqa",
-    "one_cam_mha_unpadded",
-];
+const CASES: &[&str] = super::GOLDENS;
 /// The files that must be byte-identical across architectures.
 const OUTPUTS: &[&str] = &["prefix.pte", "step.pte"];
 

@@ -200,7 +200,7 @@ fn remove(dir: &Path) -> Result<()> {
 }
 
 /// Creates (or reuses) `target/venv-lerobot` from the pinned requirements file.
-fn venv() -> Result<PathBuf> {
+pub(super) fn venv() -> Result<PathBuf> {
     let path = util::root().join(REQUIREMENTS);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;

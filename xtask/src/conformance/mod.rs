@@ -17,6 +17,20 @@ mod pte;
 mod tensorrt;
 mod weights;
 
+/// The lerobot goldens every tier runs (`testdata/pi05/<case>`). The first is the tiers' one-case
+/// pick (weight streaming, the 64 KiB-page run, refusals).
+pub(crate) const GOLDENS: &[&str] = &[
+    "two_cams_mqa",
+    "three_cams_masked_gqa",
+    "one_cam_mha_unpadded",
+];
+
+/// `target/venv-lerobot`, built from the pinned `conformance/lerobot/requirements.txt` (the
+/// benches that run lerobot share it).
+pub(crate) fn lerobot_venv() -> Result<std::path::PathBuf> {
+    lerobot::venv()
+}
+
 /// Options of the conformance task.
 #[derive(clap::Args, Default)]
 pub struct Args {

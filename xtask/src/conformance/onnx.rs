@@ -34,18 +34,7 @@ pub const REQUIREMENTS: &[&str] = &["onnx==1.23.2", "onnxruntime==1.31.1", "nump
 /// ~185x the measured error, and below the smallest real mistake the goldens show (an exact-GELU
 /// port, 2.6e-4 – 4.0e-4; testdata/pi05/README.md).
 const F32_BOUND: &str = "1e-4";
-const CASES: &[&str] = &[
-    "two_cams_mqa",
-    "three_cams_masked_gqa",
-    "one_cam_mha_unpadded",
-];
-
-/// `petite ARGS` from a release build of this checkout.
-fn petite(args: &[&str]) -> Result<()> {
-    let mut all = vec!["run", "--release", "-q", "-p", "petite", "--"];
-    all.extend_from_slice(args);
-    util::cargo(&all)
-}
+const CASES: &[&str] = super::GOLDENS;
 
 /// Runs the tier.
 pub fn run() -> Result<()> {
@@ -76,7 +65,7 @@ pub fn run() -> Result<()> {
         for dtype in ["f32", "bf16"] {
             let out = dir.join("export").join(format!("{case}-{dtype}"));
             let out_s = out.display().to_string();
-            petite(&[
+            util::petite(&[
                 "export",
                 "--backend",
                 "onnx",
@@ -104,7 +93,7 @@ pub fn run() -> Result<()> {
             }
             util::run(&mut cmd)?;
             if dtype == "f32" {
-                petite(&[
+                util::petite(&[
                     "verify",
                     "--pte-dir",
                     &out_s,

@@ -31,18 +31,7 @@ const PI05_SCRIPT: &str = "conformance/executorch/run_pi05_portable.py";
 /// per-CPU code (FMA in `gemm`): exported on a CPU without FMA (`qemu-x86_64 -cpu Westmere`) the
 /// errors vs f32 were 2.95e-2 / 9.7e-3 / 8.1e-3 (native 2.95e-2 / 1.04e-2 / 7.3e-3).
 const BF16_BOUND: &str = "5e-2";
-const CASES: &[&str] = &[
-    "two_cams_mqa",
-    "three_cams_masked_gqa",
-    "one_cam_mha_unpadded",
-];
-
-/// `petite ARGS` from a release build of this checkout.
-fn petite(args: &[&str]) -> Result<()> {
-    let mut all = vec!["run", "--release", "-q", "-p", "petite", "--"];
-    all.extend_from_slice(args);
-    util::cargo(&all)
-}
+const CASES: &[&str] = super::GOLDENS;
 
 /// `run_pi05_portable.py` on the `.pte` files in `dir` with golden case `case_dir`'s inputs and
 /// expected actions; the caller adds the runtime and what to compare.
@@ -85,7 +74,7 @@ pub fn run(full: bool) -> Result<()> {
             let cfg = case_dir.join("config.json");
             let ck = case_dir.join("model.safetensors");
             let pte = dir.join(format!("{program}.pte"));
-            petite(&[
+            util::petite(&[
                 "lower",
                 "--config",
                 &cfg.to_string_lossy(),
@@ -105,7 +94,7 @@ pub fn run(full: bool) -> Result<()> {
         let case_dir = root.join("testdata").join("pi05").join(case);
         for dtype in ["f32", "bf16"] {
             let dir = out.join("export").join(format!("{case}-{dtype}"));
-            petite(&[
+            util::petite(&[
                 "export",
                 "--backend",
                 "portable",
@@ -157,7 +146,7 @@ pub fn run(full: bool) -> Result<()> {
         if *dtype != "f32" {
             continue;
         }
-        petite(&[
+        util::petite(&[
             "verify",
             "--pte-dir",
             &dir.to_string_lossy(),

@@ -29,11 +29,7 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::util;
 
-const CASES: &[&str] = &[
-    "two_cams_mqa",
-    "three_cams_masked_gqa",
-    "one_cam_mha_unpadded",
-];
+const CASES: &[&str] = super::GOLDENS;
 /// The weight-streaming case and budget (above its largest layer, below its largest engine).
 const STREAMING_CASE: &str = "two_cams_mqa";
 const STREAMING_BUDGET: (&str, u64) = ("64KiB", 64 << 10);
