@@ -36,6 +36,15 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// The stderr of a run that stopped because an input changed under it: exit
+/// [`EXIT_CHANGED`], an error rather than a panic.
+fn failed_as_changed(o: &Output) -> String {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(EXIT_CHANGED), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
 /// Names under `dir` (recursively, relative, sorted), with each file's size.
 fn listing(dir: &Path) -> Vec<(String, u64)> {
     fn walk(base: &Path, d: &Path, out: &mut Vec<(String, u64)>) {
@@ -157,8 +166,7 @@ fn checkpoint_truncated_during_convert_is_a_clear_error_and_the_rerun_recovers()
     let child = spawn_stopped(&mut export_cmd(&c, &out), "convert");
     truncate(&model, 4096);
     let o = resume(child);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(EXIT_CHANGED), "{err}");
+    let err = failed_as_changed(&o);
     let head = format!(
         "petite: error: checkpoint changed or truncated while it was being read: {} (SIGBUS reading byte ",
         model.display()
@@ -203,8 +211,7 @@ fn mapping_file_truncated_during_engines_is_named_and_rebuilt_by_the_rerun() {
     let len = std::fs::metadata(&mapping).unwrap().len();
     truncate(&mapping, 4096);
     let o = resume(child);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(EXIT_CHANGED), "{err}");
+    let err = failed_as_changed(&o);
     assert!(
         err.contains(&format!(
             "mapping file changed or truncated while it was being read: {} (",
@@ -241,8 +248,7 @@ fn checkpoint_changed_between_stages_is_refused_before_publishing() {
     // Rewritten in place, same size and bytes, later modification time.
     restore(&model, &bytes, t + Duration::from_secs(10));
     let o = resume(child);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(EXIT_CHANGED), "{err}");
+    let err = failed_as_changed(&o);
     assert!(
         err.contains(&format!(
             "checkpoint changed or truncated while it was being read: {} (modified in place \
@@ -620,8 +626,7 @@ fn convert_and_verify_turn_a_truncated_input_into_a_clear_error() {
     );
     truncate(&model, 4096);
     let o = resume(child);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(EXIT_CHANGED), "{err}");
+    let err = failed_as_changed(&o);
     assert!(
         err.starts_with(&format!(
             "petite: error: checkpoint changed or truncated while it was being read: {} (SIGBUS",
@@ -649,8 +654,7 @@ fn convert_and_verify_turn_a_truncated_input_into_a_clear_error() {
     let child = spawn_stopped(&mut common::verify_cmd(&c, &dir), "verify");
     truncate(&prefix, 4096);
     let o = resume(child);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(EXIT_CHANGED), "{err}");
+    let err = failed_as_changed(&o);
     assert!(
         err.contains(&format!(
             ".pte program changed or truncated while it was being read: {} (",
