@@ -755,29 +755,27 @@ impl DriverRun<'_> {
         inputs_file: Option<&Path>,
         python: &Path,
     ) -> Result<(Vec<f32>, serde_json::Value)> {
-        let scratch = ScratchDir(std::env::temp_dir().join(format!(
-            "petite-verify-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        )));
-        std::fs::create_dir_all(&scratch.0).map_err(|e| Error::io(&scratch.0, "create", e))?;
+        let tmp = std::env::temp_dir();
+        // Removed when dropped, however this run ends.
+        let dir = tempfile::Builder::new()
+            .prefix("petite-verify-")
+            .tempdir_in(&tmp)
+            .map_err(|e| Error::io(&tmp, "create a scratch directory in", e))?;
+        let scratch = dir.path();
         for (name, text) in self.scripts {
-            let p = scratch.0.join(name);
+            let p = scratch.join(name);
             std::fs::write(&p, text).map_err(|e| Error::io(&p, "write driver", e))?;
         }
         let inputs_path = match inputs_file {
             Some(p) => p.to_path_buf(),
             None => {
-                let p = scratch.0.join("inputs.safetensors");
+                let p = scratch.join("inputs.safetensors");
                 write_inputs(&p, cfg, inputs)?;
                 p
             }
         };
         let out = std::process::Command::new(python)
-            .arg(scratch.0.join(self.scripts[0].0))
+            .arg(scratch.join(self.scripts[0].0))
             .arg(target)
             .arg("--inputs")
             .arg(&inputs_path)
@@ -851,14 +849,6 @@ fn no_python(detail: &str) -> Error {
 /// executorch-numpy-runtime.
 pub fn find_python(explicit: Option<&Path>) -> Result<PathBuf> {
     find_runtime_python(explicit, &ET_RUNTIME)
-}
-
-/// A directory removed when dropped (the driver scripts, seeded inputs).
-struct ScratchDir(PathBuf);
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Writes `inputs` as the safetensors file the driver reads (`petite pi05 run`'s format).
