@@ -6,6 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod tool;
+#[allow(unused_imports)] // not every test file runs a stand-in tool
+pub use tool::write_tool;
+
 /// The `petite` binary, with backtraces off so error text is what a user sees.
 pub fn petite() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_petite"));

@@ -3,7 +3,6 @@
 //! No real TensorRT build runs in these tests.
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use petite_engine::tensorrt::{BACKEND_ID, TensorRtBuilder, Tool, ToolSearch, blob};
@@ -14,16 +13,12 @@ use petite_weights::MappedSafetensors;
 /// A stand-in trtexec: answers `--help` with TensorRT's banner (how the version is probed),
 /// then runs `body`.
 fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(
-        &p,
-        format!(
+    common::write_tool(
+        &dir.join(name),
+        &format!(
             "#!/bin/sh\ncase \"$1\" in --help) echo '&&&& RUNNING TensorRT.trtexec [TensorRT v100300] # trtexec --help'; exit 0;; esac\n{body}\n"
         ),
     )
-    .unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
 }
 
 /// Records its arguments (one per line) and writes a 1000-byte plan to `--saveEngine`.
@@ -185,22 +180,17 @@ fn a_missing_or_wrong_builder_is_refused_naming_it_and_saying_how_to_get_one() {
         "the hint names both builders: {msg}"
     );
     // A program that is not trtexec (no TensorRT banner).
-    let fake = dir.path().join("not-trtexec");
-    std::fs::write(&fake, "#!/bin/sh\necho hello\n").unwrap();
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let fake = common::write_tool(&dir.path().join("not-trtexec"), "#!/bin/sh\necho hello\n");
     let msg = Tool::trtexec(&fake).unwrap_err().to_string();
     assert!(
         msg.contains("does not look like TensorRT's trtexec"),
         "{msg}"
     );
     // A Python without tensorrt_rtx (a script that fails the way `import` does).
-    let py = dir.path().join("python");
-    std::fs::write(
-        &py,
+    let py = common::write_tool(
+        &dir.path().join("python"),
         "#!/bin/sh\ncat > /dev/null\necho \"ModuleNotFoundError: No module named 'tensorrt_rtx'\" >&2\nexit 3\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let msg = Tool::find(&search(None, Some(py.clone())))
         .unwrap_err()
         .to_string();

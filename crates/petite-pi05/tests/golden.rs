@@ -156,8 +156,9 @@ fn hub_layout_copy_gives_identical_actions() {
     )
     .unwrap()
     .actions;
-    let dir = std::env::temp_dir().join(format!("petite-pi05-hub-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed when dropped, a failing assert included (a fixed name would be left behind).
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
     for (lm_head_from, same) in [
         (petite_pi05::names::EMBED_TOKENS, true),
         (petite_pi05::names::PALIGEMMA_LM_HEAD, false),
@@ -203,7 +204,6 @@ fn hub_layout_copy_gives_identical_actions() {
             );
         }
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The whole policy as one program (`build_policy`: the prefix once, the step inlined ten times

@@ -155,4 +155,52 @@ mod layout_tests {
         }
         assert!(n >= 5, "found only {n} test files");
     }
+
+    /// A test that writes a script and then executes it must write it through
+    /// `tests/common/tool.rs`'s `write_tool`: written any other way, the file can be open for
+    /// writing in a child another test thread forks, and executing it fails at random with
+    /// ETXTBSY (issue 23). Every `#!` literal in a test source sits inside a `write_tool` call.
+    #[test]
+    fn stand_in_tools_are_written_by_the_one_helper() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut dirs = vec![root.join("tests")];
+        for e in std::fs::read_dir(root.join("crates")).unwrap() {
+            dirs.push(e.unwrap().path().join("tests"));
+        }
+        let (mut files, mut scripts) = (0, 0);
+        while let Some(d) = dirs.pop() {
+            let Ok(rd) = std::fs::read_dir(&d) else {
+                continue;
+            };
+            for e in rd {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    dirs.push(p);
+                    continue;
+                }
+                if p.extension().is_none_or(|x| x != "rs") || p.ends_with("common/tool.rs") {
+                    continue;
+                }
+                files += 1;
+                let text = std::fs::read_to_string(&p).unwrap();
+                let lines: Vec<&str> = text.lines().collect();
+                for (i, l) in lines.iter().enumerate() {
+                    if l.contains("\"#!/") {
+                        scripts += 1;
+                        let before = &lines[i.saturating_sub(4)..i];
+                        assert!(
+                            before.iter().any(|b| b.contains("write_tool(")),
+                            "{}:{}: a script written without common::write_tool",
+                            p.display(),
+                            i + 1
+                        );
+                    }
+                }
+            }
+        }
+        assert!(
+            files > 20 && scripts >= 4,
+            "{files} files, {scripts} scripts"
+        );
+    }
 }

@@ -15,6 +15,12 @@ use petite_pi05::synth::{SynthOptions, write_synthetic};
 use petite_reference::Tensor;
 use petite_weights::{SafetensorsWriter, TensorSpec};
 
+// The workspace's one stand-in-tool writer (see its docs for the ETXTBSY race it avoids).
+#[path = "../../../../tests/common/tool.rs"]
+mod tool;
+#[allow(unused_imports)] // not every test file runs a stand-in tool
+pub use tool::write_tool;
+
 /// Writes the f32 lerobot-layout synthetic checkpoint of `cfg` into `dir`.
 pub fn small_checkpoint(cfg: &Pi05Config, dir: &Path) -> PathBuf {
     write_synthetic(
