@@ -228,6 +228,7 @@ fn refused(cmd: &mut Command, out: &Path, expect: &[&str]) -> String {
         assert!(err.contains(e), "expected `{e}` in:\n{err}");
     }
     assert!(!err.contains("panicked"), "{err}");
+    common::error_line(&err);
     for f in ["prefix.pte", "step.pte", "report.json"] {
         assert!(!out.join(f).exists(), "{f} written after a failure");
     }

@@ -32,8 +32,13 @@ fn export_cmd(c: &Path, out: &Path) -> Command {
     cmd
 }
 
+/// The run's stderr; when it failed, checked to end in the one error line (`common::error_line`).
 fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    if !o.status.success() {
+        common::error_line(&err);
+    }
+    err
 }
 
 /// The stderr of a run that stopped because an input changed under it: exit
@@ -381,7 +386,11 @@ impl Drop for Mount {
     }
 }
 
+/// Needs root and the right to mount a tmpfs, so it is not part of `cargo test`; `cargo xtask
+/// ci` runs it as its own step (`cargo test -p petite --test faults -- --ignored`), where it
+/// fails, never passes silently, when it cannot mount.
 #[test]
+#[ignore = "needs root to mount a tmpfs; run by `cargo xtask ci` (cargo test -p petite --test faults -- --ignored)"]
 fn a_real_full_disk_says_no_space_and_the_rerun_after_freeing_space_finishes() {
     let s = Scratch::new("enospc");
     let c = copy_case("two_cams_mqa", &s.0);
@@ -389,18 +398,20 @@ fn a_real_full_disk_says_no_space_and_the_rerun_after_freeing_space_finishes() {
     let mnt = s.0.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: mounting a small tmpfs needs root (RLIMIT_FSIZE covers the rest)");
-        return;
-    }
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "mounting a small tmpfs needs root: run this test as root"
+    );
     let st = Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=300k", "tmpfs"])
         .arg(&mnt)
         .status();
-    if !st.is_ok_and(|s| s.success()) {
-        eprintln!("skipped: cannot mount a tmpfs here (no CAP_SYS_ADMIN in this container?)");
-        return;
-    }
+    assert!(
+        st.as_ref().is_ok_and(|s| s.success()),
+        "cannot mount a tmpfs at {} ({st:?}): this test needs CAP_SYS_ADMIN",
+        mnt.display()
+    );
     let _m = Mount(mnt.clone());
     let out = mnt.join("out");
     let o = export_cmd(&c, &out).output().unwrap();

@@ -1,6 +1,7 @@
 //! `petite verify`'s accuracy contract end to end: an export whose actions hold NaN fails and
 //! says "NaN" (the old fold let a NaN through unless it was last), and without `--max-error`
-//! the default bound (`petite::verify::DEFAULT_MAX_ERROR`) applies: above it, exit non-zero.
+//! the default bound follows the export's dtype (`petite::verify::default_bound`: 1e-4 for f32,
+//! 5e-2 for bf16 or unrecorded): above it, exit non-zero.
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -11,15 +12,16 @@ use common::{Scratch, case, ok, report, verify_cmd};
 /// column at the first step and, through the next steps' inputs, every action after.
 const BIAS: &str = "model.action_out_proj.bias";
 
-/// A copy of golden case `c`'s checkpoint with `BIAS[0]` replaced by `value`, in `dir`.
-fn poisoned_checkpoint(c: &Path, dir: &Path, value: f32) -> PathBuf {
+/// A copy of golden case `c`'s checkpoint with `BIAS[0]` replaced by `poison(BIAS[0])`, in `dir`.
+fn poisoned_checkpoint(c: &Path, dir: &Path, poison: impl Fn(f32) -> f32) -> PathBuf {
     let mut bytes = std::fs::read(c.join("model.safetensors")).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     let t = &header[BIAS];
     assert_eq!(t["dtype"], "F32", "{t}");
     let start = 8 + n + t["data_offsets"][0].as_u64().unwrap() as usize;
-    bytes[start..start + 4].copy_from_slice(&value.to_le_bytes());
+    let old = f32::from_le_bytes(bytes[start..start + 4].try_into().unwrap());
+    bytes[start..start + 4].copy_from_slice(&poison(old).to_le_bytes());
     let p = dir.join("poisoned.safetensors");
     std::fs::write(&p, bytes).unwrap();
     p
@@ -53,7 +55,7 @@ fn verify(c: &Path, dir: &Path, extra: &[&str]) -> std::process::Output {
 fn actions_holding_nan_fail_and_say_nan() {
     let s = Scratch::new("nan");
     let c = case("two_cams_mqa");
-    let ck = poisoned_checkpoint(&c, &s.0, f32::NAN);
+    let ck = poisoned_checkpoint(&c, &s.0, |_| f32::NAN);
     let out = s.0.join("export");
     export_from(&c, &ck, &out);
     // Against the clean checkpoint's f32 reference, with and without a bound: a NaN is never
@@ -74,34 +76,60 @@ fn actions_holding_nan_fail_and_say_nan() {
 }
 
 #[test]
-fn without_max_error_the_default_bound_applies() {
+fn without_max_error_the_default_bound_follows_the_dtype() {
     let s = Scratch::new("bound");
     let c = case("two_cams_mqa");
-    // A velocity bias off by 1 moves the actions by ~1: far above the 5e-2 default.
-    let ck = poisoned_checkpoint(&c, &s.0, 1.0);
+    // A velocity bias off by 1e-2 moves the actions by about that: far above the f32 export's
+    // 1e-4 default, well inside the bf16 bound 5e-2.
+    let ck = poisoned_checkpoint(&c, &s.0, |b| b + 1e-2);
     let out = s.0.join("export");
     export_from(&c, &ck, &out);
     let o = verify(&c, &out, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "verify passed a wrong export");
+    assert!(!o.status.success(), "verify passed a wrong f32 export");
     assert!(
-        err.contains("exceeds --max-error 5e-2"),
+        err.contains("exceeds the bound 1e-4 (f32 export (report.json))"),
         "{err}\n{}",
         String::from_utf8_lossy(&o.stdout)
     );
+    common::error_line(&err);
     let v = &report(&out)["verify"];
     let e = v["max_abs_action_error"].as_f64().unwrap();
-    assert!(e > 0.05, "{v}");
-    assert_eq!(v["max_error"].as_f64().unwrap(), 5e-2);
+    assert!(e > 1e-3 && e < 5e-2, "{v}");
+    assert_eq!(v["max_error"].as_f64().unwrap(), 1e-4);
     assert_eq!(v["within_bound"], false);
-    // A looser explicit bound passes the same files; the bound is recorded.
-    ok(verify(&c, &out, &["--max-error", "100"]));
+    // A looser explicit bound passes the same files; the bound and its source are recorded.
+    let o = verify(&c, &out, &["--max-error", "5e-2"]);
+    ok(o.clone());
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("bound 5e-2: --max-error"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     let v = &report(&out)["verify"];
     assert_eq!(v["within_bound"], true);
-    assert_eq!(v["max_error"].as_f64().unwrap(), 100.0);
-    assert_eq!(
-        petite::verify::DEFAULT_MAX_ERROR,
-        5e-2,
-        "the README's flags table names this default"
+    assert_eq!(v["max_error"].as_f64().unwrap(), 5e-2);
+    assert_eq!(v["bound"], "--max-error");
+    // Without report.json the dtype is unknown: the bf16 bound, said so.
+    std::fs::remove_file(out.join("report.json")).unwrap();
+    let o = verify(&c, &out, &[]);
+    ok(o.clone());
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("dtype not recorded"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
     );
+    // An unreadable report is an error naming it, never replaced by `{}`.
+    std::fs::write(out.join("report.json"), "{not json").unwrap();
+    let o = verify(&c, &out, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(common::error_line(&err).contains("report.json"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("report.json")).unwrap(),
+        "{not json",
+        "left as it was"
+    );
+    assert_eq!(petite::verify::DEFAULT_MAX_ERROR, 5e-2);
+    assert_eq!(petite::verify::F32_MAX_ERROR, 1e-4);
 }

@@ -97,3 +97,25 @@ pub fn outputs(dir: &Path) -> (Vec<u8>, Vec<u8>) {
         std::fs::read(dir.join("step.pte")).unwrap(),
     )
 }
+
+/// A failed run's stderr ends in exactly one error line, `petite: error: <what> (<cause>)`,
+/// whatever failed (notices and progress may come before it): no "Caused by:" list, no `Error:`
+/// debug report, no cause said twice. Returns that line.
+pub fn error_line(err: &str) -> &str {
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    let errors: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.contains("petite: error: "))
+        .collect();
+    assert_eq!(errors.len(), 1, "one error line expected:\n{err}");
+    let last = lines.last().unwrap().trim_start_matches('\r').trim();
+    assert!(
+        last.starts_with("petite: error: "),
+        "the error line is last:\n{err}"
+    );
+    assert!(
+        !err.contains("Caused by") && !err.contains("Error: "),
+        "{err}"
+    );
+    last
+}

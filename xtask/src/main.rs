@@ -70,6 +70,17 @@ fn ci() -> Result<()> {
     // Unit, property and integration tests, and the doc tests (every embeddable crate's README
     // example is its crate-level doc test).
     util::cargo(&["test", "--workspace"])?;
+    // Tests that need root (a tmpfs mount for a real full disk): ignored by plain `cargo test`,
+    // run here, where they fail rather than skip when they cannot run.
+    util::cargo(&[
+        "test",
+        "-p",
+        "petite",
+        "--test",
+        "faults",
+        "--",
+        "--ignored",
+    ])?;
     embeddable()?;
     conformance::run(&conformance::Args::default())?;
     Ok(())

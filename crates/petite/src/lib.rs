@@ -79,6 +79,14 @@ pub enum Error {
     /// JSON (de)serialisation of the report.
     #[error("report JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// A JSON file petite reads back (`report.json`) is not what it wrote.
+    #[error("{path}: not valid JSON ({reason})")]
+    BadJson {
+        /// The file.
+        path: String,
+        /// The parser's message.
+        reason: String,
+    },
     /// Another process holds the output directory's lock ([`guard::OutputDir`]).
     #[error(
         "{dir}: another petite process ({}) is writing into this output directory; wait for it to finish or choose another --out (lock: {dir}/{lock}, released when that process ends)",

@@ -42,11 +42,31 @@ fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            // As anyhow's own report for `main() -> anyhow::Result`.
-            eprintln!("Error: {e:?}");
+            eprintln!("{}", one_line(&e));
             std::process::ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// Every failure in one form, the SIGBUS handler's too: `petite: error: <what> (<cause>)`.
+/// The context chain is walked from the outside in; a cause whose text an outer message already
+/// holds (an error type that both prints its source and returns it as `source()`) is left out,
+/// so each cause is said once. Messages are already single lines; any newline a foreign error
+/// carries is folded to "; " so the whole report stays one line.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut said: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string().trim().replace('\n', "; ");
+        if text.is_empty() || said.iter().any(|s| s.contains(&text)) {
+            continue;
+        }
+        said.push(text);
+    }
+    let mut out = format!("petite: error: {}", said.first().map_or("", String::as_str));
+    if said.len() > 1 {
+        out.push_str(&format!(" ({})", said[1..].join(": ")));
+    }
+    out
 }
 
 fn exit_code(e: &anyhow::Error) -> u8 {
@@ -80,5 +100,53 @@ fn run() -> anyhow::Result<()> {
         Cmd::Verify(a) => cli::verify::run(a),
         Cmd::Lower(a) => cli::lower::run(a),
         Cmd::Doctor(a) => cli::doctor::run(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+    use anyhow::Context;
+
+    #[derive(Debug)]
+    struct Io;
+    impl std::fmt::Display for Io {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("No space left on device (os error 28)")
+        }
+    }
+    impl std::error::Error for Io {}
+
+    /// An error that prints its source and also returns it (thiserror's `{source}` + `#[source]`).
+    #[derive(Debug)]
+    struct Write(Io);
+    impl std::fmt::Display for Write {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "write /out/cache/w.safetensors: {}", self.0)
+        }
+    }
+    impl std::error::Error for Write {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once_on_one_line() {
+        let e = Err::<(), _>(Write(Io))
+            .context("export failed")
+            .unwrap_err();
+        assert_eq!(
+            one_line(&e),
+            "petite: error: export failed (write /out/cache/w.safetensors: No space left on \
+             device (os error 28))"
+        );
+        let plain = anyhow::anyhow!("no config.json in /x");
+        assert_eq!(one_line(&plain), "petite: error: no config.json in /x");
+        let multi = anyhow::anyhow!("python said:\nTraceback\n  boom");
+        assert_eq!(
+            one_line(&multi),
+            "petite: error: python said:; Traceback;   boom"
+        );
     }
 }

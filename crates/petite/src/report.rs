@@ -35,7 +35,10 @@ pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
 /// Reads a JSON file (an existing report to extend).
 pub fn read_json(path: &Path) -> Result<serde_json::Value> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, "read", e))?;
-    Ok(serde_json::from_str(&text)?)
+    serde_json::from_str(&text).map_err(|e| Error::BadJson {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })
 }
 
 /// The summary table: one row per stage (wall, peak RSS, peak RssAnon, read, written) and a

@@ -47,8 +47,28 @@ pub struct VerifyOptions {
     /// Python with executorch-numpy-runtime for portable `.pte` files (`None`: [`find_python`]).
     pub python: Option<PathBuf>,
     /// Largest acceptable max abs action error (recorded; [`VerifyResult::within_bound`]);
-    /// [`DEFAULT_MAX_ERROR`] unless the caller knows better (1e-4 for an f32 export).
-    pub max_error: f32,
+    /// `None`: the bound for the export's dtype as its `report.json` records it
+    /// ([`default_bound`]).
+    pub max_error: Option<f32>,
+}
+
+/// The max abs action error an f32 export must meet by default: it equals the reference to
+/// ~1e-6 (goldens 2.4e-7 – 8.6e-7, full size 1.04e-6), and the smallest real mistake the goldens
+/// catch is 2.6e-4.
+pub const F32_MAX_ERROR: f32 = 1e-4;
+
+/// The bound `petite verify` applies when none is given, and why: [`F32_MAX_ERROR`] for an
+/// export whose report says `"dtype": "f32"`, [`DEFAULT_MAX_ERROR`] for bf16 and for an export
+/// whose dtype is not recorded (a directory without its `report.json`).
+pub fn default_bound(dtype: Option<&str>) -> (f32, String) {
+    match dtype {
+        Some("f32") => (F32_MAX_ERROR, "f32 export (report.json)".into()),
+        Some(d) => (DEFAULT_MAX_ERROR, format!("{d} export (report.json)")),
+        None => (
+            DEFAULT_MAX_ERROR,
+            "dtype not recorded (no report.json): the bf16 bound".into(),
+        ),
+    }
 }
 
 /// The max abs action error `petite verify` (and `cargo xtask export-pi05`, which runs it)
@@ -74,8 +94,12 @@ pub struct VerifyResult {
     pub max_abs_error: f32,
     /// max |reference|, for scale.
     pub max_abs_reference: f32,
-    /// `max_abs_error <= VerifyOptions::max_error`.
+    /// `max_abs_error <= max_error`.
     pub within_bound: bool,
+    /// The bound applied: `--max-error`, or [`default_bound`]'s for the export's dtype.
+    pub max_error: f32,
+    /// Where the bound came from, for the user (`--max-error`, `f32 export (report.json)`, ...).
+    pub bound_source: String,
     /// Everything as JSON (also written to `report.json` under `verify`).
     pub json: serde_json::Value,
 }
@@ -404,6 +428,22 @@ pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<
 /// into `report.json` in the pte directory (created if missing).
 pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     let rec = Recorder::start(Duration::from_millis(10));
+    // The export's report: its dtype picks the default bound, and the verify result is merged
+    // into it. Missing is fine (files copied without it); unreadable is an error, never `{}`.
+    let report = opts.pte_dir.join("report.json");
+    let prior = match std::fs::metadata(&report) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        _ => Some(crate::report::read_json(&report)?),
+    };
+    let (max_error, bound_source) = match opts.max_error {
+        Some(e) => (e, "--max-error".to_string()),
+        None => default_bound(
+            prior
+                .as_ref()
+                .and_then(|j| j.get("dtype"))
+                .and_then(|d| d.as_str()),
+        ),
+    };
     let cfg = match &opts.config {
         Some(p) => Pi05Config::from_json_file(p)?,
         None => Pi05Config::default(),
@@ -475,7 +515,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     let compared = action_error(&actions, &reference);
     // The scale, through the shared fold: a non-finite reference has none (null in the report).
     let scale = petite_reference::compare::max_abs(&reference);
-    let within_bound = compared.as_ref().is_ok_and(|&e| e <= opts.max_error);
+    let within_bound = compared.as_ref().is_ok_and(|&e| e <= max_error);
     let j = json!({
         "pte_dir": opts.pte_dir.display().to_string(),
         "checkpoint": opts.checkpoint.display().to_string(),
@@ -486,15 +526,15 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         "max_abs_action_error": compared.as_ref().ok(),
         "error": compared.as_ref().err().map(ToString::to_string),
         // As written on the command line (5e-2, not f32's 0.05000000074505806).
-        "max_error": opts.max_error.to_string().parse::<f64>().unwrap_or(f64::NAN),
+        "max_error": max_error.to_string().parse::<f64>().unwrap_or(f64::NAN),
+        "bound": bound_source,
         "within_bound": within_bound,
         "max_abs_reference_action": scale.as_ref().ok(),
         "stages": [pte_rec, ref_rec],
     });
     // Nothing is reported from a checkpoint that changed while it was read.
     ck.check_unchanged()?;
-    let report = opts.pte_dir.join("report.json");
-    let mut full = crate::report::read_json(&report).unwrap_or_else(|_| json!({}));
+    let mut full = prior.unwrap_or_else(|| json!({}));
     if let Some(o) = full.as_object_mut() {
         o.insert("verify".into(), j.clone());
     }
@@ -510,6 +550,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         max_abs_error,
         max_abs_reference,
         within_bound,
+        max_error,
+        bound_source,
         json: j,
     })
 }
