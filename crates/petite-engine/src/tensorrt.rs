@@ -105,16 +105,6 @@ pub fn largest_layer(
     best
 }
 
-/// `bytes` for messages: `512.0 MiB`, `20.0 KiB`, `100 B`.
-fn human(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
-        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
-        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
-        b => format!("{b} B"),
-    }
-}
-
 /// `bytes` as a size `--weight-streaming-budget` accepts, rounded up (whole MiB, else KiB).
 fn size_at_least(bytes: u64) -> String {
     if bytes >= 1 << 20 {
@@ -704,9 +694,9 @@ impl EngineBuilder for TensorRtBuilder {
         {
             return Err(Error::Usage(format!(
                 "--weight-streaming-budget {} is below one layer's weights: {} in engine {engine} reads {} of weights, and TensorRT streams a layer's weights whole; pass --weight-streaming-budget {} or more, or leave it out to keep every weight resident",
-                human(budget),
+                petite_weights::human_bytes(budget),
                 program.describe(id),
-                human(need),
+                petite_weights::human_bytes(need),
                 size_at_least(need)
             )));
         }

@@ -231,9 +231,7 @@ fn fill_pairs_portable(k0: u32, k1: u32, j0: u32, std: f32, out: &mut [f32]) {
 /// `scratch`.
 fn le_bytes<'a>(vals: &'a [f32], scratch: &'a mut Vec<u8>) -> &'a [u8] {
     if cfg!(target_endian = "little") {
-        // SAFETY: f32 has no padding and every byte pattern is a valid u8; u8 needs alignment 1;
-        // the view covers exactly the slice's bytes and borrows it.
-        unsafe { std::slice::from_raw_parts(vals.as_ptr().cast::<u8>(), size_of_val(vals)) }
+        bytemuck::cast_slice(vals)
     } else {
         scratch.clear();
         scratch.extend(vals.iter().flat_map(|v| v.to_le_bytes()));

@@ -46,6 +46,22 @@ pub use sharded::Checkpoint;
 pub use source::{Dtype, TensorInfo, TensorView, WeightSource};
 pub use writer::{LARGE, PAD_PREFIX, SafetensorsWriter, TensorSink, TensorSpec};
 
+/// `n` bytes for people: `6.25 GiB`, `512.0 MiB`, `20.0 KiB`, `100 B` (binary units). The one
+/// size formatter of the workspace's messages, here because every crate that prints sizes
+/// already depends on this one.
+pub fn human_bytes(n: u64) -> String {
+    let f = n as f64;
+    if n >= 1 << 30 {
+        format!("{:.2} GiB", f / (1u64 << 30) as f64)
+    } else if n >= 1 << 20 {
+        format!("{:.1} MiB", f / (1u64 << 20) as f64)
+    } else if n >= 1 << 10 {
+        format!("{:.1} KiB", f / 1024.0)
+    } else {
+        format!("{n} B")
+    }
+}
+
 /// Errors of this crate; each names the file and, where relevant, the tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -201,19 +201,8 @@ impl Drop for Recorder {
     }
 }
 
-/// `n` bytes as GiB/MiB/KiB text.
-pub fn human(n: u64) -> String {
-    let f = n as f64;
-    if f >= (1u64 << 30) as f64 {
-        format!("{:.2} GiB", f / (1u64 << 30) as f64)
-    } else if f >= (1u64 << 20) as f64 {
-        format!("{:.1} MiB", f / (1u64 << 20) as f64)
-    } else if f >= 1024.0 {
-        format!("{:.1} KiB", f / 1024.0)
-    } else {
-        format!("{n} B")
-    }
-}
+/// `n` bytes as GiB/MiB/KiB text ([`petite_weights::human_bytes`], the one formatter).
+pub use petite_weights::human_bytes as human;
 
 /// Parses a byte size: `512MiB`, `1GiB`, `64KiB`, `1.5GiB`, `100MB` or a plain byte count
 /// (binary units are powers of 1024, decimal ones powers of 1000; integers are exact).

@@ -81,30 +81,25 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `convert: 3.10 GiB / 15.44 GiB read, 1.02 GiB/s, ETA 12 s` redrawn on stderr when it is a
-/// terminal (nothing otherwise).
+/// A byte progress bar on stderr when it is a terminal (nothing otherwise), drawn by indicatif
+/// like the export's: `convert [=====>    ] 3.10 GiB/15.44 GiB 1.02 GiB/s ETA 12s`.
 fn progress_line() -> Option<petite_weights::Progress> {
     use std::io::IsTerminal;
     if !std::io::stderr().is_terminal() {
         return None;
     }
-    let start = std::time::Instant::now();
+    let pb = indicatif::ProgressBar::new(0);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{prefix:>10} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
+    ) {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_prefix("convert");
     Some(petite_weights::Progress::new(move |done, total| {
-        let secs = start.elapsed().as_secs_f64().max(1e-3);
-        let rate = done as f64 / secs;
-        let eta = if rate > 0.0 {
-            (total.saturating_sub(done)) as f64 / rate
-        } else {
-            0.0
-        };
-        eprint!(
-            "\rconvert: {} / {} read, {}/s, ETA {eta:.0} s   ",
-            petite::memory::human(done),
-            petite::memory::human(total),
-            petite::memory::human(rate as u64),
-        );
+        pb.set_length(total);
+        pb.set_position(done);
         if done >= total {
-            eprintln!();
+            pb.finish();
         }
     }))
 }
