@@ -126,10 +126,64 @@ pub fn to_bf16(x: f32) -> half::bf16 {
     half::bf16::from_f32(x)
 }
 
-/// bf16 bits → f32 (exact: every bf16 is an f32).
+/// bf16 bits → f32, by bits: exact (every bf16 is an f32), and a NaN keeps its sign and payload,
+/// signalling ones included, so stored bytes survive a round trip. The only bf16 widening in
+/// petite (`half`'s sets the quiet bit).
 #[inline]
 pub fn bf16_bits_to_f32(b: u16) -> f32 {
-    half::bf16::from_bits(b).to_f32()
+    f32::from_bits((b as u32) << 16)
+}
+
+/// f16 bits → f32: exact for every number (`half`'s conversion; a NaN comes out quiet, with its
+/// payload). The only f16 widening in petite.
+#[inline]
+pub fn f16_bits_to_f32(b: u16) -> f32 {
+    half::f16::from_bits(b).to_f32()
+}
+
+/// f32 → f16 bits: round to nearest, ties to even (`half`). The only f32 → f16 rounding.
+#[inline]
+pub fn f16_bits(x: f32) -> u16 {
+    half::f16::from_f32(x).to_bits()
+}
+
+/// One stored little-endian float element of `dtype` (`b` holds at least its bytes) widened to
+/// f32 by the rules above; `None` for a non-float dtype.
+#[inline]
+pub fn f32_from_le(dtype: Dtype, b: &[u8]) -> Option<f32> {
+    Some(match dtype {
+        Dtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        Dtype::Bf16 => bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
+        Dtype::F16 => f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
+        _ => return None,
+    })
+}
+
+/// Little-endian float elements of `dtype` widened to f32 (a trailing partial element is
+/// ignored); `None` for a non-float dtype.
+pub fn widen_le(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
+    if !dtype.is_float() {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(dtype.size())
+            .map(|c| f32_from_le(dtype, c).unwrap_or(f32::NAN))
+            .collect(),
+    )
+}
+
+/// Appends `x` rounded to the float `dtype` (round to nearest even; f32 as is) to `out` as
+/// little-endian bytes; returns false (nothing appended) for a non-float dtype.
+#[inline]
+pub fn push_le(dtype: Dtype, x: f32, out: &mut Vec<u8>) -> bool {
+    match dtype {
+        Dtype::F32 => out.extend_from_slice(&x.to_le_bytes()),
+        Dtype::Bf16 => out.extend_from_slice(&bf16_bits(x).to_le_bytes()),
+        Dtype::F16 => out.extend_from_slice(&f16_bits(x).to_le_bytes()),
+        _ => return false,
+    }
+    true
 }
 
 /// Rounds an f32 through bf16 and back: the value a bf16 cast leaves in an f32 computation.
@@ -141,6 +195,23 @@ pub fn round_through_bf16(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn widening_is_exact_and_keeps_bf16_nan_payloads() {
+        // A signalling bf16 NaN (quiet bit clear, payload 1) keeps its bits.
+        let snan = 0x7f81u16;
+        assert_eq!(bf16_bits_to_f32(snan).to_bits(), 0x7f81_0000);
+        assert_eq!(bf16_bits(bf16_bits_to_f32(0x3f80)), 0x3f80);
+        for d in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            let mut b = Vec::new();
+            for x in [1.5f32, -0.25, 1024.0, 0.0] {
+                assert!(push_le(d, x, &mut b));
+            }
+            assert_eq!(widen_le(d, &b).unwrap(), [1.5, -0.25, 1024.0, 0.0], "{d}");
+        }
+        assert!(widen_le(Dtype::I64, &[0; 8]).is_none());
+        assert!(!push_le(Dtype::U8, 1.0, &mut Vec::new()));
+    }
 
     #[test]
     fn names_round_trip() {

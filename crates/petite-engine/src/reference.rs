@@ -103,19 +103,13 @@ impl Default for ReferenceBuilder {
 
 /// Widens one stored float element to f32 (exact for bf16/f16).
 fn load_f32(dtype: Dtype, b: &[u8]) -> f32 {
-    match dtype {
-        Dtype::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        Dtype::Bf16 => f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16),
-        _ => half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32(),
-    }
+    petite_dtype::f32_from_le(dtype, b).unwrap_or(f32::NAN)
 }
 
 /// Appends `x` rounded to `to` (round-to-nearest-even, the executor's rule) to `out`.
 fn store(to: Dtype, x: f32, out: &mut Vec<u8>) {
-    match to {
-        Dtype::Bf16 => out.extend_from_slice(&petite_dtype::bf16_bits(x).to_le_bytes()),
-        Dtype::F16 => out.extend_from_slice(&half::f16::from_f32(x).to_bits().to_le_bytes()),
-        _ => out.extend_from_slice(&x.to_le_bytes()),
+    if !petite_dtype::push_le(to, x, out) {
+        out.extend_from_slice(&x.to_le_bytes());
     }
 }
 

@@ -1123,8 +1123,8 @@ fn encode(dtype: Dtype, v: f64, out: &mut Vec<u8>) {
     match dtype {
         Dtype::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
         // Via f32, as BinaryScalar converts its scalar, so a constant and a scalar op agree.
-        Dtype::Bf16 => out.extend_from_slice(&half::bf16::from_f32(v as f32).to_le_bytes()),
-        Dtype::F16 => out.extend_from_slice(&half::f16::from_f32(v as f32).to_le_bytes()),
+        Dtype::Bf16 => out.extend_from_slice(&petite_dtype::bf16_bits(v as f32).to_le_bytes()),
+        Dtype::F16 => out.extend_from_slice(&petite_dtype::f16_bits(v as f32).to_le_bytes()),
         Dtype::I64 => out.extend_from_slice(&(v as i64).to_le_bytes()),
         Dtype::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
         Dtype::U8 => out.push(v as u8),

@@ -293,12 +293,11 @@ fn f32_of(s: &[u8]) -> f32 {
 }
 #[inline(always)]
 fn bf16_of(s: &[u8]) -> f32 {
-    // By bits: `half`'s widening quiets signalling NaNs, and the stored bytes keep them.
-    f32::from_bits((u16::from_le_bytes([s[0], s[1]]) as u32) << 16)
+    petite_dtype::bf16_bits_to_f32(u16::from_le_bytes([s[0], s[1]]))
 }
 #[inline(always)]
 fn f16_of(s: &[u8]) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32()
+    petite_dtype::f16_bits_to_f32(u16::from_le_bytes([s[0], s[1]]))
 }
 
 use petite_dtype::bf16_bits;
@@ -320,19 +319,16 @@ macro_rules! float_elem {
 // version); narrow → wide is exact.
 float_elem!(F32Bf16, 4, 2, |s, d| d
     .copy_from_slice(&bf16_bits(f32_of(s)).to_le_bytes()));
-float_elem!(F32F16, 4, 2, |s, d| d.copy_from_slice(
-    &half::f16::from_f32(f32_of(s)).to_bits().to_le_bytes()
-));
+float_elem!(F32F16, 4, 2, |s, d| d
+    .copy_from_slice(&petite_dtype::f16_bits(f32_of(s)).to_le_bytes()));
 float_elem!(Bf16F32, 2, 4, |s, d| d
     .copy_from_slice(&bf16_of(s).to_le_bytes()));
 float_elem!(F16F32, 2, 4, |s, d| d
     .copy_from_slice(&f16_of(s).to_le_bytes()));
-float_elem!(Bf16F16, 2, 2, |s, d| d.copy_from_slice(
-    &half::f16::from_f32(bf16_of(s)).to_bits().to_le_bytes()
-));
-float_elem!(F16Bf16, 2, 2, |s, d| d.copy_from_slice(
-    &half::bf16::from_f32(f16_of(s)).to_bits().to_le_bytes()
-));
+float_elem!(Bf16F16, 2, 2, |s, d| d
+    .copy_from_slice(&petite_dtype::f16_bits(bf16_of(s)).to_le_bytes()));
+float_elem!(F16Bf16, 2, 2, |s, d| d
+    .copy_from_slice(&bf16_bits(f16_of(s)).to_le_bytes()));
 
 /// Which [`Elem`] a (source, stored) dtype pair uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,20 +22,8 @@ fn old_convert_into(src: &[u8], from: Dtype, to: Dtype, out: &mut Vec<u8>) -> bo
     if !from.is_float() || !to.is_float() {
         return false;
     }
-    let f = |c: &[u8]| -> f32 {
-        match from {
-            Dtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
-            Dtype::Bf16 => f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16),
-            _ => half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
-        }
-    };
-    for c in src.chunks_exact(from.size()) {
-        let x = f(c);
-        match to {
-            Dtype::F32 => out.extend_from_slice(&x.to_le_bytes()),
-            Dtype::Bf16 => out.extend_from_slice(&half::bf16::from_f32(x).to_bits().to_le_bytes()),
-            _ => out.extend_from_slice(&half::f16::from_f32(x).to_bits().to_le_bytes()),
-        }
+    for x in petite_dtype::widen_le(from, src).unwrap() {
+        petite_dtype::push_le(to, x, out);
     }
     true
 }

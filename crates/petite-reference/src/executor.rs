@@ -356,7 +356,7 @@ fn view_to_f32<'v>(bytes: &'v [u8], stored: Dtype, declared: Dtype) -> Result<Co
         Dtype::F16 => {
             out = bytes
                 .chunks_exact(2)
-                .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .map(|c| petite_dtype::f16_bits_to_f32(u16::from_le_bytes([c[0], c[1]])))
                 .collect();
         }
         other => {
@@ -1229,7 +1229,11 @@ pub fn cast(t: Tensor, to: Dtype) -> Result<Tensor> {
     let mid = match data {
         Data::F32(v) => Mid::F(v),
         Data::Bf16(v) => Mid::F(v.iter().map(|x| bf16_bits_to_f32(x.to_bits())).collect()),
-        Data::F16(v) => Mid::F(v.iter().map(|x| x.to_f32()).collect()),
+        Data::F16(v) => Mid::F(
+            v.iter()
+                .map(|x| petite_dtype::f16_bits_to_f32(x.to_bits()))
+                .collect(),
+        ),
         Data::I64(v) => Mid::I(v),
         Data::I32(v) => Mid::I(v.into_iter().map(i64::from).collect()),
         Data::U8(v) => Mid::I(v.into_iter().map(i64::from).collect()),

@@ -212,7 +212,11 @@ impl Tensor {
                     .map(|x| bf16_bits_to_f32(x.to_bits()))
                     .collect(),
             ),
-            Data::F16(v) => Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
+            Data::F16(v) => Cow::Owned(
+                v.iter()
+                    .map(|x| petite_dtype::f16_bits_to_f32(x.to_bits()))
+                    .collect(),
+            ),
             _ => return None,
         })
     }

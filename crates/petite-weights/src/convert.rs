@@ -146,10 +146,6 @@ pub struct ConvertReport {
     pub seconds: f64,
 }
 
-fn f16_bits_from_f32(x: f32) -> u16 {
-    half::f16::from_f32(x).to_bits()
-}
-
 /// Converts `src` bytes of dtype `from` into `out` bytes of dtype `to` (both little-endian).
 fn convert_chunk(from: Dtype, to: Dtype, src: &[u8], out: &mut Vec<u8>) {
     out.clear();
@@ -159,13 +155,7 @@ fn convert_chunk(from: Dtype, to: Dtype, src: &[u8], out: &mut Vec<u8>) {
     }
     let n = src.len() / from.size();
     out.resize(n * to.size(), 0);
-    let widen = |c: &[u8]| -> f32 {
-        match from {
-            Dtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
-            Dtype::Bf16 => f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16),
-            _ => half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
-        }
-    };
+    let widen = |c: &[u8]| -> f32 { petite_dtype::f32_from_le(from, c).unwrap_or(f32::NAN) };
     match (from, to) {
         (Dtype::F32, Dtype::Bf16) => {
             for (o, c) in out.chunks_exact_mut(2).zip(src.chunks_exact(4)) {
@@ -180,7 +170,7 @@ fn convert_chunk(from: Dtype, to: Dtype, src: &[u8], out: &mut Vec<u8>) {
         }
         (_, Dtype::F16) => {
             for (o, c) in out.chunks_exact_mut(2).zip(src.chunks_exact(from.size())) {
-                o.copy_from_slice(&f16_bits_from_f32(widen(c)).to_le_bytes());
+                o.copy_from_slice(&petite_dtype::f16_bits(widen(c)).to_le_bytes());
             }
         }
         (_, Dtype::F32) => {

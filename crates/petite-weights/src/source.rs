@@ -51,26 +51,10 @@ impl<'a> TensorView<'a> {
     /// bf16 and f16 value is an f32 value).
     pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
         let b = self.bytes;
-        Ok(match self.dtype {
-            Dtype::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::Bf16 => b
-                .chunks_exact(2)
-                .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
-                .collect(),
-            Dtype::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
-            found => {
-                return Err(Error::WrongDtype {
-                    tensor: self.name.to_string(),
-                    expected: "a float dtype (F32, BF16, F16)",
-                    found,
-                });
-            }
+        petite_dtype::widen_le(self.dtype, b).ok_or_else(|| Error::WrongDtype {
+            tensor: self.name.to_string(),
+            expected: "a float dtype (F32, BF16, F16)",
+            found: self.dtype,
         })
     }
 }

@@ -365,20 +365,10 @@ impl Emitter<'_> {
             .cloned()
             .ok_or_else(|| self.unsupported(id, "constant declared as a tuple"))?;
         let raw: std::borrow::Cow<'_, [u8]> = match (self.flavor, t.dtype) {
-            (Flavor::F32Twin, Dtype::Bf16) => data
-                .chunks_exact(2)
-                .flat_map(|c| {
-                    f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16).to_le_bytes()
-                })
-                .collect::<Vec<u8>>()
-                .into(),
-            (Flavor::F32Twin, Dtype::F16) => data
-                .chunks_exact(2)
-                .flat_map(|c| {
-                    half::f16::from_bits(u16::from_le_bytes([c[0], c[1]]))
-                        .to_f32()
-                        .to_le_bytes()
-                })
+            (Flavor::F32Twin, d @ (Dtype::Bf16 | Dtype::F16)) => petite_dtype::widen_le(d, data)
+                .unwrap_or_default()
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
                 .collect::<Vec<u8>>()
                 .into(),
             _ => data.into(),
