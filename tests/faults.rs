@@ -36,7 +36,8 @@ fn export_cmd(c: &Path, out: &Path) -> Command {
 fn stderr(o: &Output) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     if !o.status.success() {
-        common::error_line(&err);
+        // Shown with --nocapture: the fault table's error lines as a user sees them.
+        eprintln!("[{:?}] {}", o.status.code(), common::error_line(&err));
     }
     err
 }
