@@ -1,6 +1,6 @@
 //! Library-level parity with lerobot 0.6.1 on the golden cases in `testdata/pi05/`: the actions
 //! and the intermediates on the way (prefix K/V, each step's velocity), so a mismatch points at
-//! the stage that is wrong. (`crates/petite/tests/pi05_parity.rs` checks the CLI end to end.)
+//! the stage that is wrong. (The workspace's `tests/pi05_parity.rs` checks the CLI end to end.)
 use std::path::{Path, PathBuf};
 
 use petite_pi05::inputs::{Inputs, open_checkpoint};

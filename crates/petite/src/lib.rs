@@ -195,7 +195,7 @@ mod layout_tests {
                 for (i, l) in lines.iter().enumerate() {
                     if l.contains("\"#!/") {
                         scripts += 1;
-                        let before = &lines[i.saturating_sub(4)..i];
+                        let before = &lines[i.saturating_sub(4)..=i];
                         assert!(
                             before.iter().any(|b| b.contains("write_tool(")),
                             "{}:{}: a script written without common::write_tool",
@@ -209,6 +209,103 @@ mod layout_tests {
         assert!(
             files > 20 && scripts >= 4,
             "{files} files, {scripts} scripts"
+        );
+    }
+
+    /// Every repository path the documentation cites exists: in `README.md`, `docs/*.md` and
+    /// `crates/*/README.md`, each backticked word that starts with a top-level directory
+    /// (`crates/tests/…`, `docs/…`) and each relative link target. A crate's README may also cite
+    /// paths relative to its crate. Words with `*`, `<` or `{` are patterns, not paths; a
+    /// trailing `:line` or `#anchor` is dropped; fenced code blocks (commands) are not read.
+    #[test]
+    fn every_path_the_docs_cite_exists() {
+        const TOP: [&str; 10] = [
+            "crates/",
+            "tests/",
+            "xtask/",
+            "docs/",
+            "conformance/",
+            "testdata/",
+            "benches/",
+            "examples/",
+            ".ci/",
+            ".cargo/",
+        ];
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut docs = vec![root.join("README.md")];
+        for e in std::fs::read_dir(root.join("docs")).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "md") {
+                docs.push(p);
+            }
+        }
+        for e in std::fs::read_dir(root.join("crates")).unwrap() {
+            let p = e.unwrap().path().join("README.md");
+            if p.exists() {
+                docs.push(p);
+            }
+        }
+        let (mut checked, mut missing) = (0, Vec::new());
+        for doc in &docs {
+            let dir = doc.parent().unwrap();
+            let text = std::fs::read_to_string(doc).unwrap();
+            let mut fenced = false;
+            let prose: String = text
+                .lines()
+                .map(|l| {
+                    if l.trim_start().starts_with("```") {
+                        fenced = !fenced;
+                        return "\n".to_string();
+                    }
+                    if fenced {
+                        "\n".into()
+                    } else {
+                        format!("{l}\n")
+                    }
+                })
+                .collect();
+            // Backticked words (a span may wrap onto the next line) and relative link targets.
+            let mut cited: Vec<(&str, bool)> = Vec::new();
+            for span in prose.split('`').skip(1).step_by(2) {
+                cited.extend(
+                    span.split_whitespace()
+                        .filter(|w| TOP.iter().any(|t| w.starts_with(t)))
+                        .map(|w| (w, false)),
+                );
+            }
+            for link in prose.split("](").skip(1) {
+                let target = link.split(')').next().unwrap_or("");
+                if !target.is_empty() && !target.contains("://") && !target.starts_with('#') {
+                    cited.push((target, true));
+                }
+            }
+            for (word, is_link) in cited {
+                if word.contains(['*', '<', '{']) {
+                    continue;
+                }
+                let path = word.split(['#', ':']).next().unwrap();
+                let path = path.trim_end_matches(['.', ',', ';', ')']);
+                checked += 1;
+                let found = if is_link {
+                    dir.join(path).exists()
+                } else {
+                    root.join(path).exists() || dir.join(path).exists()
+                };
+                if !found {
+                    let name = doc.strip_prefix(&root).unwrap_or(doc).display().to_string();
+                    missing.push(format!("{name}: {word}"));
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "cited but missing:\n{}",
+            missing.join("\n")
+        );
+        assert!(
+            checked >= 30,
+            "only {checked} cited paths found in {} files",
+            docs.len()
         );
     }
 }

@@ -75,7 +75,7 @@ pub fn default_bound(dtype: Option<&str>) -> (f32, String) {
 /// accepts unless told otherwise: the bf16-vs-f32 bound. A bf16 export rounds weights and
 /// activations to 8 mantissa bits; lerobot's own bf16 mode lands 8.0e-3 – 9.6e-3 from its f32
 /// actions on the goldens. Measured for petite's bf16 exports against the f32 reference: engine
-/// backends ≤ 2.5e-2 on the goldens (the bound of `crates/petite/tests/export.rs`) and 1.78e-2 on
+/// backends ≤ 2.5e-2 on the goldens (the bound of `tests/export.rs`) and 1.78e-2 on
 /// the full-size synthetic pi0.5 (|actions| up to 4.5); `--backend portable`, whose kernels round
 /// inside each matmul, up to 2.95e-2 — its conformance bound is this same 5e-2. So every bf16
 /// export passes with margin, while the mistakes the goldens show (a mask ignored: 7.4e-2 –
