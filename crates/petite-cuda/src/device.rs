@@ -34,9 +34,7 @@ impl Probe {
     /// `Ok` when [`Device::open`] can work here; else the one-line reason.
     pub fn usable(&self) -> Result<()> {
         let missing = |what: &str, r: &std::result::Result<String, String>| {
-            r.as_ref()
-                .err()
-                .map(|e| format!("{what}: {e}"))
+            r.as_ref().err().map(|e| format!("{what}: {e}"))
         };
         if let Some(m) = missing("driver", &self.driver)
             .or_else(|| missing("cuBLAS", &self.cublas))
@@ -216,6 +214,19 @@ impl DevTensor {
     }
 }
 
+/// A point on the device's stream ([`Device::mark`]).
+pub struct Mark(cudarc::driver::CudaEvent);
+
+impl Mark {
+    /// Milliseconds of device time from `self` to `later` (waits for both).
+    pub fn ms_to(&self, later: &Mark) -> Result<f64> {
+        self.0
+            .elapsed_ms(&later.0)
+            .map(f64::from)
+            .map_err(driver("event elapsed time"))
+    }
+}
+
 /// Device 0 with a context, a stream, a cuBLAS handle and the kernels loaded.
 pub struct Device {
     ctx: Arc<CudaContext>,
@@ -239,9 +250,10 @@ impl Device {
     pub fn open() -> Result<Self> {
         let probe = probe();
         probe.usable()?;
-        let info = probe.device.clone().ok_or_else(|| {
-            Error::Unavailable("the driver reports no device".into())
-        })?;
+        let info = probe
+            .device
+            .clone()
+            .ok_or_else(|| Error::Unavailable("the driver reports no device".into()))?;
         let ctx = CudaContext::new(0).map_err(driver("create context on device 0"))?;
         // One stream, in order: cudarc's per-buffer events would only cost time.
         // SAFETY: every buffer of this crate is used on this one stream only.
@@ -253,11 +265,13 @@ impl Device {
         unsafe {
             bsys::cublasSetMathMode(*cublas.handle(), bsys::cublasMath_t::CUBLAS_DEFAULT_MATH)
         }
-            .result()
-            .map_err(blas("set math mode"))?;
+        .result()
+        .map_err(blas("set math mode"))?;
         let (maj, min) = info.compute_capability;
         let (ptx, compile_seconds) = ptx_for(&format!("compute_{maj}{min}"))?;
-        let module = ctx.load_module(ptx).map_err(driver("load the kernels' PTX"))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(driver("load the kernels' PTX"))?;
         let mut funcs = HashMap::new();
         for k in KERNELS {
             funcs.insert(
@@ -406,7 +420,8 @@ impl Device {
             )));
         }
         if !bytes.is_empty() {
-            let mut buf = Arc::into_inner(t.buf).ok_or_else(|| Error::Plan("shared new buffer".into()))?;
+            let mut buf =
+                Arc::into_inner(t.buf).ok_or_else(|| Error::Plan("shared new buffer".into()))?;
             self.stream
                 .memcpy_htod(bytes, &mut buf)
                 .map_err(driver("copy to the device"))?;
@@ -489,7 +504,15 @@ impl Device {
 
     /// `C = A·B` per [`Gemm`], with `A`, `B` of `ab` and `C` of `c` (f32 accumulation; f32
     /// operands as exact f32).
-    pub(crate) fn gemm(&self, g: &Gemm, a: u64, b: u64, ab: Dtype, c: u64, cd: Dtype) -> Result<()> {
+    pub(crate) fn gemm(
+        &self,
+        g: &Gemm,
+        a: u64,
+        b: u64,
+        ab: Dtype,
+        c: u64,
+        cd: Dtype,
+    ) -> Result<()> {
         if g.m == 0 || g.n == 0 || g.batch == 0 {
             return Ok(());
         }
@@ -540,6 +563,16 @@ impl Device {
             "GEMM m={} n={} k={} batch={}",
             g.m, g.n, g.k, g.batch
         )))
+    }
+
+    /// A timing event recorded on the stream now (CUDA events: device time, not host time).
+    pub fn mark(&self) -> Result<Mark> {
+        let e = self
+            .ctx
+            .new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver("create event"))?;
+        e.record(&self.stream).map_err(driver("record event"))?;
+        Ok(Mark(e))
     }
 
     /// Sets every byte of `t` to zero.

@@ -24,7 +24,7 @@ pub mod plan;
 mod program;
 pub mod source;
 
-pub use device::{DevTensor, Device, DeviceInfo, Probe, probe};
+pub use device::{DevTensor, Device, DeviceInfo, Mark, Probe, probe};
 pub use program::DeviceProgram;
 
 /// Errors of this crate.
@@ -93,7 +93,9 @@ pub(crate) fn driver(what: impl Into<String>) -> impl FnOnce(cudarc::driver::Dri
     move |source| Error::Driver { what, source }
 }
 
-pub(crate) fn blas(what: impl Into<String>) -> impl FnOnce(cudarc::cublas::result::CublasError) -> Error {
+pub(crate) fn blas(
+    what: impl Into<String>,
+) -> impl FnOnce(cudarc::cublas::result::CublasError) -> Error {
     let what = what.into();
     move |source| Error::Blas { what, source }
 }

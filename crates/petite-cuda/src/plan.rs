@@ -495,7 +495,10 @@ mod tests {
     #[test]
     fn broadcast_strides_follow_numpy() {
         assert_eq!(contiguous_strides(&[2, 3, 4]), vec![12, 4, 1]);
-        assert_eq!(broadcast_strides(&[3, 1], &[2, 3, 4]).unwrap(), vec![0, 1, 0]);
+        assert_eq!(
+            broadcast_strides(&[3, 1], &[2, 3, 4]).unwrap(),
+            vec![0, 1, 0]
+        );
         assert_eq!(broadcast_strides(&[], &[2, 2]).unwrap(), vec![0, 0]);
         assert_eq!(broadcast_strides(&[1, 4], &[1, 4]).unwrap(), vec![0, 1]);
         assert!(broadcast_strides(&[3], &[4]).is_err());
@@ -516,8 +519,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!((p.contig, p.n, p.rank, p.dout), (1, 6, 2, 1));
-        let p = EwParams::new(EwOp::Binary(petite_graph::BinaryOp::Add), &d, &[same, row], &out)
-            .unwrap();
+        let p = EwParams::new(
+            EwOp::Binary(petite_graph::BinaryOp::Add),
+            &d,
+            &[same, row],
+            &out,
+        )
+        .unwrap();
         assert_eq!((p.contig, p.sb[0], p.sb[1]), (0, 0, 1));
         let p = EwParams::new(EwOp::Copy, &[2; 9], &[out.clone()], &out);
         assert!(p.is_err(), "rank 9 is refused, not truncated");
@@ -527,9 +535,14 @@ mod tests {
     fn scalars_are_rounded_to_the_operand_dtype_first() {
         let d = [1];
         let o = Operand::broadcast(Dtype::Bf16, &d, &d).unwrap();
-        let p = EwParams::new(EwOp::Binary(petite_graph::BinaryOp::Mul), &d, &[o.clone()], &o)
-            .unwrap()
-            .with_scalar(2048f64.sqrt(), false, Dtype::Bf16);
+        let p = EwParams::new(
+            EwOp::Binary(petite_graph::BinaryOp::Mul),
+            &d,
+            &[o.clone()],
+            &o,
+        )
+        .unwrap()
+        .with_scalar(2048f64.sqrt(), false, Dtype::Bf16);
         assert_eq!(p.fs, 45.25, "lerobot's bf16 embed_scale");
         assert_eq!(p.scalar, 1);
     }
@@ -537,7 +550,10 @@ mod tests {
     #[test]
     fn param_blocks_have_the_c_layout() {
         // i64 n; 4 ints; 4 ints; 2 ints + float; (pad) i64; 5 arrays of 8 i64; 4 i64.
-        assert_eq!(std::mem::size_of::<EwParams>(), 8 + 16 + 16 + 12 + 4 + 8 + 5 * 64 + 32);
+        assert_eq!(
+            std::mem::size_of::<EwParams>(),
+            8 + 16 + 16 + 12 + 4 + 8 + 5 * 64 + 32
+        );
         assert_eq!(std::mem::offset_of!(EwParams, is), 56);
         assert_eq!(std::mem::offset_of!(EwParams, dims), 64);
         assert_eq!(std::mem::size_of::<NormParams>(), 56);
@@ -549,7 +565,10 @@ mod tests {
     fn linear_maps_row_major_to_cublas_column_major() {
         // y[5, 3] = x[5, 4] · w[3, 4]ᵀ → C[3×5] = wᵀ… with lda = ldb = 4, ldc = 3.
         let g = Gemm::linear(5, 4, 3).unwrap();
-        assert_eq!((g.trans_a, g.trans_b, g.m, g.n, g.k), (true, false, 3, 5, 4));
+        assert_eq!(
+            (g.trans_a, g.trans_b, g.m, g.n, g.k),
+            (true, false, 3, 5, 4)
+        );
         assert_eq!((g.lda, g.ldb, g.ldc), (4, 4, 3));
         let g = Gemm::matmul(5, 4, 3).unwrap();
         assert_eq!((g.m, g.n, g.k, g.lda, g.ldb, g.ldc), (3, 5, 4, 3, 4, 3));
@@ -563,7 +582,10 @@ mod tests {
         assert_eq!((l.m, l.n, l.k, l.batch), (968, 8 * 968, 256, 1));
         assert_eq!((pv.m, pv.n, pv.k, pv.batch), (256, 8 * 968, 968, 1));
         let (l, _) = attention_gemms(2, 4, 2, 3, 5, 8, 8).unwrap();
-        assert_eq!((l.batch, l.stride_a, l.stride_b, l.stride_c), (4, 40, 48, 30));
+        assert_eq!(
+            (l.batch, l.stride_a, l.stride_b, l.stride_c),
+            (4, 40, 48, 30)
+        );
         assert!(attention_gemms(1, 3, 2, 1, 1, 1, 1).is_err());
     }
 }

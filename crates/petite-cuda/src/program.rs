@@ -3,15 +3,15 @@
 
 use std::collections::BTreeMap;
 
-use petite_graph::{Dtype, NodeId, Op, Program, ReduceOp, ShapeDisplay, TensorType, ValueType};
 use cudarc::driver::PushKernelArg;
+use petite_graph::{Dtype, NodeId, Op, Program, ReduceOp, ShapeDisplay, TensorType, ValueType};
 use petite_reference::Tensor;
 use petite_weights::WeightSource;
 
 use crate::device::{DevTensor, Device};
 use crate::plan::{
-    ConvParams, EwParams, Gemm, NormParams, Operand, RopeParams, SoftmaxParams,
-    attention_gemms, contiguous_strides,
+    ConvParams, EwParams, Gemm, NormParams, Operand, RopeParams, SoftmaxParams, attention_gemms,
+    contiguous_strides,
 };
 use crate::source::{EwOp, dtype_code};
 use crate::{Error, Result};
@@ -100,9 +100,9 @@ impl<'d> DeviceProgram<'d> {
             }
             let view = weights.tensor(&w.name)?;
             let stored = view.dtype;
-            let range = w.stored_range(stored.size()).ok_or_else(|| {
-                err(format!("weight {:?}: byte range overflows", w.name))
-            })?;
+            let range = w
+                .stored_range(stored.size())
+                .ok_or_else(|| err(format!("weight {:?}: byte range overflows", w.name)))?;
             let bytes = view.bytes.get(range.clone()).ok_or_else(|| {
                 err(format!(
                     "weight {:?}: stored {}{} has no bytes {range:?}",
@@ -353,13 +353,20 @@ impl<'d> DeviceProgram<'d> {
             }
             Op::Linear => self.linear(ins[0], ins[1], ins.get(2).copied(), out_ty)?,
             Op::MatMul => self.matmul(ins[0], ins[1], out_ty)?,
-            Op::Conv2d { stride, padding } => {
-                self.conv2d(ins[0], ins[1], ins.get(2).copied(), *stride, *padding, out_ty)?
-            }
+            Op::Conv2d { stride, padding } => self.conv2d(
+                ins[0],
+                ins[1],
+                ins.get(2).copied(),
+                *stride,
+                *padding,
+                out_ty,
+            )?,
             Op::LayerNorm { eps } => {
                 self.norm(0, ins[0], Some(ins[1]), Some(ins[2]), *eps as f32, out_ty)?
             }
-            Op::RmsNorm { eps } => self.norm(1, ins[0], ins.get(1).copied(), None, *eps as f32, out_ty)?,
+            Op::RmsNorm { eps } => {
+                self.norm(1, ins[0], ins.get(1).copied(), None, *eps as f32, out_ty)?
+            }
             Op::Softmax { axis } => self.softmax(ins[0], *axis, out_ty)?,
             Op::Rope => {
                 let (x, c, s) = (ins[0], ins[1], ins[2]);
@@ -375,9 +382,14 @@ impl<'d> DeviceProgram<'d> {
                 })?;
                 out
             }
-            Op::Attention { scale } => {
-                self.attention(ins[0], ins[1], ins[2], ins.get(3).copied(), *scale as f32, out_ty)?
-            }
+            Op::Attention { scale } => self.attention(
+                ins[0],
+                ins[1],
+                ins[2],
+                ins.get(3).copied(),
+                *scale as f32,
+                out_ty,
+            )?,
             Op::Embedding => {
                 let (table, idx) = (ins[0], ins[1]);
                 let out = dev.alloc(dt, out_shape)?;
@@ -602,7 +614,14 @@ impl<'d> DeviceProgram<'d> {
             if k == 0 {
                 dev.memset_zero(&acc)?;
             } else {
-                dev.gemm(&g, dev.ptr(w), dev.ptr(x), x.dtype(), dev.ptr(&acc), Dtype::F32)?;
+                dev.gemm(
+                    &g,
+                    dev.ptr(w),
+                    dev.ptr(x),
+                    x.dtype(),
+                    dev.ptr(&acc),
+                    Dtype::F32,
+                )?;
             }
             acc
         };
@@ -664,10 +683,10 @@ impl<'d> DeviceProgram<'d> {
         let (pa, pb, po) = (dev.ptr(a), dev.ptr(b), dev.ptr(&out));
         let g = Gemm::matmul(m, k, n)?;
         let uniform = nb > 0
-            && offs
-                .iter()
-                .enumerate()
-                .all(|(i, &(x, y))| x == i as i64 * offs.get(1).map_or(0, |o| o.0) && y == i as i64 * offs.get(1).map_or(0, |o| o.1));
+            && offs.iter().enumerate().all(|(i, &(x, y))| {
+                x == i as i64 * offs.get(1).map_or(0, |o| o.0)
+                    && y == i as i64 * offs.get(1).map_or(0, |o| o.1)
+            });
         if uniform {
             let (da, db) = offs.get(1).copied().unwrap_or((0, 0));
             let g = g.batched(nb, db, da, (m * n) as i64)?;
@@ -727,7 +746,14 @@ impl<'d> DeviceProgram<'d> {
         })?;
         let acc = dev.alloc(Dtype::F32, &[n, oh * ow, o])?;
         let g = Gemm::linear(rows, kk, o)?;
-        dev.gemm(&g, dev.ptr(w), dev.ptr(&cols), x.dtype(), dev.ptr(&acc), Dtype::F32)?;
+        dev.gemm(
+            &g,
+            dev.ptr(w),
+            dev.ptr(&cols),
+            x.dtype(),
+            dev.ptr(&acc),
+            Dtype::F32,
+        )?;
         self.bias(&acc, b, rows, o, &acc)?;
         // [N, OH·OW, O] → [N, O, OH, OW], rounded once to the output dtype.
         let dims = [n, o, oh, ow];
@@ -833,7 +859,13 @@ impl<'d> DeviceProgram<'d> {
         perm.push(axis);
         let xs = contiguous_strides(s);
         let pdims: Vec<usize> = perm.iter().map(|&d| s[d]).collect();
-        let moved = self.strided_copy(x, &pdims, perm.iter().map(|&d| xs[d]).collect(), 0, x.dtype())?;
+        let moved = self.strided_copy(
+            x,
+            &pdims,
+            perm.iter().map(|&d| xs[d]).collect(),
+            0,
+            x.dtype(),
+        )?;
         let n = s[axis];
         self.softmax_rows(&moved, &moved, moved.numel() / n.max(1), n, 1.0, None)?;
         let mut inv = vec![0; r];
@@ -841,7 +873,13 @@ impl<'d> DeviceProgram<'d> {
             inv[p] = i;
         }
         let ms = contiguous_strides(&pdims);
-        self.strided_copy(&moved, s, inv.iter().map(|&i| ms[i]).collect(), 0, out_ty.dtype)
+        self.strided_copy(
+            &moved,
+            s,
+            inv.iter().map(|&i| ms[i]).collect(),
+            0,
+            out_ty.dtype,
+        )
     }
 
     /// `softmax(q·kᵀ·scale + mask)·v` in f32: logits by one cuBLAS GEMM (f32 out), the scaled,
@@ -864,7 +902,14 @@ impl<'d> DeviceProgram<'d> {
         if d == 0 {
             dev.memset_zero(&logits)?;
         } else {
-            dev.gemm(&gl, dev.ptr(k), dev.ptr(q), q.dtype(), dev.ptr(&logits), Dtype::F32)?;
+            dev.gemm(
+                &gl,
+                dev.ptr(k),
+                dev.ptr(q),
+                q.dtype(),
+                dev.ptr(&logits),
+                Dtype::F32,
+            )?;
         }
         let m = match mask {
             Some(mt) => {
@@ -894,7 +939,14 @@ impl<'d> DeviceProgram<'d> {
         if nk == 0 {
             dev.memset_zero(&out32)?;
         } else {
-            dev.gemm(&gpv, dev.ptr(&v32), dev.ptr(&logits), Dtype::F32, dev.ptr(&out32), Dtype::F32)?;
+            dev.gemm(
+                &gpv,
+                dev.ptr(&v32),
+                dev.ptr(&logits),
+                Dtype::F32,
+                dev.ptr(&out32),
+                Dtype::F32,
+            )?;
         }
         if out_ty.dtype == Dtype::F32 {
             return Ok(out32);
@@ -931,7 +983,13 @@ impl<'d> DeviceProgram<'d> {
         } else {
             let xs = contiguous_strides(s);
             let pdims: Vec<usize> = perm.iter().map(|&d| s[d]).collect();
-            self.strided_copy(x, &pdims, perm.iter().map(|&d| xs[d]).collect(), 0, x.dtype())?
+            self.strided_copy(
+                x,
+                &pdims,
+                perm.iter().map(|&d| xs[d]).collect(),
+                0,
+                x.dtype(),
+            )?
         };
         let out = self.dev.alloc(out_ty.dtype, &out_ty.shape)?;
         if rows == 0 {

@@ -15,8 +15,15 @@ pub const MAX_RANK: usize = 8;
 
 /// Kernel entry points of the module, as [`module_source`] defines them.
 pub const KERNELS: &[&str] = &[
-    "pt_ew", "pt_norm", "pt_softmax", "pt_rope", "pt_gather", "pt_cumsum", "pt_reduce",
-    "pt_im2col", "pt_bias",
+    "pt_ew",
+    "pt_norm",
+    "pt_softmax",
+    "pt_rope",
+    "pt_gather",
+    "pt_cumsum",
+    "pt_reduce",
+    "pt_im2col",
+    "pt_bias",
 ];
 
 /// The dtype code kernels use (`DT_*` in the source).
@@ -109,6 +116,7 @@ const PRELUDE: &str = r#"
 #define DT_I32 4
 #define DT_U8 5
 #define DT_BOOL 6
+#define PT_INF __int_as_float(0x7f800000)
 typedef long long i64;
 typedef unsigned long long u64;
 
@@ -348,7 +356,7 @@ extern "C" __global__ void pt_softmax(SoftmaxParams p, const void* x, const void
     i64 qi = row % p.q; i64 t = row / p.q; i64 hi = t % p.h; i64 bi = t / p.h;
     mbase = bi * p.msb + hi * p.msh + qi * p.msq;
   }
-  float m = -INFINITY;
+  float m = -PT_INF;
   for (i64 j = threadIdx.x; j < p.n; j += blockDim.x) {
     float v = ldf(x, base + j, p.dx) * p.scale;
     if (p.has_mask) v += ldf(mask, mbase + j * p.msk, p.dm);
@@ -419,9 +427,9 @@ extern "C" __global__ void pt_reduce(i64 rows, i64 n, int kind, int dt, const vo
   if (row >= rows) return;
   if (isflt(dt)) {
     if (kind == 2) {
-      float m = -INFINITY; bool nan = false;
+      float m = -PT_INF; bool nan = false;
       for (i64 j = threadIdx.x; j < n; j += blockDim.x) { float v = ldf(x, row * n + j, dt); if (v != v) nan = true; m = fmaxf(m, v); }
-      float t = block_max_f(nan ? INFINITY : m, shf);
+      float t = block_max_f(nan ? PT_INF : m, shf);
       __syncthreads();
       float anynan = block_sum_f(nan ? 1.0f : 0.0f, shf);
       if (threadIdx.x == 0) stf(out, row, dt, anynan > 0.0f ? __int_as_float(0x7fc00000) : t);
@@ -529,8 +537,7 @@ mod tests {
             }
         }
         // the f32 GELU constant is PyTorch's kBeta = sqrt(2)·(2/sqrt(pi))·0.5
-        let k_beta =
-            (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
+        let k_beta = (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
         let lit: f32 = "0.7978845608028654".parse().unwrap();
         assert!(s.contains("0.7978845608028654f") && lit == k_beta);
     }

@@ -36,6 +36,10 @@ pub struct VerifyArgs {
     /// export. Non-finite actions always fail.
     #[arg(long, default_value_t = DEFAULT_MAX_ERROR)]
     pub max_error: f32,
+    /// Where the engines and the f32 reference run: `cpu` (the reference executor) or `cuda`
+    /// (GPU 0 through petite-cuda; refused before any work where CUDA cannot run).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: petite::runtimes::Device,
 }
 
 /// Runs `petite verify`.
@@ -48,6 +52,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         seed: a.seed,
         python: a.python,
         max_error: a.max_error,
+        device: a.device,
     })
     .with_context(|| format!("verify of {}", a.pte_dir.display()))?;
     println!(

@@ -1,0 +1,174 @@
+//! pi0.5 whole chunks on the GPU: the timestep table, prefix and step programs built from a
+//! checkpoint, their weights uploaded once, then per chunk the prefix → its K/V kept on the
+//! device → the Euler steps, each reading the K/V and its timestep row (uploaded once) in place.
+//! Only the inputs go up and the actions come back. What `petite pi05 run --device cuda` and
+//! `petite verify --device cuda`'s f32 reference run.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use petite_cuda::{DevTensor, Device, DeviceProgram};
+use petite_pi05::Pi05Config;
+use petite_pi05::inputs::Inputs;
+use petite_pi05::programs::{Precision, build_all, io, time_row_len};
+use petite_reference::Tensor;
+use petite_weights::WeightSource;
+
+use crate::{Error, Result};
+
+fn cuda(e: petite_cuda::Error) -> Error {
+    Error::Usage(format!("petite-cuda: {e}"))
+}
+
+/// One chunk's device time (CUDA events) and wall time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChunkTimes {
+    /// Inputs up + prefix, ms of device time.
+    pub prefix_ms: f64,
+    /// The Euler steps, ms of device time.
+    pub steps_ms: f64,
+    /// The whole chunk (inputs up to actions back), ms of device time.
+    pub total_ms: f64,
+    /// The whole chunk, ms of wall time on the host.
+    pub wall_ms: f64,
+}
+
+/// pi0.5's programs resident on a device, ready to run chunks.
+pub struct CudaPolicy<'d> {
+    dev: &'d Device,
+    cfg: Pi05Config,
+    prefix: DeviceProgram<'d>,
+    step: DeviceProgram<'d>,
+    rows: Vec<DevTensor>,
+    /// Seconds to build the programs and upload the weights.
+    pub load_seconds: f64,
+}
+
+impl<'d> CudaPolicy<'d> {
+    /// Builds the programs at `precision`, uploads their weights from `weights` (declared
+    /// dtypes), runs the timestep table and keeps its rows on the device.
+    pub fn load(
+        dev: &'d Device,
+        cfg: &Pi05Config,
+        weights: &dyn WeightSource,
+        precision: Precision,
+    ) -> Result<Self> {
+        let t0 = Instant::now();
+        let progs = build_all(cfg, precision)?;
+        let table =
+            DeviceProgram::load(dev, &progs.timestep_table, weights, false).map_err(cuda)?;
+        let t = table.run(BTreeMap::new()).map_err(cuda)?;
+        let t = t
+            .get(io::TIMESTEP_TABLE)
+            .and_then(|t| t.as_f32())
+            .ok_or_else(|| Error::Usage("timestep table is not f32".into()))?
+            .to_vec();
+        let r = time_row_len(cfg);
+        let mut rows = Vec::with_capacity(cfg.steps);
+        for k in 0..cfg.steps {
+            let row = t
+                .get(k * r..(k + 1) * r)
+                .ok_or_else(|| Error::Usage("timestep table too short".into()))?;
+            rows.push(
+                dev.upload(&Tensor::f32(&[r], row.to_vec())?)
+                    .map_err(cuda)?,
+            );
+        }
+        // The step's weights are read every step: the host copy is not needed once uploaded.
+        let prefix = DeviceProgram::load(dev, &progs.prefix, weights, false).map_err(cuda)?;
+        let step = DeviceProgram::load(dev, &progs.step, weights, false).map_err(cuda)?;
+        Ok(CudaPolicy {
+            dev,
+            cfg: cfg.clone(),
+            prefix,
+            step,
+            rows,
+            load_seconds: t0.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Bytes of weights on the device (prefix + step).
+    pub fn weight_bytes(&self) -> u64 {
+        self.prefix.weight_bytes() + self.step.weight_bytes()
+    }
+
+    /// One chunk: the actions (f32 `[chunk, action_dim]`) and its times.
+    pub fn chunk(&self, inputs: &Inputs) -> Result<(Vec<f32>, ChunkTimes)> {
+        let cfg = &self.cfg;
+        let dev = self.dev;
+        let wall = Instant::now();
+        let m0 = dev.mark().map_err(cuda)?;
+        let s = cfg.vision.image_size;
+        let up = |t: Tensor| dev.upload(&t).map_err(cuda);
+        let mut pin = BTreeMap::new();
+        pin.insert(
+            io::IMAGES.to_string(),
+            up(Tensor::f32(&[cfg.cameras, 3, s, s], inputs.images.clone())?)?,
+        );
+        pin.insert(
+            io::IMAGE_MASKS.to_string(),
+            up(Tensor::u8(&[cfg.cameras], inputs.image_masks.clone())?)?,
+        );
+        pin.insert(
+            io::TOKENS.to_string(),
+            up(Tensor::i64(&[cfg.tokens], inputs.tokens.clone())?)?,
+        );
+        pin.insert(
+            io::TOKEN_MASK.to_string(),
+            up(Tensor::u8(&[cfg.tokens], inputs.token_mask.clone())?)?,
+        );
+        let kv = self.prefix.run_device(pin).map_err(cuda)?;
+        let m1 = dev.mark().map_err(cuda)?;
+        let mut x = up(Tensor::f32(
+            &[cfg.chunk, cfg.action_dim],
+            inputs.noise.clone(),
+        )?)?;
+        for row in &self.rows {
+            let mut sin = kv.clone();
+            sin.insert(io::X_T.to_string(), x);
+            sin.insert(io::TIME_ROW.to_string(), row.clone());
+            let mut out = self.step.run_device(sin).map_err(cuda)?;
+            x = out
+                .remove(io::X_NEXT)
+                .ok_or_else(|| Error::Usage("step program has no x_next".into()))?;
+        }
+        let m2 = dev.mark().map_err(cuda)?;
+        let actions = dev
+            .download(&x)
+            .map_err(cuda)?
+            .into_float_values()
+            .map_err(|t| Error::Usage(format!("x_next is {}, not float", t.dtype())))?;
+        let m3 = dev.mark().map_err(cuda)?;
+        dev.synchronize().map_err(cuda)?;
+        let times = ChunkTimes {
+            prefix_ms: m0.ms_to(&m1).map_err(cuda)?,
+            steps_ms: m1.ms_to(&m2).map_err(cuda)?,
+            total_ms: m0.ms_to(&m3).map_err(cuda)?,
+            wall_ms: wall.elapsed().as_secs_f64() * 1e3,
+        };
+        Ok((actions, times))
+    }
+}
+
+/// The median of `v` (NaN for none).
+pub fn median(v: &[f64]) -> f64 {
+    let mut s: Vec<f64> = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_none() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+}
