@@ -488,6 +488,42 @@ pub fn attention_gemms(
     Ok((logits, pv))
 }
 
+/// Multiply-add FLOPs (2 a product) of a program's dense ops — linear, matmul, convolution and
+/// attention's two products — from the declared shapes: what a roofline floor is computed
+/// from. Elementwise ops are not counted (memory-bound; their bytes are not weights).
+pub fn program_flops(p: &petite_graph::Program) -> f64 {
+    use petite_graph::Op;
+    let shape = |v: petite_graph::NodeId| -> Vec<usize> {
+        p.node(v).tensor().map(|t| t.shape.clone()).unwrap_or_default()
+    };
+    let numel = |s: &[usize]| s.iter().product::<usize>() as f64;
+    let mut f = 0.0;
+    for n in &p.nodes {
+        let out = n.tensor().map(|t| t.shape.clone()).unwrap_or_default();
+        match &n.op {
+            Op::Linear => {
+                let k = *shape(n.inputs[0]).last().unwrap_or(&0) as f64;
+                f += 2.0 * numel(&out) * k;
+            }
+            Op::MatMul => {
+                let a = shape(n.inputs[0]);
+                f += 2.0 * numel(&out) * a[a.len() - 1] as f64;
+            }
+            Op::Conv2d { .. } => {
+                let w = shape(n.inputs[1]);
+                f += 2.0 * numel(&out) * (w[1] * w[2] * w[3]) as f64;
+            }
+            Op::Attention { .. } => {
+                let (q, k) = (shape(n.inputs[0]), shape(n.inputs[1]));
+                let dv = out[3] as f64;
+                f += 2.0 * (q[0] * q[1] * q[2] * k[2]) as f64 * (q[3] as f64 + dv);
+            }
+            _ => {}
+        }
+    }
+    f
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -573,6 +609,18 @@ mod tests {
         let g = Gemm::matmul(5, 4, 3).unwrap();
         assert_eq!((g.m, g.n, g.k, g.lda, g.ldb, g.ldc), (3, 5, 4, 3, 4, 3));
         assert_eq!(g.flops(), 2.0 * 60.0);
+    }
+
+    #[test]
+    fn flops_count_the_dense_ops_only() {
+        let mut b = petite_graph::Builder::new();
+        let x = b.input("x", Dtype::F32, &[3, 4]).unwrap();
+        let w = b.weight("w", Dtype::F32, &[5, 4]).unwrap();
+        let y = b.linear(x, w, None).unwrap();
+        let z = b.exp(y).unwrap();
+        b.output("z", z).unwrap();
+        let p = b.finish().unwrap();
+        assert_eq!(program_flops(&p), 2.0 * 3.0 * 5.0 * 4.0);
     }
 
     #[test]

@@ -40,11 +40,13 @@ fn err(msg: impl Into<String>) -> Error {
     Error::Plan(msg.into())
 }
 
-/// Stored weight bytes as the declared dtype's bytes: as they are when the dtypes agree, else
-/// through f32 (bf16/f16 rounded to nearest even, as the reference executor's weight reads).
-fn convert(bytes: &[u8], stored: Dtype, declared: Dtype) -> Result<Vec<u8>> {
+/// Stored weight bytes as the declared dtype's bytes: borrowed as they are when the dtypes
+/// agree, else converted through f32 (bf16/f16 rounded to nearest even, as the reference
+/// executor's weight reads), on every core (a full-size f32 checkpoint read as bf16 is 3.3 G
+/// elements).
+fn convert(bytes: &[u8], stored: Dtype, declared: Dtype) -> Result<std::borrow::Cow<'_, [u8]>> {
     if stored == declared {
-        return Ok(bytes.to_vec());
+        return Ok(std::borrow::Cow::Borrowed(bytes));
     }
     if !stored.is_float() || !declared.is_float() {
         return Err(err(format!(
@@ -53,21 +55,32 @@ fn convert(bytes: &[u8], stored: Dtype, declared: Dtype) -> Result<Vec<u8>> {
             declared.name()
         )));
     }
-    let es = stored.size();
-    let mut out = Vec::with_capacity(bytes.len() / es * declared.size());
-    for c in bytes.chunks_exact(es) {
-        let x = match stored {
-            Dtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
-            Dtype::Bf16 => petite_dtype::bf16_bits_to_f32(u16::from_le_bytes([c[0], c[1]])),
-            _ => half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
-        };
-        match declared {
-            Dtype::F32 => out.extend_from_slice(&x.to_le_bytes()),
-            Dtype::Bf16 => out.extend_from_slice(&petite_dtype::bf16_bits(x).to_le_bytes()),
-            _ => out.extend_from_slice(&half::f16::from_f32(x).to_bits().to_le_bytes()),
+    let (es, ds) = (stored.size(), declared.size());
+    let n = bytes.len() / es;
+    let mut out = vec![0u8; n * ds];
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let per = n.div_ceil(threads).max(1 << 16);
+    std::thread::scope(|s| {
+        for (src, dst) in bytes.chunks(per * es).zip(out.chunks_mut(per * ds)) {
+            s.spawn(move || {
+                for (c, o) in src.chunks_exact(es).zip(dst.chunks_exact_mut(ds)) {
+                    let x = match stored {
+                        Dtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                        Dtype::Bf16 => {
+                            petite_dtype::bf16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]))
+                        }
+                        _ => half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
+                    };
+                    match declared {
+                        Dtype::F32 => o.copy_from_slice(&x.to_le_bytes()),
+                        Dtype::Bf16 => o.copy_from_slice(&petite_dtype::bf16_bits(x).to_le_bytes()),
+                        _ => o.copy_from_slice(&half::f16::from_f32(x).to_bits().to_le_bytes()),
+                    }
+                }
+            });
         }
-    }
-    Ok(out)
+    });
+    Ok(std::borrow::Cow::Owned(out))
 }
 
 impl<'d> DeviceProgram<'d> {
@@ -1019,11 +1032,19 @@ mod tests {
     #[test]
     fn weight_conversion_rounds_like_the_reference() {
         let x = 1.0f32 + 1.0 / 256.0 + 1.0 / 1024.0; // between two bf16s, nearer the upper
-        let b = convert(&x.to_le_bytes(), Dtype::F32, Dtype::Bf16).unwrap();
+        let xb = x.to_le_bytes();
+        let b = convert(&xb, Dtype::F32, Dtype::Bf16).unwrap();
         let back = petite_dtype::bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
         assert_eq!(back, petite_dtype::round_through_bf16(x));
         let same = convert(&[1, 2, 3, 4], Dtype::F32, Dtype::F32).unwrap();
-        assert_eq!(same, vec![1, 2, 3, 4]);
+        assert!(matches!(same, std::borrow::Cow::Borrowed(&[1, 2, 3, 4])));
+        // many chunks across threads give the same bytes as one
+        let xs: Vec<u8> = (0..200_000).flat_map(|i| (i as f32 * 0.37).to_le_bytes()).collect();
+        let all = convert(&xs, Dtype::F32, Dtype::Bf16).unwrap();
+        for (i, c) in all.chunks_exact(2).enumerate() {
+            let want = petite_dtype::bf16_bits(i as f32 * 0.37);
+            assert_eq!(u16::from_le_bytes([c[0], c[1]]), want, "{i}");
+        }
         assert!(convert(&[0; 8], Dtype::I64, Dtype::F32).is_err());
     }
 }

@@ -42,6 +42,8 @@ pub struct CudaPolicy<'d> {
     rows: Vec<DevTensor>,
     /// Seconds to build the programs and upload the weights.
     pub load_seconds: f64,
+    /// Dense FLOPs of one prefix run and of one step ([`petite_cuda::plan::program_flops`]).
+    pub flops: [f64; 2],
 }
 
 impl<'d> CudaPolicy<'d> {
@@ -77,7 +79,12 @@ impl<'d> CudaPolicy<'d> {
         // The step's weights are read every step: the host copy is not needed once uploaded.
         let prefix = DeviceProgram::load(dev, &progs.prefix, weights, false).map_err(cuda)?;
         let step = DeviceProgram::load(dev, &progs.step, weights, false).map_err(cuda)?;
+        let flops = [
+            petite_cuda::plan::program_flops(&progs.prefix),
+            petite_cuda::plan::program_flops(&progs.step),
+        ];
         Ok(CudaPolicy {
+            flops,
             dev,
             cfg: cfg.clone(),
             prefix,
@@ -90,6 +97,11 @@ impl<'d> CudaPolicy<'d> {
     /// Bytes of weights on the device (prefix + step).
     pub fn weight_bytes(&self) -> u64 {
         self.prefix.weight_bytes() + self.step.weight_bytes()
+    }
+
+    /// Bytes of the prefix's and the step's weights.
+    pub fn program_weight_bytes(&self) -> [u64; 2] {
+        [self.prefix.weight_bytes(), self.step.weight_bytes()]
     }
 
     /// One chunk: the actions (f32 `[chunk, action_dim]`) and its times.

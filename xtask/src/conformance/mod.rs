@@ -10,6 +10,7 @@ use crate::util;
 
 mod aarch64;
 mod gpu;
+pub(crate) use gpu::petite_bin;
 mod lerobot;
 mod onnx;
 pub use onnx::REQUIREMENTS as ONNX_REQUIREMENTS;

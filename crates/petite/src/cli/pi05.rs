@@ -194,6 +194,11 @@ fn run_cuda(a: RunArgs) -> anyhow::Result<()> {
         "compile_seconds": dev.compile_seconds(),
         "weight_bytes": policy.weight_bytes(),
         "first_chunk_ms": first.total_ms,
+        "steps": cfg.steps,
+        "prefix_flops": policy.flops[0],
+        "step_flops": policy.flops[1],
+        "prefix_weight_bytes": policy.program_weight_bytes()[0],
+        "step_weight_bytes": policy.program_weight_bytes()[1],
     });
     if a.repeat > 0 {
         for _ in 0..a.warmup {
