@@ -227,6 +227,16 @@ impl Mark {
     }
 }
 
+/// A captured sequence of the stream's work, replayed as one CUDA graph launch.
+pub struct Graph(cudarc::driver::CudaGraph);
+
+impl Graph {
+    /// Queues one replay on the stream it was captured from.
+    pub fn launch(&self) -> Result<()> {
+        self.0.launch().map_err(driver("launch graph"))
+    }
+}
+
 /// Device 0 with a context, a stream, a cuBLAS handle and the kernels loaded.
 pub struct Device {
     ctx: Arc<CudaContext>,
@@ -236,7 +246,12 @@ pub struct Device {
     info: DeviceInfo,
     pool: Option<dsys::CUmemoryPool>,
     compile_seconds: f64,
+    /// cuBLAS's workspace, set explicitly so that GEMMs inside a graph capture allocate nothing.
+    _workspace: CudaSlice<u8>,
 }
+
+/// cuBLAS workspace bytes (what cuBLAS documents for Hopper).
+const BLAS_WORKSPACE: usize = 32 << 20;
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -267,6 +282,22 @@ impl Device {
         }
         .result()
         .map_err(blas("set math mode"))?;
+        // SAFETY: uninitialised scratch that only cuBLAS writes.
+        let workspace = unsafe { stream.alloc::<u8>(BLAS_WORKSPACE) }
+            .map_err(driver("allocate the cuBLAS workspace"))?;
+        {
+            let (wp, _s) = workspace.device_ptr(&stream);
+            // SAFETY: a live buffer of BLAS_WORKSPACE bytes, kept as long as the handle.
+            unsafe {
+                bsys::cublasSetWorkspace_v2(
+                    *cublas.handle(),
+                    wp as *mut std::ffi::c_void,
+                    BLAS_WORKSPACE,
+                )
+            }
+            .result()
+            .map_err(blas("set workspace"))?;
+        }
         let (maj, min) = info.compute_capability;
         let (ptx, compile_seconds) = ptx_for(&format!("compute_{maj}{min}"))?;
         let module = ctx
@@ -311,6 +342,7 @@ impl Device {
             info,
             pool,
             compile_seconds,
+            _workspace: workspace,
         })
     }
 
@@ -573,6 +605,42 @@ impl Device {
             .map_err(driver("create event"))?;
         e.record(&self.stream).map_err(driver("record event"))?;
         Ok(Mark(e))
+    }
+
+    /// Captures the work `f` queues on the stream (nothing runs) into a [`Graph`]: `f` must not
+    /// wait for the device; buffers it allocates and frees become the graph's own.
+    pub fn capture<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(R, Graph)> {
+        self.stream
+            .begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver("begin capture"))?;
+        let r = f();
+        let g = self
+            .stream
+            .end_capture(dsys::CUgraphInstantiate_flags(0))
+            .map_err(driver("end capture"));
+        let r = r?;
+        let g = g?.ok_or_else(|| Error::Plan("captured an empty graph".into()))?;
+        Ok((r, Graph(g)))
+    }
+
+    /// Queues a copy of `src`'s bytes into `dst` (same dtype and element count).
+    pub fn copy(&self, src: &DevTensor, dst: &DevTensor) -> Result<()> {
+        if src.dtype() != dst.dtype() || src.numel() != dst.numel() {
+            return Err(Error::Plan(format!("copy {src:?} into {dst:?}")));
+        }
+        if src.bytes() == 0 {
+            return Ok(());
+        }
+        // SAFETY: both live buffers of at least `bytes` past their pointers, on this stream.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                self.ptr(dst),
+                self.ptr(src),
+                src.bytes(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(driver("copy on the device"))
     }
 
     /// Sets every byte of `t` to zero.

@@ -24,7 +24,7 @@ pub mod plan;
 mod program;
 pub mod source;
 
-pub use device::{DevTensor, Device, DeviceInfo, Mark, Probe, probe};
+pub use device::{DevTensor, Device, DeviceInfo, Graph, Mark, Probe, probe};
 pub use program::DeviceProgram;
 
 /// Errors of this crate.

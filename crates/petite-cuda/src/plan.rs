@@ -494,7 +494,10 @@ pub fn attention_gemms(
 pub fn program_flops(p: &petite_graph::Program) -> f64 {
     use petite_graph::Op;
     let shape = |v: petite_graph::NodeId| -> Vec<usize> {
-        p.node(v).tensor().map(|t| t.shape.clone()).unwrap_or_default()
+        p.node(v)
+            .tensor()
+            .map(|t| t.shape.clone())
+            .unwrap_or_default()
     };
     let numel = |s: &[usize]| s.iter().product::<usize>() as f64;
     let mut f = 0.0;

@@ -1039,7 +1039,9 @@ mod tests {
         let same = convert(&[1, 2, 3, 4], Dtype::F32, Dtype::F32).unwrap();
         assert!(matches!(same, std::borrow::Cow::Borrowed(&[1, 2, 3, 4])));
         // many chunks across threads give the same bytes as one
-        let xs: Vec<u8> = (0..200_000).flat_map(|i| (i as f32 * 0.37).to_le_bytes()).collect();
+        let xs: Vec<u8> = (0..200_000)
+            .flat_map(|i| (i as f32 * 0.37).to_le_bytes())
+            .collect();
         let all = convert(&xs, Dtype::F32, Dtype::Bf16).unwrap();
         for (i, c) in all.chunks_exact(2).enumerate() {
             let want = petite_dtype::bf16_bits(i as f32 * 0.37);

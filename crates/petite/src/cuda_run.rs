@@ -1,13 +1,17 @@
 //! pi0.5 whole chunks on the GPU: the timestep table, prefix and step programs built from a
 //! checkpoint, their weights uploaded once, then per chunk the prefix → its K/V kept on the
 //! device → the Euler steps, each reading the K/V and its timestep row (uploaded once) in place.
-//! Only the inputs go up and the actions come back. What `petite pi05 run --device cuda` and
+//! Only the inputs go up and the actions come back. The step is captured once into a CUDA graph
+//! reading fixed buffers (x, the timestep row, the K/V the prefix's outputs are copied into)
+//! and writing x back, then replayed `steps` times a chunk: no host work between steps. What `petite pi05 run --device cuda` and
 //! `petite verify --device cuda`'s f32 reference run.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use petite_cuda::{DevTensor, Device, DeviceProgram};
+use std::cell::OnceCell;
+
+use petite_cuda::{DevTensor, Device, DeviceProgram, Graph};
 use petite_pi05::Pi05Config;
 use petite_pi05::inputs::Inputs;
 use petite_pi05::programs::{Precision, build_all, io, time_row_len};
@@ -44,6 +48,11 @@ pub struct CudaPolicy<'d> {
     pub load_seconds: f64,
     /// Dense FLOPs of one prefix run and of one step ([`petite_cuda::plan::program_flops`]).
     pub flops: [f64; 2],
+    /// The step's fixed inputs: x, the timestep row and the prefix outputs, by input name.
+    fixed: BTreeMap<String, DevTensor>,
+    /// The step captured over `fixed` (at the first chunk), or `None` when not replaying.
+    graph: OnceCell<Graph>,
+    use_graph: bool,
 }
 
 impl<'d> CudaPolicy<'d> {
@@ -83,8 +92,21 @@ impl<'d> CudaPolicy<'d> {
             petite_cuda::plan::program_flops(&progs.prefix),
             petite_cuda::plan::program_flops(&progs.step),
         ];
+        let mut fixed = BTreeMap::new();
+        for &id in &progs.step.inputs {
+            let name = progs.step.input_name(id).unwrap_or_default().to_string();
+            let t = progs
+                .step
+                .node(id)
+                .tensor()
+                .ok_or_else(|| Error::Usage(format!("step input {name} is a tuple")))?;
+            fixed.insert(name, dev.zeros(t.dtype, &t.shape).map_err(cuda)?);
+        }
         Ok(CudaPolicy {
             flops,
+            fixed,
+            graph: OnceCell::new(),
+            use_graph: std::env::var_os("PETITE_CUDA_NO_GRAPH").is_none(),
             dev,
             cfg: cfg.clone(),
             prefix,
@@ -131,19 +153,56 @@ impl<'d> CudaPolicy<'d> {
         );
         let kv = self.prefix.run_device(pin).map_err(cuda)?;
         let m1 = dev.mark().map_err(cuda)?;
-        let mut x = up(Tensor::f32(
+        let noise = up(Tensor::f32(
             &[cfg.chunk, cfg.action_dim],
             inputs.noise.clone(),
         )?)?;
-        for row in &self.rows {
-            let mut sin = kv.clone();
-            sin.insert(io::X_T.to_string(), x);
-            sin.insert(io::TIME_ROW.to_string(), row.clone());
-            let mut out = self.step.run_device(sin).map_err(cuda)?;
-            x = out
-                .remove(io::X_NEXT)
-                .ok_or_else(|| Error::Usage("step program has no x_next".into()))?;
-        }
+        let x = if self.use_graph {
+            let fixed = |n: &str| {
+                self.fixed
+                    .get(n)
+                    .ok_or_else(|| Error::Usage(format!("the step has no input {n}")))
+            };
+            for (name, t) in &kv {
+                dev.copy(t, fixed(name)?).map_err(cuda)?;
+            }
+            let xb = fixed(io::X_T)?;
+            dev.copy(&noise, xb).map_err(cuda)?;
+            if self.graph.get().is_none() {
+                let ((), g) = dev
+                    .capture(|| {
+                        let mut out = self.step.run_device(self.fixed.clone())?;
+                        let xn = out.remove(io::X_NEXT).ok_or_else(|| {
+                            petite_cuda::Error::Plan("step program has no x_next".into())
+                        })?;
+                        dev.copy(&xn, xb)
+                    })
+                    .map_err(cuda)?;
+                let _ = self.graph.set(g);
+            }
+            let g = self
+                .graph
+                .get()
+                .ok_or_else(|| Error::Usage("no step graph".into()))?;
+            let rb = fixed(io::TIME_ROW)?;
+            for row in &self.rows {
+                dev.copy(row, rb).map_err(cuda)?;
+                g.launch().map_err(cuda)?;
+            }
+            xb.clone()
+        } else {
+            let mut x = noise;
+            for row in &self.rows {
+                let mut sin = kv.clone();
+                sin.insert(io::X_T.to_string(), x);
+                sin.insert(io::TIME_ROW.to_string(), row.clone());
+                let mut out = self.step.run_device(sin).map_err(cuda)?;
+                x = out
+                    .remove(io::X_NEXT)
+                    .ok_or_else(|| Error::Usage("step program has no x_next".into()))?;
+            }
+            x
+        };
         let m2 = dev.mark().map_err(cuda)?;
         let actions = dev
             .download(&x)

@@ -80,7 +80,8 @@ fn peaks() -> (f64, f64, f64, String) {
 }
 
 fn num(v: &Value, k: &str) -> Result<f64> {
-    v[k].as_f64().with_context(|| format!("timing JSON has no {k}"))
+    v[k].as_f64()
+        .with_context(|| format!("timing JSON has no {k}"))
 }
 
 /// Runs the benchmark.
