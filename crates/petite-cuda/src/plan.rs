@@ -566,7 +566,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!((p.contig, p.sb[0], p.sb[1]), (0, 0, 1));
-        let p = EwParams::new(EwOp::Copy, &[2; 9], &[out.clone()], &out);
+        let p = EwParams::new(EwOp::Copy, &[2; 9], std::slice::from_ref(&out), &out);
         assert!(p.is_err(), "rank 9 is refused, not truncated");
     }
 
@@ -577,7 +577,7 @@ mod tests {
         let p = EwParams::new(
             EwOp::Binary(petite_graph::BinaryOp::Mul),
             &d,
-            &[o.clone()],
+            std::slice::from_ref(&o),
             &o,
         )
         .unwrap()

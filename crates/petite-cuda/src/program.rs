@@ -944,11 +944,7 @@ impl<'d> DeviceProgram<'d> {
         } else {
             self.strided_copy(v, v.shape(), contiguous_strides(v.shape()), 0, Dtype::F32)?
         };
-        let out32 = if out_ty.dtype == Dtype::F32 {
-            dev.alloc(Dtype::F32, &out_ty.shape)?
-        } else {
-            dev.alloc(Dtype::F32, &out_ty.shape)?
-        };
+        let out32 = dev.alloc(Dtype::F32, &out_ty.shape)?;
         if nk == 0 {
             dev.memset_zero(&out32)?;
         } else {
