@@ -39,6 +39,17 @@ pub fn open_cuda() -> Result<petite_cuda::Device> {
     petite_cuda::Device::open().map_err(|e| Error::Usage(format!("--device cuda: {e}")))
 }
 
+/// Refuses `device` in one line where it cannot run here (for `cuda`: no driver, cuBLAS,
+/// NVRTC or device), without opening it: what a command checks before any other work.
+pub fn check_device(device: Device) -> Result<()> {
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Cuda => petite_cuda::probe()
+            .usable()
+            .map_err(|e| Error::Usage(format!("--device cuda: {e}"))),
+    }
+}
+
 /// Runs the engines of one delegate backend on one device.
 pub trait Runtime {
     /// Where it runs.

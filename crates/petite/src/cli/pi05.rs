@@ -151,6 +151,7 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
 fn run_cuda(a: RunArgs) -> anyhow::Result<()> {
     use anyhow::Context;
     use petite::cuda_run::{CudaPolicy, median};
+    petite::runtimes::check_device(a.device)?;
     let dev = petite::runtimes::open_cuda()?;
     let cfg = match &a.config {
         Some(p) => petite_pi05::Pi05Config::from_json_file(p)?,

@@ -44,6 +44,8 @@ pub struct VerifyArgs {
 
 /// Runs `petite verify`.
 pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
+    // One line, before anything is read.
+    petite::runtimes::check_device(a.device)?;
     let r = verify(&VerifyOptions {
         pte_dir: a.pte_dir.clone(),
         checkpoint: a.checkpoint,
