@@ -79,7 +79,7 @@ fn bf16_export_within_bound_f32_export_exact_on_every_golden() {
         let inputs = Inputs::from_file(c.join("inputs.safetensors"), &cfg).unwrap();
         let ck = open_checkpoint(c.join("model.safetensors")).unwrap();
         let whole = petite_pi05::run::run_model(&cfg, &ck, &inputs, Precision::Bf16).unwrap();
-        let pte = petite::verify::run_pte(&bf, &cfg, &inputs).unwrap();
+        let pte = petite::verify::run_pte(&bf, &cfg, &inputs, &*cpu()).unwrap();
         assert_eq!(
             pte, whole.actions,
             "{name}: bf16 .pte vs whole bf16 program"
@@ -417,8 +417,8 @@ fn sharded_hub_layout_exports_the_same_model() {
     let cfg = Pi05Config::from_json_file(c.join("config.json")).unwrap();
     let inputs = Inputs::from_file(c.join("inputs.safetensors"), &cfg).unwrap();
     assert_eq!(
-        petite::verify::run_pte(&a, &cfg, &inputs).unwrap(),
-        petite::verify::run_pte(&b, &cfg, &inputs).unwrap()
+        petite::verify::run_pte(&a, &cfg, &inputs, &*cpu()).unwrap(),
+        petite::verify::run_pte(&b, &cfg, &inputs, &*cpu()).unwrap()
     );
 }
 
@@ -864,4 +864,9 @@ fn device_placement_is_refused_where_nothing_runs_on_a_device() {
     ok(export_cmd(&c, &s.0.join("host"), &["--placement", "host"])
         .output()
         .unwrap());
+}
+
+/// The CPU reference engines' runtime, as `petite verify` gets it from the registry.
+fn cpu() -> Box<dyn petite::runtimes::Runtime> {
+    petite::runtimes::runtime(petite::engines::REFERENCE_ID, petite::runtimes::Device::Cpu).unwrap()
 }

@@ -133,3 +133,50 @@ fn without_max_error_the_default_bound_follows_the_dtype() {
     assert_eq!(petite::verify::DEFAULT_MAX_ERROR, 5e-2);
     assert_eq!(petite::verify::F32_MAX_ERROR, 1e-4);
 }
+
+/// `--device cuda` where CUDA cannot run (this CI machine: no driver) is refused in one line,
+/// before any input is read: paths that do not exist are never reached. Where a GPU is present
+/// the gpu conformance tier covers the device path instead, and this checks nothing.
+#[test]
+fn device_cuda_without_a_driver_is_refused_before_any_work() {
+    if petite_cuda::probe().usable().is_ok() {
+        return;
+    }
+    for args in [
+        &[
+            "verify",
+            "--device",
+            "cuda",
+            "--pte-dir",
+            "/nonexistent",
+            "--checkpoint",
+            "/nonexistent",
+        ][..],
+        &[
+            "pi05",
+            "run",
+            "--device",
+            "cuda",
+            "--checkpoint",
+            "/nonexistent",
+            "--inputs",
+            "/nonexistent",
+            "--out",
+            "/nonexistent/a",
+        ][..],
+    ] {
+        let o = common::petite()
+            .env("RUST_BACKTRACE", "0")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        let first = err.lines().next().unwrap_or("");
+        assert!(
+            first.contains("--device cuda: CUDA is not available here")
+                && !err.contains("nonexistent"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -39,7 +39,7 @@ pub struct Args {
     #[arg(long)]
     pub no_verify: bool,
     /// Fail when the verified max abs action error exceeds this (passed to `petite verify`;
-    /// default: petite's DEFAULT_MAX_ERROR, 5e-2, the bf16-vs-f32 bound; 1e-4 suits an f32
+    /// default: petite verify's bound for the export's dtype (1e-4 f32, 5e-2 bf16); for an f32
     /// export).
     #[arg(long, conflicts_with = "no_verify")]
     pub max_error: Option<String>,

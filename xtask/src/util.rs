@@ -6,6 +6,11 @@ use anyhow::{Context, Result, bail};
 
 /// The workspace root (xtask lives one level below it).
 pub fn root() -> PathBuf {
+    // A prebuilt xtask carried to another machine (the GPU tier and bench on a lent GPU) is
+    // pointed at its copy of the tree.
+    if let Some(r) = std::env::var_os("XTASK_ROOT") {
+        return PathBuf::from(r);
+    }
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask has a parent")

@@ -3,11 +3,13 @@
 //! measure ([`memory`], [`report`]).
 #![deny(missing_docs)]
 
+pub mod cuda_run;
 pub mod engines;
 pub mod export;
 pub mod guard;
 pub mod memory;
 pub mod report;
+pub mod runtimes;
 pub mod verify;
 
 /// Errors of the export and verify pipelines; each names the file, stage or setting.

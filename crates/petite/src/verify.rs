@@ -24,11 +24,11 @@ use petite_weights::{FileIdentity, Role, WeightSource};
 use serde_json::json;
 
 use petite_engine::EngineRuntime;
-use petite_engine::reference::ReferenceEngine;
 
 use crate::engines::REFERENCE_ID;
 use crate::export::{METHOD, TABLE_METHOD};
 use crate::memory::Recorder;
+use crate::runtimes::{Device, Runtime};
 use crate::{Error, Result};
 
 /// Settings of one verification.
@@ -50,6 +50,9 @@ pub struct VerifyOptions {
     /// `None`: the bound for the export's dtype as its `report.json` records it
     /// ([`default_bound`]).
     pub max_error: Option<f32>,
+    /// Where the engines and the f32 reference run (`cuda`: both on GPU 0, through
+    /// petite-cuda; only engine exports, not portable or ONNX ones).
+    pub device: Device,
 }
 
 /// The max abs action error an f32 export must meet by default: it equals the reference to
@@ -147,13 +150,13 @@ fn bad(path: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
-/// The reference engine in `segment` of `pte`, mapped in place from the `.pte` (never read into
-/// memory), through the backend's own loader.
-fn open_engine(pte: &PteFile, segment: usize, release: bool) -> Result<ReferenceEngine> {
-    let (start, len) = pte.segment_range(segment)?;
-    let engine = ReferenceEngine::open_region(pte.path(), start, len)
-        .map_err(|e| bad(pte.path(), format!("segment {segment}: {e}")))?;
-    Ok(engine.releasing_weights(release))
+/// A `.pte` opened for running: the reader's verified program and its engines, each opened
+/// once per segment by the runtime registered for the delegates' backend on the device asked
+/// for ([`crate::runtimes`]; `release`: each weight's host pages given back after its last read
+/// in a run).
+struct Loaded<'m> {
+    pte: &'m PteFile,
+    engines: HashMap<usize, Box<dyn EngineRuntime + 'm>>,
 }
 
 fn graph_dtype(s: ScalarType) -> Option<petite_graph::Dtype> {
@@ -170,15 +173,8 @@ fn graph_dtype(s: ScalarType) -> Option<petite_graph::Dtype> {
     })
 }
 
-/// A `.pte` opened for running: the reader's verified program and its engines, each mapped
-/// once per segment (`release`: each weight's pages given back after its last read in a run).
-struct Loaded<'m> {
-    pte: &'m PteFile,
-    engines: HashMap<usize, ReferenceEngine>,
-}
-
 impl<'m> Loaded<'m> {
-    fn new(pte: &'m PteFile, release: bool) -> Result<Self> {
+    fn new(pte: &'m PteFile, release: bool, runtime: &'m dyn Runtime) -> Result<Self> {
         let plan = method(pte, METHOD)?;
         let mut engines = HashMap::new();
         for (i, d) in plan.delegates.iter().enumerate() {
@@ -199,7 +195,11 @@ impl<'m> Loaded<'m> {
             }
             let seg = d.processed.index as usize;
             if let std::collections::hash_map::Entry::Vacant(v) = engines.entry(seg) {
-                v.insert(open_engine(pte, seg, release)?);
+                let (start, len) = pte.segment_range(seg)?;
+                let e = runtime
+                    .open(pte.path(), start, len, release)
+                    .map_err(|e| bad(pte.path(), format!("segment {seg}: {e}")))?;
+                v.insert(e);
             }
         }
         Ok(Loaded { pte, engines })
@@ -250,29 +250,27 @@ impl<'m> Loaded<'m> {
                 };
                 let d = &plan.delegates[*delegate_index as usize];
                 let e = &self.engines[&(d.processed.index as usize)];
-                let program = e.program();
-                let n_in = program.inputs.len();
-                if args.len() != n_in + program.outputs.len() {
+                let n_in = e.inputs().len();
+                if args.len() != n_in + e.outputs().len() {
                     return Err(bad(
                         path,
                         format!(
                             "delegate {delegate_index}: {} args for an engine with {} inputs and {} outputs",
                             args.len(),
                             n_in,
-                            program.outputs.len()
+                            e.outputs().len()
                         ),
                     ));
                 }
                 let mut ins = BTreeMap::new();
-                for (&id, a) in program.inputs.iter().zip(&args[..n_in]) {
-                    let name = program.input_name(id).unwrap_or_default().to_string();
+                for (b, a) in e.inputs().iter().zip(&args[..n_in]) {
                     let t = values.get(a).cloned().ok_or_else(|| {
                         bad(path, format!("value {a} is read before it is written"))
                     })?;
-                    ins.insert(name, t);
+                    ins.insert(b.name.clone(), t);
                 }
-                let mut outs = EngineRuntime::run(e, ins)?;
-                for (o, a) in program.outputs.iter().zip(&args[n_in..]) {
+                let mut outs = e.run(ins)?;
+                for (o, a) in e.outputs().iter().zip(&args[n_in..]) {
                     let t = outs.remove(&o.name).ok_or_else(|| {
                         bad(path, format!("engine produced no output `{}`", o.name))
                     })?;
@@ -337,8 +335,14 @@ fn read_table(pte: &PteFile, steps: usize, r: usize) -> Result<Vec<f32>> {
         .collect())
 }
 
-/// Runs the exported programs from their `.pte` files on `inputs`; returns the actions.
-pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<f32>> {
+/// Runs the exported programs from their `.pte` files on `inputs` with `runtime`'s engines;
+/// returns the actions.
+pub fn run_pte(
+    pte_dir: &Path,
+    cfg: &Pi05Config,
+    inputs: &Inputs,
+    runtime: &dyn Runtime,
+) -> Result<Vec<f32>> {
     let prefix_path = pte_dir.join("prefix.pte");
     let step_path = pte_dir.join("step.pte");
     let prefix_pte = PteFile::open(&prefix_path)?;
@@ -352,8 +356,8 @@ pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<
     let (prefix_id, step_id) = (identity(&prefix_path)?, identity(&step_path)?);
     // The prefix runs once: its weights go after their last read. The step runs every
     // Euler step: its weights stay.
-    let prefix = Loaded::new(&prefix_pte, true)?;
-    let step = Loaded::new(&step_pte, false)?;
+    let prefix = Loaded::new(&prefix_pte, true, runtime)?;
+    let step = Loaded::new(&step_pte, false, runtime)?;
     // Tests truncate a `.pte` here, while its engines are mapped.
     crate::guard::stop_point("verify");
     let r = petite_pi05::programs::time_row_len(cfg);
@@ -427,6 +431,8 @@ pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<
 /// `petite verify`: the export's actions against the f32 reference; the result is also written
 /// into `report.json` in the pte directory (created if missing).
 pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
+    // `--device cuda` where CUDA cannot run is refused before anything is read.
+    let engines = crate::runtimes::runtime(REFERENCE_ID, opts.device)?;
     let rec = Recorder::start(Duration::from_millis(10));
     // The export's report: its dtype picks the default bound, and the verify result is merged
     // into it. Missing is fine (files copied without it); unreadable is an error, never `{}`.
@@ -481,6 +487,13 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         None
     };
     let portable = !onnx && is_portable(&PteFile::open(&prefix_path)?);
+    if opts.device != Device::Cpu && (onnx || portable) {
+        return Err(Error::Usage(format!(
+            "--device {} runs petite's engine exports only; this is a{} export (run it with --device cpu)",
+            opts.device.name(),
+            if onnx { "n ONNX" } else { " portable" }
+        )));
+    }
     let python = if portable {
         check_specs(&opts.pte_dir, &cfg)?;
         Some(find_python(opts.python.as_deref())?)
@@ -504,13 +517,22 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
             )
         }
         (None, None) => (
-            run_pte(&opts.pte_dir, &cfg, &inputs)?,
-            json!({"runtime": "petite reference engines"}),
+            run_pte(&opts.pte_dir, &cfg, &inputs, engines.as_ref())?,
+            json!({"runtime": engines.describe(), "device": opts.device.name()}),
         ),
     };
+    // The engines' device memory goes before the reference's arrives.
+    drop(engines);
     let pte_rec = rec.end(st, false);
     let st = rec.begin("reference");
-    let reference = petite_pi05::run::run_model(&cfg, &ck, &inputs, Precision::F32)?.actions;
+    let reference = match opts.device {
+        Device::Cpu => petite_pi05::run::run_model(&cfg, &ck, &inputs, Precision::F32)?.actions,
+        Device::Cuda => {
+            let dev = crate::runtimes::open_cuda()?;
+            let policy = crate::cuda_run::CudaPolicy::load(&dev, &cfg, &ck, Precision::F32)?;
+            policy.chunk(&inputs)?.0
+        }
+    };
     let ref_rec = rec.end(st, false);
     let compared = action_error(&actions, &reference);
     // The scale, through the shared fold: a non-finite reference has none (null in the report).
@@ -521,6 +543,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         "checkpoint": opts.checkpoint.display().to_string(),
         "inputs": inputs_desc,
         "backend": if onnx { "onnx" } else if portable { "portable" } else { "engines" },
+        "device": opts.device.name(),
+        "reference_device": opts.device.name(),
         "run": runtime,
         // null (and `error` set) when the actions could not be compared (NaN, inf, length).
         "max_abs_action_error": compared.as_ref().ok(),

@@ -5,6 +5,7 @@ use anyhow::Result;
 
 mod convert;
 mod engine;
+mod gpu;
 mod onnx;
 mod pi05_run;
 mod pte;
@@ -23,6 +24,9 @@ pub enum BenchCmd {
     Synth(synth::Args),
     /// Seconds per chunk: `petite pi05 run` (full size, f32) vs lerobot PyTorch CPU f32.
     Pi05Run(pi05_run::Args),
+    /// pi0.5 chunks on CUDA GPU 0 (petite-cuda, full size, bf16 and f32): median latency (CUDA
+    /// events), prefix/steps split, peak device memory, beside the FLOP/bandwidth floor.
+    Gpu(gpu::Args),
     /// `petite export --backend onnx` at full size under memcap, then the model in ONNX Runtime
     /// CPU beside `petite pi05 run` on the same inputs (seconds per chunk, peaks, max error).
     Onnx(onnx::Args),
@@ -37,5 +41,6 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Synth(a) => synth::run(&a),
         BenchCmd::Pi05Run(a) => pi05_run::run(&a),
         BenchCmd::Onnx(a) => onnx::run(&a),
+        BenchCmd::Gpu(a) => gpu::run(&a),
     }
 }

@@ -9,6 +9,8 @@ use anyhow::Result;
 use crate::util;
 
 mod aarch64;
+mod gpu;
+pub(crate) use gpu::petite_bin;
 mod lerobot;
 mod onnx;
 pub use onnx::REQUIREMENTS as ONNX_REQUIREMENTS;
@@ -64,6 +66,9 @@ pub enum Tier {
     Portable,
     /// TensorRT-RTX parses and builds every golden's engines.
     Tensorrt,
+    /// petite's programs on CUDA GPU 0 (petite-cuda): the goldens through `pi05 run` and
+    /// `verify` with `--device cuda`. Fails without a GPU; not part of `cargo xtask ci`.
+    Gpu,
     /// petite cross-built for aarch64, a golden exported and verified under qemu-aarch64 (4 KiB
     /// and 64 KiB pages), byte-identical to x86-64.
     Aarch64,
@@ -92,6 +97,10 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if on(Tier::Aarch64) {
         aarch64::run()?;
+    }
+    // Only when asked for by name: it needs a GPU, and fails without one.
+    if args.only.contains(&Tier::Gpu) {
+        gpu::run()?;
     }
     if args.full && args.only.is_empty() {
         // The exporter's own .pte files (TensorRT-style delegates over named data), on a small

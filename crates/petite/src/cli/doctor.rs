@@ -47,6 +47,27 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<()> {
         ),
         None => println!("gpu: none (no CUDA driver library, or no device)"),
     }
+    // What `--device cuda` needs: the driver, cuBLAS, NVRTC and a device (each loaded at run
+    // time; petite runs without them).
+    let p = petite_cuda::probe();
+    let show = |r: &Result<String, String>| match r {
+        Ok(v) => v.clone(),
+        Err(e) => format!("missing ({e})"),
+    };
+    println!(
+        "cuda runtime (--device cuda): {}; driver {}, cuBLAS {}, NVRTC {}{}",
+        match p.usable() {
+            Ok(()) => "can run here".to_string(),
+            Err(e) => format!("cannot run here: {e}"),
+        },
+        show(&p.driver),
+        show(&p.cublas),
+        show(&p.nvrtc),
+        p.device.as_ref().map_or(String::new(), |d| format!(
+            "; device 0: {}, compute capability {}.{}",
+            d.name, d.compute_capability.0, d.compute_capability.1
+        ))
+    );
     let search = ToolSearch {
         trtexec: a.trtexec,
         trt_python: a.trt_python,

@@ -18,6 +18,16 @@ pub enum PrecisionArg {
     F32,
 }
 
+impl PrecisionArg {
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PrecisionArg::Bf16 => "bf16",
+            PrecisionArg::F32 => "f32",
+        }
+    }
+}
+
 impl From<PrecisionArg> for petite_pi05::Precision {
     fn from(d: PrecisionArg) -> Self {
         match d {

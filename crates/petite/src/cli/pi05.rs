@@ -106,9 +106,30 @@ pub struct RunArgs {
     /// Numerics: `f32`, or `bf16` (lerobot's bfloat16 mode).
     #[arg(long, value_enum, default_value = "f32")]
     dtype: super::PrecisionArg,
+    /// Where to run: `cpu` (the reference executor) or `cuda` (GPU 0 through petite-cuda:
+    /// weights uploaded once, the prefix K/V kept on the device across the steps). `cuda` where
+    /// CUDA cannot run is refused before any work.
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: petite::runtimes::Device,
+    /// With `--device cuda`: run this many more chunks on the same inputs after `--warmup`, and
+    /// report their median latency (CUDA events), prefix/steps split and peak device memory.
+    #[arg(long, default_value_t = 0)]
+    repeat: usize,
+    /// With `--repeat`: untimed chunks first.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// With `--device cuda`: also write the figures as JSON here.
+    #[arg(long)]
+    timing_json: Option<std::path::PathBuf>,
 }
 
 fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
+    if a.device == petite::runtimes::Device::Cuda {
+        return run_cuda(a);
+    }
+    if a.repeat > 0 || a.timing_json.is_some() {
+        anyhow::bail!("--repeat and --timing-json time the GPU path: add --device cuda");
+    }
     let files = petite_pi05::run::RunFiles {
         checkpoint: &a.checkpoint,
         config: a.config.as_deref(),
@@ -123,5 +144,117 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
         r.trajectory.len(),
         table + prefix + steps
     );
+    Ok(())
+}
+
+/// `petite pi05 run --device cuda`: programs on GPU 0, K/V resident, optional timed repeats.
+fn run_cuda(a: RunArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use petite::cuda_run::{CudaPolicy, median};
+    petite::runtimes::check_device(a.device)?;
+    let dev = petite::runtimes::open_cuda()?;
+    let cfg = match &a.config {
+        Some(p) => petite_pi05::Pi05Config::from_json_file(p)?,
+        None => petite_pi05::Pi05Config::default(),
+    };
+    let ck = petite_pi05::inputs::open_checkpoint(&a.checkpoint)?;
+    let precision: petite_pi05::Precision = a.dtype.into();
+    let progs = petite_pi05::build_all(&cfg, precision)?;
+    petite_pi05::inputs::check_weights(
+        &ck,
+        &a.checkpoint.display().to_string(),
+        [&progs.timestep_table, &progs.prefix, &progs.step],
+    )?;
+    drop(progs);
+    let inputs = petite_pi05::inputs::Inputs::from_file(&a.inputs, &cfg)?;
+    dev.reset_peak()?;
+    let policy = CudaPolicy::load(&dev, &cfg, &ck, precision).context("loading onto the GPU")?;
+    let (actions, first) = policy.chunk(&inputs)?;
+    if let Some((i, v)) = actions.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        anyhow::bail!("actions are not finite ({v} at index {i}); nothing written");
+    }
+    petite_weights::WeightSource::check_unchanged(&ck)?;
+    petite_pi05::run::write_actions(&a.out, &cfg, &actions)?;
+    let info = dev.info().clone();
+    println!(
+        "pi05 run: wrote {} on {} (cuda, {}); load {:.3} s (kernels compiled in {:.3} s), first chunk {:.3} ms (prefix {:.3} ms, steps {:.3} ms)",
+        a.out.display(),
+        info.name,
+        a.dtype.name(),
+        policy.load_seconds,
+        dev.compile_seconds(),
+        first.total_ms,
+        first.prefix_ms,
+        first.steps_ms
+    );
+    let mut figures = serde_json::json!({
+        "device": info.name,
+        "compute_capability": format!("{}.{}", info.compute_capability.0, info.compute_capability.1),
+        "dtype": a.dtype.name(),
+        "load_seconds": policy.load_seconds,
+        "compile_seconds": dev.compile_seconds(),
+        "weight_bytes": policy.weight_bytes(),
+        "first_chunk_ms": first.total_ms,
+        "steps": cfg.steps,
+        "prefix_flops": policy.flops[0],
+        "step_flops": policy.flops[1],
+        "prefix_weight_bytes": policy.program_weight_bytes()[0],
+        "step_weight_bytes": policy.program_weight_bytes()[1],
+    });
+    if a.repeat > 0 {
+        for _ in 0..a.warmup {
+            policy.chunk(&inputs)?;
+        }
+        dev.reset_peak()?;
+        let mut times = Vec::with_capacity(a.repeat);
+        for _ in 0..a.repeat {
+            let (again, t) = policy.chunk(&inputs)?;
+            if again != actions {
+                anyhow::bail!("a repeated chunk gave other actions than the first");
+            }
+            times.push(t);
+        }
+        let pick = |f: fn(&petite::cuda_run::ChunkTimes) -> f64| {
+            median(&times.iter().map(f).collect::<Vec<_>>())
+        };
+        let (total, prefix, steps, wall) = (
+            pick(|t| t.total_ms),
+            pick(|t| t.prefix_ms),
+            pick(|t| t.steps_ms),
+            pick(|t| t.wall_ms),
+        );
+        let peak = dev.peak_bytes();
+        let (free, all) = dev.mem_info()?;
+        println!(
+            "pi05 run: {} chunks after {} warm-up: median {total:.3} ms a chunk (prefix {prefix:.3} ms, {} steps {steps:.3} ms; wall {wall:.3} ms); weights {:.3} GiB; peak held by petite's buffers during the timed chunks {}; device memory in use {:.3} GiB",
+            a.repeat,
+            a.warmup,
+            cfg.steps,
+            policy.weight_bytes() as f64 / (1u64 << 30) as f64,
+            peak.map_or("unknown".to_string(), |p| format!(
+                "{:.3} GiB",
+                p as f64 / (1u64 << 30) as f64
+            )),
+            (all - free) as f64 / (1u64 << 30) as f64,
+        );
+        if let Some(o) = figures.as_object_mut() {
+            o.insert("chunks".into(), a.repeat.into());
+            o.insert("warmup".into(), a.warmup.into());
+            o.insert("median_chunk_ms".into(), total.into());
+            o.insert("median_prefix_ms".into(), prefix.into());
+            o.insert("median_steps_ms".into(), steps.into());
+            o.insert("median_wall_ms".into(), wall.into());
+            o.insert(
+                "chunk_ms".into(),
+                times.iter().map(|t| t.total_ms).collect::<Vec<_>>().into(),
+            );
+            o.insert("peak_pool_bytes".into(), peak.into());
+            o.insert("device_used_bytes".into(), (all - free).into());
+        }
+    }
+    if let Some(p) = &a.timing_json {
+        std::fs::write(p, serde_json::to_string_pretty(&figures)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
     Ok(())
 }

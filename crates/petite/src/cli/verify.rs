@@ -37,10 +37,16 @@ pub struct VerifyArgs {
     /// actions always fail.
     #[arg(long)]
     pub max_error: Option<f32>,
+    /// Where the engines and the f32 reference run: `cpu` (the reference executor) or `cuda`
+    /// (GPU 0 through petite-cuda; refused before any work where CUDA cannot run).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: petite::runtimes::Device,
 }
 
 /// Runs `petite verify`.
 pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
+    // One line, before anything is read.
+    petite::runtimes::check_device(a.device)?;
     let r = verify(&VerifyOptions {
         pte_dir: a.pte_dir.clone(),
         checkpoint: a.checkpoint,
@@ -49,6 +55,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         seed: a.seed,
         python: a.python,
         max_error: a.max_error,
+        device: a.device,
     })
     .with_context(|| format!("verify of {}", a.pte_dir.display()))?;
     println!(

@@ -1,0 +1,666 @@
+//! Device 0: what can run here ([`probe`]), the context, stream, cuBLAS handle and kernels
+//! ([`Device`]), and device values ([`DevTensor`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::cublas::{CudaBlas, sys as bsys};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    sys as dsys,
+};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use petite_graph::Dtype;
+use petite_reference::Tensor;
+
+use crate::plan::{BLOCK, Gemm, grid_for};
+use crate::source::{KERNELS, module_source};
+use crate::{Error, Result, blas, driver};
+
+/// What [`probe`] found: each library's version, or why it is missing, and device 0.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    /// The driver's CUDA version (`13.0`), or why there is none.
+    pub driver: std::result::Result<String, String>,
+    /// cuBLAS's version, or why it is missing.
+    pub cublas: std::result::Result<String, String>,
+    /// NVRTC's version, or why it is missing.
+    pub nvrtc: std::result::Result<String, String>,
+    /// Device 0, when the driver has one.
+    pub device: Option<DeviceInfo>,
+}
+
+impl Probe {
+    /// `Ok` when [`Device::open`] can work here; else the one-line reason.
+    pub fn usable(&self) -> Result<()> {
+        let missing = |what: &str, r: &std::result::Result<String, String>| {
+            r.as_ref().err().map(|e| format!("{what}: {e}"))
+        };
+        if let Some(m) = missing("driver", &self.driver)
+            .or_else(|| missing("cuBLAS", &self.cublas))
+            .or_else(|| missing("NVRTC", &self.nvrtc))
+        {
+            return Err(Error::Unavailable(m));
+        }
+        if self.device.is_none() {
+            return Err(Error::Unavailable("the driver reports no device".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Device 0 as the driver reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device name.
+    pub name: String,
+    /// Compute capability `(major, minor)`.
+    pub compute_capability: (i32, i32),
+    /// Device memory, bytes.
+    pub total_memory: u64,
+}
+
+/// Looks for the driver, cuBLAS and NVRTC libraries and device 0, loading each library only
+/// if present (cudarc's loaded functions panic when their library is missing). Never panics.
+pub fn probe() -> Probe {
+    // SAFETY: each call only tries to dlopen the library by its usual names.
+    let have_driver = unsafe { dsys::is_culib_present() };
+    let have_blas = unsafe { bsys::is_culib_present() };
+    let have_nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
+    let driver = if !have_driver {
+        Err("no libcuda (the NVIDIA driver) found".to_string())
+    } else {
+        cudarc::driver::result::init()
+            .map_err(|e| format!("cuInit failed: {e}"))
+            .and_then(|_| {
+                let mut v = 0;
+                // SAFETY: the library is present and initialised; `v` is a valid out pointer.
+                unsafe { dsys::cuDriverGetVersion(&mut v) }
+                    .result()
+                    .map_err(|e| format!("cuDriverGetVersion: {e}"))?;
+                Ok(format!("{}.{}", v / 1000, (v % 1000) / 10))
+            })
+    };
+    let cublas = if !have_blas {
+        Err("no libcublas found".to_string())
+    } else {
+        let get = |t| {
+            let mut v = 0;
+            // SAFETY: the library is present; `v` is a valid out pointer.
+            unsafe { bsys::cublasGetProperty(t, &mut v) }
+                .result()
+                .map(|_| v)
+                .map_err(|e| format!("cublasGetProperty: {e}"))
+        };
+        use bsys::libraryPropertyType_t as P;
+        (|| {
+            Ok(format!(
+                "{}.{}.{}",
+                get(P::MAJOR_VERSION)?,
+                get(P::MINOR_VERSION)?,
+                get(P::PATCH_LEVEL)?
+            ))
+        })()
+    };
+    let nvrtc = if !have_nvrtc {
+        Err("no libnvrtc found".to_string())
+    } else {
+        let (mut a, mut b) = (0, 0);
+        // SAFETY: the library is present; both are valid out pointers.
+        unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b) }
+            .result()
+            .map(|_| format!("{a}.{b}"))
+            .map_err(|e| format!("nvrtcVersion: {e}"))
+    };
+    let device = driver.as_ref().ok().and_then(|_| device_info().ok());
+    Probe {
+        driver,
+        cublas,
+        nvrtc,
+        device,
+    }
+}
+
+fn device_info() -> Result<DeviceInfo> {
+    use cudarc::driver::result::device;
+    let n = device::get_count().map_err(driver("cuDeviceGetCount"))?;
+    if n < 1 {
+        return Err(Error::Unavailable("the driver reports no device".into()));
+    }
+    let dev = device::get(0).map_err(driver("cuDeviceGet"))?;
+    let attr = |a| {
+        // SAFETY: `dev` came from cuDeviceGet after cuInit.
+        unsafe { device::get_attribute(dev, a) }.map_err(driver("cuDeviceGetAttribute"))
+    };
+    let major = attr(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor = attr(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    // SAFETY: as above.
+    let total = unsafe { device::total_mem(dev) }.map_err(driver("cuDeviceTotalMem"))?;
+    Ok(DeviceInfo {
+        name: device::get_name(dev).unwrap_or_default(),
+        compute_capability: (major, minor),
+        total_memory: total as u64,
+    })
+}
+
+/// The compiled module per architecture (`compute_90`), kept for the process: NVRTC runs once.
+fn ptx_for(arch: &str) -> Result<(Ptx, f64)> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Ptx>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = map.get(arch) {
+        return Ok((p.clone(), 0.0));
+    }
+    let t0 = std::time::Instant::now();
+    let arch_static: &'static str = Box::leak(arch.to_string().into_boxed_str());
+    let opts = CompileOptions {
+        // Exact f32 division and square root, no flush to zero, no contraction into FMAs: the
+        // reference executor's arithmetic, op for op.
+        ftz: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        fmad: Some(false),
+        arch: Some(arch_static),
+        name: Some("petite_kernels.cu".into()),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(module_source(), opts)
+        .map_err(|e| Error::Compile(e.to_string()))?;
+    map.insert(arch.to_string(), ptx.clone());
+    Ok((ptx, t0.elapsed().as_secs_f64()))
+}
+
+/// A value on the device: a byte buffer shared by the values that alias it (reshapes), its
+/// dtype and shape (row-major, dense).
+#[derive(Clone)]
+pub struct DevTensor {
+    pub(crate) buf: Arc<CudaSlice<u8>>,
+    pub(crate) off: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+}
+
+impl std::fmt::Debug for DevTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevTensor({}{:?})", self.dtype.name(), self.shape)
+    }
+}
+
+impl DevTensor {
+    /// Dtype.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    /// Shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    /// Elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Bytes.
+    pub fn bytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+    /// The same bytes with another shape of as many elements.
+    pub(crate) fn reshaped(&self, shape: &[usize]) -> DevTensor {
+        DevTensor {
+            buf: self.buf.clone(),
+            off: self.off,
+            dtype: self.dtype,
+            shape: shape.to_vec(),
+        }
+    }
+}
+
+/// A point on the device's stream ([`Device::mark`]).
+pub struct Mark(cudarc::driver::CudaEvent);
+
+impl Mark {
+    /// Milliseconds of device time from `self` to `later` (waits for both).
+    pub fn ms_to(&self, later: &Mark) -> Result<f64> {
+        self.0
+            .elapsed_ms(&later.0)
+            .map(f64::from)
+            .map_err(driver("event elapsed time"))
+    }
+}
+
+/// A captured sequence of the stream's work, replayed as one CUDA graph launch.
+pub struct Graph(cudarc::driver::CudaGraph);
+
+impl Graph {
+    /// Queues one replay on the stream it was captured from.
+    pub fn launch(&self) -> Result<()> {
+        self.0.launch().map_err(driver("launch graph"))
+    }
+}
+
+/// Device 0 with a context, a stream, a cuBLAS handle and the kernels loaded.
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    funcs: HashMap<&'static str, CudaFunction>,
+    info: DeviceInfo,
+    pool: Option<dsys::CUmemoryPool>,
+    compile_seconds: f64,
+    /// cuBLAS's workspace, set explicitly so that GEMMs inside a graph capture allocate nothing.
+    _workspace: CudaSlice<u8>,
+}
+
+/// cuBLAS workspace bytes (what cuBLAS documents for Hopper).
+const BLAS_WORKSPACE: usize = 32 << 20;
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("info", &self.info).finish()
+    }
+}
+
+impl Device {
+    /// Opens device 0: refuses in one line ([`Error::Unavailable`]) where the driver, a device,
+    /// cuBLAS or NVRTC is missing; compiles the kernels (once per process).
+    pub fn open() -> Result<Self> {
+        let probe = probe();
+        probe.usable()?;
+        let info = probe
+            .device
+            .clone()
+            .ok_or_else(|| Error::Unavailable("the driver reports no device".into()))?;
+        let ctx = CudaContext::new(0).map_err(driver("create context on device 0"))?;
+        // One stream, in order: cudarc's per-buffer events would only cost time.
+        // SAFETY: every buffer of this crate is used on this one stream only.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(driver("create stream"))?;
+        let cublas = CudaBlas::new(stream.clone()).map_err(blas("create handle"))?;
+        // Plain f32 GEMMs stay exact f32: no TF32 tensor-op math.
+        // SAFETY: a valid handle.
+        unsafe {
+            bsys::cublasSetMathMode(*cublas.handle(), bsys::cublasMath_t::CUBLAS_DEFAULT_MATH)
+        }
+        .result()
+        .map_err(blas("set math mode"))?;
+        // SAFETY: uninitialised scratch that only cuBLAS writes.
+        let workspace = unsafe { stream.alloc::<u8>(BLAS_WORKSPACE) }
+            .map_err(driver("allocate the cuBLAS workspace"))?;
+        {
+            let (wp, _s) = workspace.device_ptr(&stream);
+            // SAFETY: a live buffer of BLAS_WORKSPACE bytes, kept as long as the handle.
+            unsafe {
+                bsys::cublasSetWorkspace_v2(
+                    *cublas.handle(),
+                    wp as *mut std::ffi::c_void,
+                    BLAS_WORKSPACE,
+                )
+            }
+            .result()
+            .map_err(blas("set workspace"))?;
+        }
+        let (maj, min) = info.compute_capability;
+        let (ptx, compile_seconds) = ptx_for(&format!("compute_{maj}{min}"))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(driver("load the kernels' PTX"))?;
+        let mut funcs = HashMap::new();
+        for k in KERNELS {
+            funcs.insert(
+                *k,
+                module
+                    .load_function(k)
+                    .map_err(driver(format!("load kernel {k}")))?,
+            );
+        }
+        // Keep freed memory in the pool (default: returned to the OS at every sync), so the
+        // steps reuse what the prefix freed without new driver allocations.
+        let pool = if ctx.has_async_alloc() {
+            let mut pool: dsys::CUmemoryPool = std::ptr::null_mut();
+            // SAFETY: valid device and out pointer; the attribute takes a u64.
+            unsafe {
+                dsys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+                    .result()
+                    .map_err(driver("default memory pool"))?;
+                let mut keep: u64 = u64::MAX;
+                dsys::cuMemPoolSetAttribute(
+                    pool,
+                    dsys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut keep as *mut u64).cast(),
+                )
+                .result()
+                .map_err(driver("memory pool release threshold"))?;
+            }
+            Some(pool)
+        } else {
+            None
+        };
+        Ok(Device {
+            ctx,
+            stream,
+            blas: cublas,
+            funcs,
+            info,
+            pool,
+            compile_seconds,
+            _workspace: workspace,
+        })
+    }
+
+    /// Device 0's name, compute capability and memory.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Seconds NVRTC took for the kernels when this device was opened (0 when the process had
+    /// compiled them already).
+    pub fn compile_seconds(&self) -> f64 {
+        self.compile_seconds
+    }
+
+    /// The stream every launch of this device goes to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Waits for everything queued.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(driver("synchronize"))
+    }
+
+    /// The most bytes this process's buffers held at once since the last
+    /// [`Device::reset_peak`] (the stream-ordered pool's high-water mark; `None` without one).
+    pub fn peak_bytes(&self) -> Option<u64> {
+        self.pool_attr(dsys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+    }
+
+    /// Bytes the buffers hold now.
+    pub fn used_bytes(&self) -> Option<u64> {
+        self.pool_attr(dsys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    }
+
+    /// Starts a new high-water mark for [`Device::peak_bytes`].
+    pub fn reset_peak(&self) -> Result<()> {
+        if let Some(pool) = self.pool {
+            let mut zero: u64 = 0;
+            // SAFETY: a valid pool; the attribute takes a u64 (only 0 is allowed).
+            unsafe {
+                dsys::cuMemPoolSetAttribute(
+                    pool,
+                    dsys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                    (&mut zero as *mut u64).cast(),
+                )
+            }
+            .result()
+            .map_err(driver("reset the pool's high-water mark"))?;
+        }
+        Ok(())
+    }
+
+    fn pool_attr(&self, a: dsys::CUmemPool_attribute) -> Option<u64> {
+        let pool = self.pool?;
+        let mut v: u64 = 0;
+        // SAFETY: a valid pool; these attributes are u64.
+        unsafe { dsys::cuMemPoolGetAttribute(pool, a, (&mut v as *mut u64).cast()) }
+            .result()
+            .ok()?;
+        Some(v)
+    }
+
+    /// (free, total) device memory as the driver reports it.
+    pub fn mem_info(&self) -> Result<(u64, u64)> {
+        let (f, t) = self.ctx.mem_get_info().map_err(driver("cuMemGetInfo"))?;
+        Ok((f as u64, t as u64))
+    }
+
+    /// A new uninitialised buffer for `dtype[shape]`.
+    pub fn alloc(&self, dtype: Dtype, shape: &[usize]) -> Result<DevTensor> {
+        let n: usize = shape.iter().product::<usize>() * dtype.size();
+        // SAFETY: uninitialised device memory; every caller writes it before reading.
+        let buf = unsafe { self.stream.alloc::<u8>(n.max(1)) }
+            .map_err(driver(format!("allocate {n} bytes")))?;
+        Ok(DevTensor {
+            buf: Arc::new(buf),
+            off: 0,
+            dtype,
+            shape: shape.to_vec(),
+        })
+    }
+
+    /// A new zeroed buffer.
+    pub fn zeros(&self, dtype: Dtype, shape: &[usize]) -> Result<DevTensor> {
+        let n: usize = shape.iter().product::<usize>() * dtype.size();
+        let buf = self
+            .stream
+            .alloc_zeros::<u8>(n.max(1))
+            .map_err(driver(format!("allocate {n} bytes")))?;
+        Ok(DevTensor {
+            buf: Arc::new(buf),
+            off: 0,
+            dtype,
+            shape: shape.to_vec(),
+        })
+    }
+
+    /// Copies little-endian element bytes to a new device value (waits for the copy).
+    pub fn upload_bytes(&self, dtype: Dtype, shape: &[usize], bytes: &[u8]) -> Result<DevTensor> {
+        let t = self.alloc(dtype, shape)?;
+        if bytes.len() != t.bytes() {
+            return Err(Error::Plan(format!(
+                "{} bytes for {}{shape:?}",
+                bytes.len(),
+                dtype.name()
+            )));
+        }
+        if !bytes.is_empty() {
+            let mut buf =
+                Arc::into_inner(t.buf).ok_or_else(|| Error::Plan("shared new buffer".into()))?;
+            self.stream
+                .memcpy_htod(bytes, &mut buf)
+                .map_err(driver("copy to the device"))?;
+            self.synchronize()?;
+            return Ok(DevTensor {
+                buf: Arc::new(buf),
+                off: 0,
+                dtype,
+                shape: shape.to_vec(),
+            });
+        }
+        Ok(t)
+    }
+
+    /// A host tensor on the device.
+    pub fn upload(&self, t: &Tensor) -> Result<DevTensor> {
+        self.upload_bytes(t.dtype(), t.shape(), &t.to_bytes())
+    }
+
+    /// A device value back on the host (waits for the stream).
+    pub fn download(&self, t: &DevTensor) -> Result<Tensor> {
+        let mut bytes = vec![0u8; t.bytes()];
+        if !bytes.is_empty() {
+            let view = t.buf.slice(t.off..t.off + t.bytes());
+            self.stream
+                .memcpy_dtoh(&view, &mut bytes)
+                .map_err(driver("copy to the host"))?;
+        }
+        self.synchronize()?;
+        Ok(Tensor::from_bytes(t.dtype(), t.shape(), &bytes)?)
+    }
+
+    /// The device address of `t`'s first element.
+    pub(crate) fn ptr(&self, t: &DevTensor) -> u64 {
+        let (p, _sync) = t.buf.device_ptr(&self.stream);
+        p + t.off as u64
+    }
+
+    pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction> {
+        self.funcs
+            .get(name)
+            .ok_or_else(|| Error::Plan(format!("no kernel {name}")))
+    }
+
+    /// A grid-stride launch over `n` elements.
+    pub(crate) fn cfg_elems(n: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (grid_for(n), 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// One block a row.
+    pub(crate) fn cfg_rows(rows: usize) -> Result<LaunchConfig> {
+        let r = u32::try_from(rows.max(1))
+            .map_err(|_| Error::Plan(format!("{rows} rows exceed the grid")))?;
+        Ok(LaunchConfig {
+            grid_dim: (r, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+
+    /// Runs `f` with a launch builder for kernel `name`, then launches with `cfg`.
+    pub(crate) fn launch<'a>(
+        &'a self,
+        name: &str,
+        cfg: LaunchConfig,
+        args: impl FnOnce(&mut cudarc::driver::LaunchArgs<'a>),
+    ) -> Result<()> {
+        let f = self.func(name)?;
+        let mut b = self.stream.launch_builder(f);
+        args(&mut b);
+        // SAFETY: the argument lists match the kernels' signatures (see `program.rs`), and every
+        // pointer is a live buffer of this device large enough for what the kernel indexes.
+        unsafe { b.launch(cfg) }.map_err(driver(format!("launch {name}")))?;
+        Ok(())
+    }
+
+    /// `C = A·B` per [`Gemm`], with `A`, `B` of `ab` and `C` of `c` (f32 accumulation; f32
+    /// operands as exact f32).
+    pub(crate) fn gemm(
+        &self,
+        g: &Gemm,
+        a: u64,
+        b: u64,
+        ab: Dtype,
+        c: u64,
+        cd: Dtype,
+    ) -> Result<()> {
+        if g.m == 0 || g.n == 0 || g.batch == 0 {
+            return Ok(());
+        }
+        let ty = |d: Dtype| match d {
+            Dtype::F32 => Ok(bsys::cudaDataType::CUDA_R_32F),
+            Dtype::Bf16 => Ok(bsys::cudaDataType::CUDA_R_16BF),
+            Dtype::F16 => Ok(bsys::cudaDataType::CUDA_R_16F),
+            other => Err(Error::Plan(format!("GEMM of {}", other.name()))),
+        };
+        let op = |t: bool| {
+            if t {
+                bsys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                bsys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: pointers are live device buffers sized by the planner for these dims and
+        // strides; alpha/beta are host f32 (the handle's default pointer mode) for 32F compute.
+        unsafe {
+            cudarc::cublas::result::gemm_strided_batched_ex(
+                *self.blas.handle(),
+                op(g.trans_a),
+                op(g.trans_b),
+                g.m,
+                g.n,
+                g.k,
+                (&alpha as *const f32).cast(),
+                a as *const std::ffi::c_void,
+                ty(ab)?,
+                g.lda,
+                g.stride_a,
+                b as *const std::ffi::c_void,
+                ty(ab)?,
+                g.ldb,
+                g.stride_b,
+                (&beta as *const f32).cast(),
+                c as *mut std::ffi::c_void,
+                ty(cd)?,
+                g.ldc,
+                g.stride_c,
+                g.batch,
+                bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas(format!(
+            "GEMM m={} n={} k={} batch={}",
+            g.m, g.n, g.k, g.batch
+        )))
+    }
+
+    /// A timing event recorded on the stream now (CUDA events: device time, not host time).
+    pub fn mark(&self) -> Result<Mark> {
+        let e = self
+            .ctx
+            .new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver("create event"))?;
+        e.record(&self.stream).map_err(driver("record event"))?;
+        Ok(Mark(e))
+    }
+
+    /// Captures the work `f` queues on the stream (nothing runs) into a [`Graph`]: `f` must not
+    /// wait for the device; buffers it allocates and frees become the graph's own.
+    pub fn capture<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<(R, Graph)> {
+        self.stream
+            .begin_capture(dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver("begin capture"))?;
+        let r = f();
+        let g = self
+            .stream
+            .end_capture(dsys::CUgraphInstantiate_flags(0))
+            .map_err(driver("end capture"));
+        let r = r?;
+        let g = g?.ok_or_else(|| Error::Plan("captured an empty graph".into()))?;
+        Ok((r, Graph(g)))
+    }
+
+    /// Queues a copy of `src`'s bytes into `dst` (same dtype and element count).
+    pub fn copy(&self, src: &DevTensor, dst: &DevTensor) -> Result<()> {
+        if src.dtype() != dst.dtype() || src.numel() != dst.numel() {
+            return Err(Error::Plan(format!("copy {src:?} into {dst:?}")));
+        }
+        if src.bytes() == 0 {
+            return Ok(());
+        }
+        // SAFETY: both live buffers of at least `bytes` past their pointers, on this stream.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                self.ptr(dst),
+                self.ptr(src),
+                src.bytes(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(driver("copy on the device"))
+    }
+
+    /// Sets every byte of `t` to zero.
+    pub(crate) fn memset_zero(&self, t: &DevTensor) -> Result<()> {
+        if t.bytes() == 0 {
+            return Ok(());
+        }
+        // SAFETY: a live buffer of at least `bytes` past `ptr`.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                self.ptr(t),
+                0,
+                t.bytes(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(driver("memset"))
+    }
+
+    pub(crate) fn push_u64<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, v: &'a u64) {
+        b.arg(v);
+    }
+}

@@ -1,0 +1,101 @@
+//! petite-cuda: runs petite-graph programs — the programs petite's reference engines hold — on
+//! an NVIDIA GPU.
+//!
+//! CUDA is loaded at run time (cudarc's dynamic loading of the driver, cuBLAS and NVRTC), so
+//! the crate builds, and everything that uses it runs, where there is no CUDA: asking for the
+//! GPU there is an [`Error::Unavailable`] naming what is missing, before any work.
+//!
+//! - [`Device`]: device 0 — context, stream, cuBLAS handle, and the kernels, compiled by NVRTC
+//!   from [`source::module_source`] at first use and kept for the process.
+//! - [`DeviceProgram`]: one program with its weights uploaded once in their declared dtype (the
+//!   host pages given back); runs node by node on the stream, values freed after their last
+//!   reader. GEMMs (linear, matmul, the patch convolution, attention's two products) go to
+//!   cuBLAS with f32 accumulation (bf16 inputs as bf16; f32 as exact f32, never TF32); every
+//!   other op is one of the module's kernels, computing in f32 and rounding once, as the
+//!   reference executor does.
+//! - [`DevTensor`]: a value on the device, so a caller can keep a program's outputs resident
+//!   (pi0.5's prefix K/V across the Euler steps).
+//!
+//! It knows nothing of TensorRT, the `.pte` layout or pi0.5.
+#![deny(missing_docs)]
+
+mod device;
+pub mod plan;
+mod program;
+pub mod source;
+
+pub use device::{DevTensor, Device, DeviceInfo, Graph, Mark, Probe, probe};
+pub use program::DeviceProgram;
+
+/// Errors of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// CUDA cannot run here: no driver library, no device, no cuBLAS or NVRTC library. Says
+    /// which.
+    #[error("CUDA is not available here: {0}")]
+    Unavailable(String),
+    /// A CUDA driver call failed.
+    #[error("CUDA driver: {what}: {source}")]
+    Driver {
+        /// What was being done.
+        what: String,
+        /// The driver's error.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    /// A cuBLAS call failed.
+    #[error("cuBLAS: {what}: {source}")]
+    Blas {
+        /// What was being done.
+        what: String,
+        /// cuBLAS's status.
+        #[source]
+        source: cudarc::cublas::result::CublasError,
+    },
+    /// NVRTC could not compile the kernels (the log follows).
+    #[error("NVRTC: {0}")]
+    Compile(String),
+    /// A launch could not be planned (shapes the kernels cannot index).
+    #[error("plan: {0}")]
+    Plan(String),
+    /// A node failed; names the node.
+    #[error("{node}: {message}")]
+    Node {
+        /// The node (id, op, label).
+        node: petite_graph::NodeDesc,
+        /// What went wrong.
+        message: String,
+    },
+    /// A program input is missing, unknown, or of the wrong dtype or shape.
+    #[error("input {name:?}: {message}")]
+    Input {
+        /// The input name.
+        name: String,
+        /// Expected vs found.
+        message: String,
+    },
+    /// The program is invalid.
+    #[error(transparent)]
+    Graph(#[from] petite_graph::Error),
+    /// Reading a weight failed.
+    #[error(transparent)]
+    Weights(#[from] petite_weights::Error),
+    /// A host tensor could not be built.
+    #[error(transparent)]
+    Tensor(#[from] petite_reference::Error),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) fn driver(what: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
+    let what = what.into();
+    move |source| Error::Driver { what, source }
+}
+
+pub(crate) fn blas(
+    what: impl Into<String>,
+) -> impl FnOnce(cudarc::cublas::result::CublasError) -> Error {
+    let what = what.into();
+    move |source| Error::Blas { what, source }
+}

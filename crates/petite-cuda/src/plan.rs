@@ -1,0 +1,642 @@
+//! Launch planning: the parameter blocks the kernels read, strides, grid sizes and the GEMM
+//! shapes of linear layers, batched matmuls and attention. Pure host code, so it is tested
+//! where there is no GPU.
+
+use crate::source::{EwOp, MAX_RANK, dtype_code};
+use crate::{Error, Result};
+use petite_graph::Dtype;
+
+/// Threads a block for every kernel (a multiple of 32: the block reductions assume whole warps).
+pub const BLOCK: u32 = 256;
+
+/// Blocks of a grid-stride launch over `n` elements: enough to fill an H200 many times over,
+/// never more than the grid's x limit.
+pub fn grid_for(n: usize) -> u32 {
+    let want = n.div_ceil(BLOCK as usize).max(1);
+    want.min(132 * 64) as u32
+}
+
+/// Row-major strides (in elements) of `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
+    let mut st = vec![0i64; shape.len()];
+    let mut acc = 1i64;
+    for d in (0..shape.len()).rev() {
+        st[d] = acc;
+        acc *= shape[d] as i64;
+    }
+    st
+}
+
+/// Strides that read a contiguous tensor of shape `shape` broadcast to `out` (numpy rules,
+/// right-aligned; 0 along broadcast dims).
+pub fn broadcast_strides(shape: &[usize], out: &[usize]) -> Result<Vec<i64>> {
+    if shape.len() > out.len() {
+        return Err(Error::Plan(format!(
+            "cannot broadcast {shape:?} to {out:?}: more dims"
+        )));
+    }
+    let own = contiguous_strides(shape);
+    let lead = out.len() - shape.len();
+    let mut st = vec![0i64; out.len()];
+    for (d, &n) in shape.iter().enumerate() {
+        let o = out[lead + d];
+        if n == o {
+            st[lead + d] = if n == 1 { 0 } else { own[d] };
+        } else if n != 1 {
+            return Err(Error::Plan(format!(
+                "cannot broadcast {shape:?} to {out:?} (dim {d})"
+            )));
+        }
+    }
+    Ok(st)
+}
+
+/// `pt_ew`'s parameter block (mirrors `struct EwParams` field for field).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EwParams {
+    /// Elements of the iteration space.
+    pub n: i64,
+    /// Dims of the iteration space.
+    pub rank: i32,
+    /// [`EwOp::code`].
+    pub op: i32,
+    /// 0: compute in f32; 1: in wrapping i64.
+    pub cls: i32,
+    /// 1 when every operand is dense in the iteration order (no index math).
+    pub contig: i32,
+    /// Dtype code of `a`.
+    pub da: i32,
+    /// Dtype code of `b`.
+    pub db: i32,
+    /// Dtype code of `c`.
+    pub dc: i32,
+    /// Dtype code of the output.
+    pub dout: i32,
+    /// 1: `b` is the scalar `fs`/`is`.
+    pub scalar: i32,
+    /// 1: the scalar is the left operand.
+    pub scalar_lhs: i32,
+    /// The scalar for float math (already rounded to the operand's dtype).
+    pub fs: f32,
+    /// The scalar for integer math.
+    pub is: i64,
+    /// Iteration dims.
+    pub dims: [i64; MAX_RANK],
+    /// Element strides of `a`, `b`, `c` and the output.
+    pub sa: [i64; MAX_RANK],
+    /// See `sa`.
+    pub sb: [i64; MAX_RANK],
+    /// See `sa`.
+    pub sc: [i64; MAX_RANK],
+    /// See `sa`.
+    pub so: [i64; MAX_RANK],
+    /// Element offsets of `a`, `b`, `c` and the output.
+    pub oa: i64,
+    /// See `oa`.
+    pub ob: i64,
+    /// See `oa`.
+    pub oc: i64,
+    /// See `oa`.
+    pub oo: i64,
+}
+
+// SAFETY: plain old data, laid out as the kernel's struct (repr(C), same field order and types).
+unsafe impl cudarc::driver::DeviceRepr for EwParams {}
+
+fn fill(dst: &mut [i64; MAX_RANK], src: &[i64]) {
+    dst[..src.len()].copy_from_slice(src);
+}
+
+/// One strided operand of an elementwise launch: its dtype, strides over the iteration space
+/// and element offset.
+#[derive(Debug, Clone)]
+pub struct Operand {
+    /// Dtype.
+    pub dtype: Dtype,
+    /// Element strides, one per iteration dim.
+    pub strides: Vec<i64>,
+    /// Element offset of the first element.
+    pub offset: i64,
+}
+
+impl Operand {
+    /// A contiguous tensor of `shape` broadcast over the iteration space `dims`.
+    pub fn broadcast(dtype: Dtype, shape: &[usize], dims: &[usize]) -> Result<Self> {
+        Ok(Operand {
+            dtype,
+            strides: broadcast_strides(shape, dims)?,
+            offset: 0,
+        })
+    }
+}
+
+impl EwParams {
+    /// Parameters of `op` over iteration space `dims`: operands (one to three) and the output.
+    pub fn new(op: EwOp, dims: &[usize], ins: &[Operand], out: &Operand) -> Result<Self> {
+        if dims.len() > MAX_RANK {
+            return Err(Error::Plan(format!(
+                "{} dims; kernels index at most {MAX_RANK}",
+                dims.len()
+            )));
+        }
+        if ins.is_empty() || ins.len() > 3 {
+            return Err(Error::Plan(format!("{} operands (1 to 3)", ins.len())));
+        }
+        let dense = contiguous_strides(dims);
+        let is_dense = |o: &Operand| {
+            o.offset == 0
+                && o.strides.len() == dims.len()
+                && o.strides
+                    .iter()
+                    .zip(&dense)
+                    .zip(dims)
+                    .all(|((s, d), &n)| n == 1 || s == d)
+        };
+        let contig = ins.iter().all(is_dense) && is_dense(out);
+        let cls = match op {
+            EwOp::Where => i32::from(!ins[1].dtype.is_float()),
+            _ => i32::from(!ins[0].dtype.is_float()),
+        };
+        let mut p = EwParams {
+            n: dims.iter().product::<usize>() as i64,
+            rank: dims.len() as i32,
+            op: op.code(),
+            cls,
+            contig: i32::from(contig),
+            da: dtype_code(ins[0].dtype),
+            db: ins.get(1).map_or(0, |o| dtype_code(o.dtype)),
+            dc: ins.get(2).map_or(0, |o| dtype_code(o.dtype)),
+            dout: dtype_code(out.dtype),
+            scalar: 0,
+            scalar_lhs: 0,
+            fs: 0.0,
+            is: 0,
+            dims: [1; MAX_RANK],
+            sa: [0; MAX_RANK],
+            sb: [0; MAX_RANK],
+            sc: [0; MAX_RANK],
+            so: [0; MAX_RANK],
+            oa: ins[0].offset,
+            ob: ins.get(1).map_or(0, |o| o.offset),
+            oc: ins.get(2).map_or(0, |o| o.offset),
+            oo: out.offset,
+        };
+        let dims_i: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        fill(&mut p.dims, &dims_i);
+        for (k, o) in ins.iter().chain(std::iter::once(out)).enumerate() {
+            if o.strides.len() != dims.len() {
+                return Err(Error::Plan(format!(
+                    "operand {k}: {} strides for {} dims",
+                    o.strides.len(),
+                    dims.len()
+                )));
+            }
+        }
+        fill(&mut p.sa, &ins[0].strides);
+        if let Some(o) = ins.get(1) {
+            fill(&mut p.sb, &o.strides);
+        }
+        if let Some(o) = ins.get(2) {
+            fill(&mut p.sc, &o.strides);
+        }
+        fill(&mut p.so, &out.strides);
+        Ok(p)
+    }
+
+    /// With a scalar operand `s` (`x op s`, or `s op x` when `lhs`), converted as the op's
+    /// docs say: for bf16/f16 operands rounded to that dtype first.
+    pub fn with_scalar(mut self, s: f64, lhs: bool, dtype: Dtype) -> Self {
+        self.scalar = 1;
+        self.scalar_lhs = i32::from(lhs);
+        self.fs = match dtype {
+            Dtype::Bf16 => petite_dtype::round_through_bf16(s as f32),
+            Dtype::F16 => half::f16::from_f32(s as f32).to_f32(),
+            _ => s as f32,
+        };
+        self.is = s as i64;
+        self
+    }
+}
+
+/// `pt_norm`'s parameter block.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NormParams {
+    /// Rows.
+    pub rows: i64,
+    /// Row length.
+    pub d: i64,
+    /// 0 layer norm, 1 RMS norm.
+    pub kind: i32,
+    /// A weight is given.
+    pub has_w: i32,
+    /// A bias is given.
+    pub has_b: i32,
+    /// Dtype codes: x, weight, bias, output.
+    pub dx: i32,
+    /// See `dx`.
+    pub dw: i32,
+    /// See `dx`.
+    pub db: i32,
+    /// See `dx`.
+    pub dout: i32,
+    /// Added to the variance / mean square.
+    pub eps: f32,
+    /// RMS norm: `x·r·(offset + w)` (Gemma's 1).
+    pub offset: f32,
+}
+// SAFETY: as for EwParams.
+unsafe impl cudarc::driver::DeviceRepr for NormParams {}
+
+/// `pt_softmax`'s parameter block.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SoftmaxParams {
+    /// Rows.
+    pub rows: i64,
+    /// Row length.
+    pub n: i64,
+    /// Dtype code of x.
+    pub dx: i32,
+    /// Dtype code of the output.
+    pub dout: i32,
+    /// A mask is given.
+    pub has_mask: i32,
+    /// Dtype code of the mask.
+    pub dm: i32,
+    /// Multiplies x before the mask is added.
+    pub scale: f32,
+    /// Padding (the C struct's).
+    pub pad: i32,
+    /// Heads (rows are `(b·H + h)·Q + q`).
+    pub h: i64,
+    /// Queries.
+    pub q: i64,
+    /// Mask strides along B, H, Q, K (0 where broadcast).
+    pub msb: i64,
+    /// See `msb`.
+    pub msh: i64,
+    /// See `msb`.
+    pub msq: i64,
+    /// See `msb`.
+    pub msk: i64,
+}
+// SAFETY: as for EwParams.
+unsafe impl cudarc::driver::DeviceRepr for SoftmaxParams {}
+
+/// `pt_rope`'s parameter block.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RopeParams {
+    /// Elements of x.
+    pub n: i64,
+    /// Last dim of x.
+    pub d: i64,
+    /// Rank of x.
+    pub rank: i32,
+    /// Dtype code (x, cos, sin and the output share it).
+    pub dt: i32,
+    /// x's dims.
+    pub dims: [i64; MAX_RANK],
+    /// cos's strides broadcast over x.
+    pub sc: [i64; MAX_RANK],
+    /// sin's strides broadcast over x.
+    pub ss: [i64; MAX_RANK],
+}
+// SAFETY: as for EwParams.
+unsafe impl cudarc::driver::DeviceRepr for RopeParams {}
+
+impl RopeParams {
+    /// For x of `shape` and cos/sin of their shapes.
+    pub fn new(dtype: Dtype, shape: &[usize], cos: &[usize], sin: &[usize]) -> Result<Self> {
+        if shape.len() > MAX_RANK || shape.is_empty() {
+            return Err(Error::Plan(format!("rope over {shape:?}")));
+        }
+        let mut p = RopeParams {
+            n: shape.iter().product::<usize>() as i64,
+            d: *shape.last().unwrap_or(&1) as i64,
+            rank: shape.len() as i32,
+            dt: dtype_code(dtype),
+            dims: [1; MAX_RANK],
+            sc: [0; MAX_RANK],
+            ss: [0; MAX_RANK],
+        };
+        let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        fill(&mut p.dims, &dims);
+        fill(&mut p.sc, &broadcast_strides(cos, shape)?);
+        fill(&mut p.ss, &broadcast_strides(sin, shape)?);
+        Ok(p)
+    }
+}
+
+/// `pt_im2col`'s parameter block.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ConvParams {
+    /// Batch.
+    pub n: i64,
+    /// Channels.
+    pub c: i64,
+    /// Height.
+    pub h: i64,
+    /// Width.
+    pub w: i64,
+    /// Kernel height.
+    pub kh: i64,
+    /// Kernel width.
+    pub kw: i64,
+    /// Output height.
+    pub oh: i64,
+    /// Output width.
+    pub ow: i64,
+    /// Stride (h).
+    pub sh: i64,
+    /// Stride (w).
+    pub sw: i64,
+    /// Padding (h).
+    pub ph: i64,
+    /// Padding (w).
+    pub pw: i64,
+    /// Dtype code of x (and the columns).
+    pub dt: i32,
+}
+// SAFETY: as for EwParams.
+unsafe impl cudarc::driver::DeviceRepr for ConvParams {}
+
+/// One cuBLAS GEMM in cuBLAS's column-major terms: `C[m×n] = op(A)[m×k] · op(B)[k×n]`, each
+/// operand with a leading dimension and a batch stride (elements).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gemm {
+    /// A is transposed.
+    pub trans_a: bool,
+    /// B is transposed.
+    pub trans_b: bool,
+    /// Rows of C.
+    pub m: i32,
+    /// Columns of C.
+    pub n: i32,
+    /// Inner dim.
+    pub k: i32,
+    /// Leading dims.
+    pub lda: i32,
+    /// See `lda`.
+    pub ldb: i32,
+    /// See `lda`.
+    pub ldc: i32,
+    /// Batch strides (elements).
+    pub stride_a: i64,
+    /// See `stride_a`.
+    pub stride_b: i64,
+    /// See `stride_a`.
+    pub stride_c: i64,
+    /// Batches.
+    pub batch: i32,
+}
+
+fn i32_of(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Plan(format!("{what} {v} exceeds cuBLAS's int range")))
+}
+
+impl Gemm {
+    /// Row-major `y[rows, n] = x[rows, k] · w[n, k]ᵀ` (PyTorch's linear): in column-major
+    /// terms `yᵀ[n, rows] = w[n, k] · xᵀ` — A is w transposed (stored k×n col-major), B is x.
+    /// Batched over `batch` with the given row-major strides.
+    pub fn linear(rows: usize, k: usize, n: usize) -> Result<Self> {
+        Ok(Gemm {
+            trans_a: true,
+            trans_b: false,
+            m: i32_of(n, "out features")?,
+            n: i32_of(rows, "rows")?,
+            k: i32_of(k, "in features")?,
+            lda: i32_of(k.max(1), "in features")?,
+            ldb: i32_of(k.max(1), "in features")?,
+            ldc: i32_of(n.max(1), "out features")?,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            batch: 1,
+        })
+    }
+
+    /// Row-major `c[m, n] = a[m, k] · b[k, n]`: column-major `cᵀ = bᵀ · aᵀ`, so cuBLAS's A is
+    /// b and its B is a, neither transposed.
+    pub fn matmul(m: usize, k: usize, n: usize) -> Result<Self> {
+        Ok(Gemm {
+            trans_a: false,
+            trans_b: false,
+            m: i32_of(n, "n")?,
+            n: i32_of(m, "m")?,
+            k: i32_of(k, "k")?,
+            lda: i32_of(n.max(1), "n")?,
+            ldb: i32_of(k.max(1), "k")?,
+            ldc: i32_of(n.max(1), "n")?,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            batch: 1,
+        })
+    }
+
+    /// Batched over `batch`, cuBLAS operand strides (A, B, C in cuBLAS's order).
+    pub fn batched(mut self, batch: usize, a: i64, b: i64, c: i64) -> Result<Self> {
+        self.batch = i32_of(batch, "batch")?;
+        self.stride_a = a;
+        self.stride_b = b;
+        self.stride_c = c;
+        Ok(self)
+    }
+
+    /// FLOPs (2·m·n·k a batch).
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.n as f64 * self.k as f64 * self.batch as f64
+    }
+}
+
+/// The two GEMMs of grouped-query attention over q `[B, H, Q, D]`, k `[B, KVH, K, D]`,
+/// v `[B, KVH, K, Dv]`: the `H / KVH` query heads sharing a KV head are one contiguous block
+/// of `g·Q` rows, so logits `[B, H, Q, K]` are one GEMM batched over `B·KVH`, and so is
+/// `probs · v`.
+pub fn attention_gemms(
+    b: usize,
+    h: usize,
+    kvh: usize,
+    q: usize,
+    k: usize,
+    d: usize,
+    dv: usize,
+) -> Result<(Gemm, Gemm)> {
+    if kvh == 0 || !h.is_multiple_of(kvh) {
+        return Err(Error::Plan(format!("{h} heads over {kvh} kv heads")));
+    }
+    let g = h / kvh;
+    let batch = b * kvh;
+    // logits block [g·Q, K] = qblock [g·Q, D] · kᵀ: a linear with x = qblock, w = k.
+    let logits = Gemm::linear(g * q, d, k)?.batched(
+        batch,
+        (k * d) as i64,
+        (g * q * d) as i64,
+        (g * q * k) as i64,
+    )?;
+    // out block [g·Q, Dv] = probs [g·Q, K] · v [K, Dv]: cuBLAS's A is v, B is probs.
+    let pv = Gemm::matmul(g * q, k, dv)?.batched(
+        batch,
+        (k * dv) as i64,
+        (g * q * k) as i64,
+        (g * q * dv) as i64,
+    )?;
+    Ok((logits, pv))
+}
+
+/// Multiply-add FLOPs (2 a product) of a program's dense ops — linear, matmul, convolution and
+/// attention's two products — from the declared shapes: what a roofline floor is computed
+/// from. Elementwise ops are not counted (memory-bound; their bytes are not weights).
+pub fn program_flops(p: &petite_graph::Program) -> f64 {
+    use petite_graph::Op;
+    let shape = |v: petite_graph::NodeId| -> Vec<usize> {
+        p.node(v)
+            .tensor()
+            .map(|t| t.shape.clone())
+            .unwrap_or_default()
+    };
+    let numel = |s: &[usize]| s.iter().product::<usize>() as f64;
+    let mut f = 0.0;
+    for n in &p.nodes {
+        let out = n.tensor().map(|t| t.shape.clone()).unwrap_or_default();
+        match &n.op {
+            Op::Linear => {
+                let k = *shape(n.inputs[0]).last().unwrap_or(&0) as f64;
+                f += 2.0 * numel(&out) * k;
+            }
+            Op::MatMul => {
+                let a = shape(n.inputs[0]);
+                f += 2.0 * numel(&out) * a[a.len() - 1] as f64;
+            }
+            Op::Conv2d { .. } => {
+                let w = shape(n.inputs[1]);
+                f += 2.0 * numel(&out) * (w[1] * w[2] * w[3]) as f64;
+            }
+            Op::Attention { .. } => {
+                let (q, k) = (shape(n.inputs[0]), shape(n.inputs[1]));
+                let dv = out[3] as f64;
+                f += 2.0 * (q[0] * q[1] * q[2] * k[2]) as f64 * (q[3] as f64 + dv);
+            }
+            _ => {}
+        }
+    }
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcast_strides_follow_numpy() {
+        assert_eq!(contiguous_strides(&[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(
+            broadcast_strides(&[3, 1], &[2, 3, 4]).unwrap(),
+            vec![0, 1, 0]
+        );
+        assert_eq!(broadcast_strides(&[], &[2, 2]).unwrap(), vec![0, 0]);
+        assert_eq!(broadcast_strides(&[1, 4], &[1, 4]).unwrap(), vec![0, 1]);
+        assert!(broadcast_strides(&[3], &[4]).is_err());
+        assert!(broadcast_strides(&[1, 2, 3], &[2, 3]).is_err());
+    }
+
+    #[test]
+    fn ew_params_are_contiguous_only_without_broadcast_or_offset() {
+        let d = [2, 3];
+        let same = Operand::broadcast(Dtype::F32, &d, &d).unwrap();
+        let row = Operand::broadcast(Dtype::F32, &[3], &d).unwrap();
+        let out = Operand::broadcast(Dtype::Bf16, &d, &d).unwrap();
+        let p = EwParams::new(
+            EwOp::Binary(petite_graph::BinaryOp::Add),
+            &d,
+            &[same.clone(), same.clone()],
+            &out,
+        )
+        .unwrap();
+        assert_eq!((p.contig, p.n, p.rank, p.dout), (1, 6, 2, 1));
+        let p = EwParams::new(
+            EwOp::Binary(petite_graph::BinaryOp::Add),
+            &d,
+            &[same, row],
+            &out,
+        )
+        .unwrap();
+        assert_eq!((p.contig, p.sb[0], p.sb[1]), (0, 0, 1));
+        let p = EwParams::new(EwOp::Copy, &[2; 9], std::slice::from_ref(&out), &out);
+        assert!(p.is_err(), "rank 9 is refused, not truncated");
+    }
+
+    #[test]
+    fn scalars_are_rounded_to_the_operand_dtype_first() {
+        let d = [1];
+        let o = Operand::broadcast(Dtype::Bf16, &d, &d).unwrap();
+        let p = EwParams::new(
+            EwOp::Binary(petite_graph::BinaryOp::Mul),
+            &d,
+            std::slice::from_ref(&o),
+            &o,
+        )
+        .unwrap()
+        .with_scalar(2048f64.sqrt(), false, Dtype::Bf16);
+        assert_eq!(p.fs, 45.25, "lerobot's bf16 embed_scale");
+        assert_eq!(p.scalar, 1);
+    }
+
+    #[test]
+    fn param_blocks_have_the_c_layout() {
+        // i64 n; 4 ints; 4 ints; 2 ints + float; (pad) i64; 5 arrays of 8 i64; 4 i64.
+        assert_eq!(
+            std::mem::size_of::<EwParams>(),
+            8 + 16 + 16 + 12 + 4 + 8 + 5 * 64 + 32
+        );
+        assert_eq!(std::mem::offset_of!(EwParams, is), 56);
+        assert_eq!(std::mem::offset_of!(EwParams, dims), 64);
+        assert_eq!(std::mem::size_of::<NormParams>(), 56);
+        assert_eq!(std::mem::offset_of!(SoftmaxParams, h), 40);
+        assert_eq!(std::mem::size_of::<RopeParams>(), 24 + 3 * 64);
+    }
+
+    #[test]
+    fn linear_maps_row_major_to_cublas_column_major() {
+        // y[5, 3] = x[5, 4] · w[3, 4]ᵀ → C[3×5] = wᵀ… with lda = ldb = 4, ldc = 3.
+        let g = Gemm::linear(5, 4, 3).unwrap();
+        assert_eq!(
+            (g.trans_a, g.trans_b, g.m, g.n, g.k),
+            (true, false, 3, 5, 4)
+        );
+        assert_eq!((g.lda, g.ldb, g.ldc), (4, 4, 3));
+        let g = Gemm::matmul(5, 4, 3).unwrap();
+        assert_eq!((g.m, g.n, g.k, g.lda, g.ldb, g.ldc), (3, 5, 4, 3, 4, 3));
+        assert_eq!(g.flops(), 2.0 * 60.0);
+    }
+
+    #[test]
+    fn flops_count_the_dense_ops_only() {
+        let mut b = petite_graph::Builder::new();
+        let x = b.input("x", Dtype::F32, &[3, 4]).unwrap();
+        let w = b.weight("w", Dtype::F32, &[5, 4]).unwrap();
+        let y = b.linear(x, w, None).unwrap();
+        let z = b.exp(y).unwrap();
+        b.output("z", z).unwrap();
+        let p = b.finish().unwrap();
+        assert_eq!(program_flops(&p), 2.0 * 3.0 * 5.0 * 4.0);
+    }
+
+    #[test]
+    fn attention_batches_query_groups_over_kv_heads() {
+        // pi0.5's prefix at full size: 8 query heads, 1 KV head, 968 tokens, head dim 256.
+        let (l, pv) = attention_gemms(1, 8, 1, 968, 968, 256, 256).unwrap();
+        assert_eq!((l.m, l.n, l.k, l.batch), (968, 8 * 968, 256, 1));
+        assert_eq!((pv.m, pv.n, pv.k, pv.batch), (256, 8 * 968, 968, 1));
+        let (l, _) = attention_gemms(2, 4, 2, 3, 5, 8, 8).unwrap();
+        assert_eq!(
+            (l.batch, l.stride_a, l.stride_b, l.stride_c),
+            (4, 40, 48, 30)
+        );
+        assert!(attention_gemms(1, 3, 2, 1, 1, 1, 1).is_err());
+    }
+}

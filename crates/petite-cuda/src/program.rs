@@ -1,0 +1,1048 @@
+//! [`DeviceProgram`]: one petite-graph program with its weights on the device, run node by node
+//! on the device's stream.
+
+use std::collections::BTreeMap;
+
+use cudarc::driver::PushKernelArg;
+use petite_graph::{Dtype, NodeId, Op, Program, ReduceOp, ShapeDisplay, TensorType, ValueType};
+use petite_reference::Tensor;
+use petite_weights::WeightSource;
+
+use crate::device::{DevTensor, Device};
+use crate::plan::{
+    ConvParams, EwParams, Gemm, NormParams, Operand, RopeParams, SoftmaxParams, attention_gemms,
+    contiguous_strides,
+};
+use crate::source::{EwOp, dtype_code};
+use crate::{Error, Result};
+
+/// A program ready to run on a [`Device`]: validated, ordered, its weights and constants
+/// uploaded once in their declared dtypes.
+pub struct DeviceProgram<'d> {
+    dev: &'d Device,
+    program: Program,
+    order: Vec<NodeId>,
+    live: Vec<bool>,
+    uses: Vec<u32>,
+    is_output: Vec<bool>,
+    /// Weights and constants, by node index.
+    sources: Vec<Option<DevTensor>>,
+    weight_bytes: u64,
+}
+
+enum Slot {
+    Empty,
+    T(DevTensor),
+    Tuple(Vec<DevTensor>),
+}
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::Plan(msg.into())
+}
+
+/// Stored weight bytes as the declared dtype's bytes: borrowed as they are when the dtypes
+/// agree, else converted through f32 (bf16/f16 rounded to nearest even, as the reference
+/// executor's weight reads), on every core (a full-size f32 checkpoint read as bf16 is 3.3 G
+/// elements).
+fn convert(bytes: &[u8], stored: Dtype, declared: Dtype) -> Result<std::borrow::Cow<'_, [u8]>> {
+    if stored == declared {
+        return Ok(std::borrow::Cow::Borrowed(bytes));
+    }
+    if !stored.is_float() || !declared.is_float() {
+        return Err(err(format!(
+            "stored as {} but declared {}; only float weights convert",
+            stored.name(),
+            declared.name()
+        )));
+    }
+    let (es, ds) = (stored.size(), declared.size());
+    let n = bytes.len() / es;
+    let mut out = vec![0u8; n * ds];
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let per = n.div_ceil(threads).max(1 << 16);
+    std::thread::scope(|s| {
+        for (src, dst) in bytes.chunks(per * es).zip(out.chunks_mut(per * ds)) {
+            s.spawn(move || {
+                for (c, o) in src.chunks_exact(es).zip(dst.chunks_exact_mut(ds)) {
+                    let x = match stored {
+                        Dtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+                        Dtype::Bf16 => {
+                            petite_dtype::bf16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]))
+                        }
+                        _ => half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
+                    };
+                    match declared {
+                        Dtype::F32 => o.copy_from_slice(&x.to_le_bytes()),
+                        Dtype::Bf16 => o.copy_from_slice(&petite_dtype::bf16_bits(x).to_le_bytes()),
+                        _ => o.copy_from_slice(&half::f16::from_f32(x).to_bits().to_le_bytes()),
+                    }
+                }
+            });
+        }
+    });
+    Ok(std::borrow::Cow::Owned(out))
+}
+
+impl<'d> DeviceProgram<'d> {
+    /// Validates `program`, orders it, and uploads every weight it reads from `weights` (in
+    /// the declared dtype, rows only for a row range) and every constant. With `release`, each
+    /// weight's host pages are given back once it is on the device.
+    pub fn load(
+        dev: &'d Device,
+        program: &Program,
+        weights: &dyn WeightSource,
+        release: bool,
+    ) -> Result<Self> {
+        program.validate()?;
+        let order = program.topo_order()?;
+        let roots: Vec<NodeId> = program.outputs.iter().map(|o| o.value).collect();
+        let live = program.ancestors(&roots);
+        let mut uses = vec![0u32; program.len()];
+        for (i, cs) in program.consumers().iter().enumerate() {
+            uses[i] = cs.iter().filter(|c| live[c.index()]).count() as u32;
+        }
+        let mut is_output = vec![false; program.len()];
+        for o in &program.outputs {
+            is_output[o.value.index()] = true;
+        }
+        let mut sources: Vec<Option<DevTensor>> = vec![None; program.len()];
+        let mut weight_bytes = 0u64;
+        for w in program.weights() {
+            if !live[w.node.index()] {
+                continue;
+            }
+            let view = weights.tensor(&w.name)?;
+            let stored = view.dtype;
+            let range = w
+                .stored_range(stored.size())
+                .ok_or_else(|| err(format!("weight {:?}: byte range overflows", w.name)))?;
+            let bytes = view.bytes.get(range.clone()).ok_or_else(|| {
+                err(format!(
+                    "weight {:?}: stored {}{} has no bytes {range:?}",
+                    w.name,
+                    stored.name(),
+                    ShapeDisplay(view.shape)
+                ))
+            })?;
+            let data = convert(bytes, stored, w.dtype)
+                .map_err(|e| err(format!("weight {:?}: {e}", w.name)))?;
+            let t = dev.upload_bytes(w.dtype, &w.shape, &data)?;
+            weight_bytes += t.bytes() as u64;
+            sources[w.node.index()] = Some(t);
+            if release {
+                match w.rows {
+                    None => weights.release(&[&w.name])?,
+                    Some(_) => weights.release_range(&w.name, range.start, range.end)?,
+                }
+            }
+        }
+        for (i, node) in program.nodes.iter().enumerate() {
+            if let Op::Constant { data } = &node.op
+                && live[i]
+            {
+                let t = node.tensor().ok_or_else(|| err("tuple constant"))?;
+                sources[i] = Some(dev.upload_bytes(t.dtype, &t.shape, data)?);
+            }
+        }
+        Ok(DeviceProgram {
+            dev,
+            program: program.clone(),
+            order,
+            live,
+            uses,
+            is_output,
+            sources,
+            weight_bytes,
+        })
+    }
+
+    /// The program.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// Bytes of the weights on the device.
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    /// Runs on host tensors: uploads the inputs, runs, downloads every output.
+    pub fn run(&self, inputs: BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
+        let mut dins = BTreeMap::new();
+        for (k, t) in inputs {
+            dins.insert(k, self.dev.upload(&t)?);
+        }
+        let outs = self.run_device(dins)?;
+        let mut host = BTreeMap::new();
+        for (k, t) in outs {
+            host.insert(k, self.dev.download(&t)?);
+        }
+        Ok(host)
+    }
+
+    /// Runs on device values; the outputs stay on the device. Queues the work on the stream
+    /// and returns once an index check of the embeddings has read back (one sync a run).
+    pub fn run_device(
+        &self,
+        mut inputs: BTreeMap<String, DevTensor>,
+    ) -> Result<BTreeMap<String, DevTensor>> {
+        let p = &self.program;
+        let mut slots: Vec<Slot> = (0..p.len()).map(|_| Slot::Empty).collect();
+        for &id in &p.inputs {
+            let name = p.input_name(id).unwrap_or_default().to_string();
+            let want = p.node(id).tensor().cloned().ok_or_else(|| Error::Input {
+                name: name.clone(),
+                message: "declared as a tuple".into(),
+            })?;
+            let t = inputs.remove(&name).ok_or_else(|| Error::Input {
+                name: name.clone(),
+                message: format!("missing (expected {want})"),
+            })?;
+            if t.dtype() != want.dtype || t.shape() != want.shape.as_slice() {
+                return Err(Error::Input {
+                    name,
+                    message: format!(
+                        "expected {want}, found {}{}",
+                        t.dtype().name(),
+                        ShapeDisplay(t.shape())
+                    ),
+                });
+            }
+            if self.live[id.index()] {
+                slots[id.index()] = Slot::T(t);
+            }
+        }
+        if let Some(extra) = inputs.keys().next() {
+            return Err(Error::Input {
+                name: extra.clone(),
+                message: "not an input of this program".into(),
+            });
+        }
+        let gather_err = if p.nodes.iter().any(|n| matches!(n.op, Op::Embedding)) {
+            Some(self.dev.zeros(Dtype::I64, &[1])?)
+        } else {
+            None
+        };
+        let mut remaining = self.uses.clone();
+        for &id in &self.order {
+            if !self.live[id.index()] {
+                continue;
+            }
+            let node = p.node(id);
+            match &node.op {
+                Op::Input { .. } => {}
+                Op::Weight { .. } | Op::Constant { .. } => {
+                    let t = self.sources[id.index()]
+                        .clone()
+                        .ok_or_else(|| self.node_err(id, err("source not uploaded")))?;
+                    slots[id.index()] = Slot::T(t);
+                }
+                _ => {
+                    let out = self
+                        .eval(id, &slots, gather_err.as_ref())
+                        .map_err(|e| self.node_err(id, e))?;
+                    self.check_type(id, &out)?;
+                    slots[id.index()] = out;
+                }
+            }
+            let mut seen: Vec<NodeId> = Vec::with_capacity(node.inputs.len());
+            for &v in &node.inputs {
+                if seen.contains(&v) {
+                    continue;
+                }
+                seen.push(v);
+                remaining[v.index()] -= 1;
+                if remaining[v.index()] == 0 && !self.is_output[v.index()] {
+                    slots[v.index()] = Slot::Empty;
+                }
+            }
+            if remaining[id.index()] == 0 && !self.is_output[id.index()] {
+                slots[id.index()] = Slot::Empty;
+            }
+        }
+        if let Some(e) = &gather_err {
+            let bad = self.dev.download(e)?;
+            if let Some(&pos) = bad.as_i64().and_then(|v| v.first())
+                && pos != 0
+            {
+                return Err(err(format!(
+                    "an embedding index at position {} is outside its table",
+                    pos - 1
+                )));
+            }
+        }
+        let mut out = BTreeMap::new();
+        for o in &p.outputs {
+            match &slots[o.value.index()] {
+                Slot::T(t) => {
+                    out.insert(o.name.clone(), t.clone());
+                }
+                _ => {
+                    return Err(self.node_err(o.value, err("output was not computed")));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn node_err(&self, id: NodeId, e: Error) -> Error {
+        match e {
+            Error::Node { .. } => e,
+            other => Error::Node {
+                node: self.program.describe(id),
+                message: other.to_string(),
+            },
+        }
+    }
+
+    fn check_type(&self, id: NodeId, out: &Slot) -> Result<()> {
+        let want = &self.program.node(id).ty;
+        let ok = match (out, want) {
+            (Slot::T(t), ValueType::Tensor(w)) => {
+                t.dtype() == w.dtype && t.shape() == w.shape.as_slice()
+            }
+            (Slot::Tuple(ts), ValueType::Tuple(ws)) => {
+                ts.len() == ws.len()
+                    && ts
+                        .iter()
+                        .zip(ws)
+                        .all(|(t, w)| t.dtype() == w.dtype && t.shape() == w.shape.as_slice())
+            }
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Node {
+                node: self.program.describe(id),
+                message: format!("produced a value that is not the declared {want}"),
+            })
+        }
+    }
+
+    fn eval(&self, id: NodeId, slots: &[Slot], gather_err: Option<&DevTensor>) -> Result<Slot> {
+        let p = &self.program;
+        let node = p.node(id);
+        let input = |i: usize| -> Result<&DevTensor> {
+            let v = node.inputs[i];
+            match &slots[v.index()] {
+                Slot::T(t) => Ok(t),
+                _ => Err(err(format!("input {i} ({v}) is not an available tensor"))),
+            }
+        };
+        let out_ty: &TensorType = match &node.ty {
+            ValueType::Tensor(t) => t,
+            ValueType::Tuple(_) => {
+                if let Op::Split { axis, sizes } = &node.op {
+                    return self.split(input(0)?, *axis, sizes);
+                }
+                return Err(err("tuple result"));
+            }
+        };
+        let dev = self.dev;
+        let n_in = node.inputs.len();
+        let ins: Vec<&DevTensor> = (0..n_in)
+            .map(|i| {
+                let v = node.inputs[i];
+                match &slots[v.index()] {
+                    Slot::T(t) => Ok(t),
+                    Slot::Tuple(_) => Err(err("tuple input")),
+                    Slot::Empty => Err(err(format!("input {i} ({v}) is not available"))),
+                }
+            })
+            .collect::<Result<_>>()
+            .or_else(|e| {
+                if let Op::GetItem { .. } = node.op {
+                    Ok(Vec::new())
+                } else {
+                    Err(e)
+                }
+            })?;
+        let out_shape = &out_ty.shape;
+        let dt = out_ty.dtype;
+        Ok(Slot::T(match &node.op {
+            Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } => {
+                return Err(err("sources are bound before the run"));
+            }
+            Op::Linear => self.linear(ins[0], ins[1], ins.get(2).copied(), out_ty)?,
+            Op::MatMul => self.matmul(ins[0], ins[1], out_ty)?,
+            Op::Conv2d { stride, padding } => self.conv2d(
+                ins[0],
+                ins[1],
+                ins.get(2).copied(),
+                *stride,
+                *padding,
+                out_ty,
+            )?,
+            Op::LayerNorm { eps } => {
+                self.norm(0, ins[0], Some(ins[1]), Some(ins[2]), *eps as f32, out_ty)?
+            }
+            Op::RmsNorm { eps } => {
+                self.norm(1, ins[0], ins.get(1).copied(), None, *eps as f32, out_ty)?
+            }
+            Op::Softmax { axis } => self.softmax(ins[0], *axis, out_ty)?,
+            Op::Rope => {
+                let (x, c, s) = (ins[0], ins[1], ins[2]);
+                let out = dev.alloc(dt, out_shape)?;
+                let prm = RopeParams::new(dt, x.shape(), c.shape(), s.shape())?;
+                let (px, pc, ps, po) = (dev.ptr(x), dev.ptr(c), dev.ptr(s), dev.ptr(&out));
+                dev.launch("pt_rope", Device::cfg_elems(x.numel()), |b| {
+                    b.arg(&prm);
+                    Device::push_u64(b, &px);
+                    Device::push_u64(b, &pc);
+                    Device::push_u64(b, &ps);
+                    Device::push_u64(b, &po);
+                })?;
+                out
+            }
+            Op::Attention { scale } => self.attention(
+                ins[0],
+                ins[1],
+                ins[2],
+                ins.get(3).copied(),
+                *scale as f32,
+                out_ty,
+            )?,
+            Op::Embedding => {
+                let (table, idx) = (ins[0], ins[1]);
+                let out = dev.alloc(dt, out_shape)?;
+                let nidx = idx.numel() as i64;
+                let v = table.shape()[0] as i64;
+                let rowbytes = (table.shape()[1] * table.dtype().size()) as i64;
+                let di = dtype_code(idx.dtype());
+                let e = gather_err.ok_or_else(|| err("no gather error flag"))?;
+                let (pi, pt, po, pe) = (dev.ptr(idx), dev.ptr(table), dev.ptr(&out), dev.ptr(e));
+                dev.launch("pt_gather", Device::cfg_elems(out.bytes()), |b| {
+                    b.arg(&nidx).arg(&v).arg(&rowbytes).arg(&di);
+                    Device::push_u64(b, &pi);
+                    Device::push_u64(b, &pt);
+                    Device::push_u64(b, &po);
+                    Device::push_u64(b, &pe);
+                })?;
+                out
+            }
+            Op::Binary { kind } => self.ew(EwOp::Binary(*kind), &ins, out_ty, None)?,
+            Op::BinaryScalar {
+                kind,
+                scalar,
+                scalar_lhs,
+            } => self.ew(
+                EwOp::Binary(*kind),
+                &ins,
+                out_ty,
+                Some((*scalar, *scalar_lhs, ins[0].dtype())),
+            )?,
+            Op::Compare { kind } => self.ew(EwOp::Compare(*kind), &ins, out_ty, None)?,
+            Op::Logical { kind } => self.ew(EwOp::Logical(*kind), &ins, out_ty, None)?,
+            Op::Not => self.ew(EwOp::Not, &ins, out_ty, None)?,
+            Op::Unary { kind } => self.ew(EwOp::Unary(*kind), &ins, out_ty, None)?,
+            Op::Cast { .. } | Op::Expand { .. } => self.ew(EwOp::Copy, &ins, out_ty, None)?,
+            Op::Where => self.ew(EwOp::Where, &ins, out_ty, None)?,
+            Op::CumSum { axis } => {
+                let x = ins[0];
+                let s = x.shape();
+                let outer: usize = s[..*axis].iter().product();
+                let inner: usize = s[*axis + 1..].iter().product();
+                let n = s[*axis];
+                let out = dev.alloc(dt, out_shape)?;
+                let (o, nn, ii, d) = (outer as i64, n as i64, inner as i64, dtype_code(dt));
+                let (px, po) = (dev.ptr(x), dev.ptr(&out));
+                dev.launch("pt_cumsum", Device::cfg_elems(outer * inner), |b| {
+                    b.arg(&o).arg(&nn).arg(&ii).arg(&d);
+                    Device::push_u64(b, &px);
+                    Device::push_u64(b, &po);
+                })?;
+                out
+            }
+            Op::Reduce { kind, axes, .. } => self.reduce(ins[0], *kind, axes, out_ty)?,
+            Op::Concat { axis } => {
+                let out = dev.alloc(dt, out_shape)?;
+                let ost = contiguous_strides(out_shape);
+                let mut start = 0usize;
+                for x in &ins {
+                    let o = Operand {
+                        dtype: dt,
+                        strides: ost.clone(),
+                        offset: start as i64 * ost[*axis],
+                    };
+                    let i = Operand::broadcast(x.dtype(), x.shape(), x.shape())?;
+                    self.ew_launch(EwParams::new(EwOp::Copy, x.shape(), &[i], &o)?, &[x], &out)?;
+                    start += x.shape()[*axis];
+                }
+                out
+            }
+            Op::Slice {
+                axis,
+                start,
+                end: _,
+                step,
+            } => self.slice(ins[0], *axis, *start, *step, out_shape)?,
+            Op::Reshape { shape } => ins[0].reshaped(shape),
+            Op::Permute { perm } => {
+                let x = ins[0];
+                let xs = contiguous_strides(x.shape());
+                let i = Operand {
+                    dtype: x.dtype(),
+                    strides: perm.iter().map(|&d| xs[d]).collect(),
+                    offset: 0,
+                };
+                let out = dev.alloc(dt, out_shape)?;
+                let o = Operand::broadcast(dt, out_shape, out_shape)?;
+                self.ew_launch(EwParams::new(EwOp::Copy, out_shape, &[i], &o)?, &[x], &out)?;
+                out
+            }
+            Op::Split { .. } => return Err(err("split yields a tuple")),
+            Op::GetItem { index } => {
+                let v = node.inputs[0];
+                match &slots[v.index()] {
+                    Slot::Tuple(ts) => ts
+                        .get(*index)
+                        .cloned()
+                        .ok_or_else(|| err(format!("tuple has no element {index}")))?,
+                    _ => return Err(err("getitem input is not a tuple")),
+                }
+            }
+        }))
+    }
+
+    fn ew_launch(&self, p: EwParams, ins: &[&DevTensor], out: &DevTensor) -> Result<()> {
+        if p.n == 0 {
+            return Ok(());
+        }
+        let dev = self.dev;
+        let ptrs: Vec<u64> = ins.iter().map(|t| dev.ptr(t)).collect();
+        let pa = ptrs[0];
+        let pb = ptrs.get(1).copied().unwrap_or(0);
+        let pc = ptrs.get(2).copied().unwrap_or(0);
+        let po = dev.ptr(out);
+        dev.launch("pt_ew", Device::cfg_elems(p.n as usize), |b| {
+            b.arg(&p);
+            Device::push_u64(b, &pa);
+            Device::push_u64(b, &pb);
+            Device::push_u64(b, &pc);
+            Device::push_u64(b, &po);
+        })
+    }
+
+    /// An elementwise op with numpy broadcasting of every input to the output's shape.
+    fn ew(
+        &self,
+        op: EwOp,
+        ins: &[&DevTensor],
+        out_ty: &TensorType,
+        scalar: Option<(f64, bool, Dtype)>,
+    ) -> Result<DevTensor> {
+        let shape = &out_ty.shape;
+        let ops = ins
+            .iter()
+            .map(|t| Operand::broadcast(t.dtype(), t.shape(), shape))
+            .collect::<Result<Vec<_>>>()?;
+        let out = self.dev.alloc(out_ty.dtype, shape)?;
+        let o = Operand::broadcast(out_ty.dtype, shape, shape)?;
+        let mut p = EwParams::new(op, shape, &ops, &o)?;
+        if let Some((s, lhs, d)) = scalar {
+            p = p.with_scalar(s, lhs, d);
+        }
+        self.ew_launch(p, ins, &out)?;
+        Ok(out)
+    }
+
+    /// Copies `x` to a new dense tensor of `dtype`: `dims` with element strides `strides` from
+    /// offset `offset` of x.
+    fn strided_copy(
+        &self,
+        x: &DevTensor,
+        dims: &[usize],
+        strides: Vec<i64>,
+        offset: i64,
+        dtype: Dtype,
+    ) -> Result<DevTensor> {
+        let out = self.dev.alloc(dtype, dims)?;
+        let i = Operand {
+            dtype: x.dtype(),
+            strides,
+            offset,
+        };
+        let o = Operand::broadcast(dtype, dims, dims)?;
+        self.ew_launch(EwParams::new(EwOp::Copy, dims, &[i], &o)?, &[x], &out)?;
+        Ok(out)
+    }
+
+    fn slice(
+        &self,
+        x: &DevTensor,
+        axis: usize,
+        start: usize,
+        step: usize,
+        out_shape: &[usize],
+    ) -> Result<DevTensor> {
+        let mut st = contiguous_strides(x.shape());
+        let off = start as i64 * st[axis];
+        st[axis] *= step as i64;
+        self.strided_copy(x, out_shape, st, off, x.dtype())
+    }
+
+    fn split(&self, x: &DevTensor, axis: usize, sizes: &[usize]) -> Result<Slot> {
+        let mut pieces = Vec::with_capacity(sizes.len());
+        let mut start = 0;
+        for &len in sizes {
+            let mut s = x.shape().to_vec();
+            s[axis] = len;
+            pieces.push(self.slice(x, axis, start, 1, &s)?);
+            start += len;
+        }
+        Ok(Slot::Tuple(pieces))
+    }
+
+    /// `y = x·wᵀ (+ b)`: f32 straight into y; bf16/f16 without bias straight into y (cuBLAS
+    /// rounds the f32 accumulator once); with a bias through an f32 accumulator and one
+    /// rounding after the add.
+    fn linear(
+        &self,
+        x: &DevTensor,
+        w: &DevTensor,
+        b: Option<&DevTensor>,
+        out_ty: &TensorType,
+    ) -> Result<DevTensor> {
+        let dev = self.dev;
+        let k = *x.shape().last().unwrap_or(&1);
+        let n = w.shape()[0];
+        let rows = x.numel() / k.max(1);
+        let dt = out_ty.dtype;
+        let g = Gemm::linear(rows, k, n)?;
+        let out = dev.alloc(dt, &out_ty.shape)?;
+        if k == 0 {
+            dev.memset_zero(&out)?;
+        }
+        let acc = if dt == Dtype::F32 || b.is_none() {
+            if k > 0 {
+                dev.gemm(&g, dev.ptr(w), dev.ptr(x), x.dtype(), dev.ptr(&out), dt)?;
+            }
+            if b.is_none() {
+                return Ok(out);
+            }
+            out.clone()
+        } else {
+            let acc = dev.alloc(Dtype::F32, &out_ty.shape)?;
+            if k == 0 {
+                dev.memset_zero(&acc)?;
+            } else {
+                dev.gemm(
+                    &g,
+                    dev.ptr(w),
+                    dev.ptr(x),
+                    x.dtype(),
+                    dev.ptr(&acc),
+                    Dtype::F32,
+                )?;
+            }
+            acc
+        };
+        self.bias(&acc, b, rows, n, &out)?;
+        Ok(out)
+    }
+
+    /// `out[r, c] = acc[r, c] + bias[c]` rounded to out's dtype (acc and out may alias).
+    fn bias(
+        &self,
+        acc: &DevTensor,
+        b: Option<&DevTensor>,
+        rows: usize,
+        n: usize,
+        out: &DevTensor,
+    ) -> Result<()> {
+        let dev = self.dev;
+        let (r, nn) = (rows as i64, n as i64);
+        let has = i32::from(b.is_some());
+        let db = b.map_or(0, |t| dtype_code(t.dtype()));
+        let dout = dtype_code(out.dtype());
+        let (pa, pb, po) = (dev.ptr(acc), b.map_or(0, |t| dev.ptr(t)), dev.ptr(out));
+        dev.launch("pt_bias", Device::cfg_elems(rows * n), |bl| {
+            bl.arg(&r).arg(&nn).arg(&has).arg(&db).arg(&dout);
+            Device::push_u64(bl, &pa);
+            Device::push_u64(bl, &pb);
+            Device::push_u64(bl, &po);
+        })
+    }
+
+    /// Batched matmul with broadcast batch dims: one strided-batched GEMM when the batch
+    /// offsets are uniform, else one GEMM a batch.
+    fn matmul(&self, a: &DevTensor, b: &DevTensor, out_ty: &TensorType) -> Result<DevTensor> {
+        let dev = self.dev;
+        let (ra, rb) = (a.shape().len(), b.shape().len());
+        let (m, k, n) = (a.shape()[ra - 2], a.shape()[ra - 1], b.shape()[rb - 1]);
+        let ob = &out_ty.shape[..out_ty.shape.len() - 2];
+        let sa = crate::plan::broadcast_strides(&a.shape()[..ra - 2], ob)?;
+        let sb = crate::plan::broadcast_strides(&b.shape()[..rb - 2], ob)?;
+        let nb: usize = ob.iter().product();
+        let mut offs = Vec::with_capacity(nb);
+        for i in 0..nb {
+            let (mut rem, mut oa, mut obb) = (i, 0i64, 0i64);
+            for d in (0..ob.len()).rev() {
+                let ix = (rem % ob[d]) as i64;
+                rem /= ob[d];
+                oa += ix * sa[d];
+                obb += ix * sb[d];
+            }
+            offs.push((oa * (m * k) as i64, obb * (k * n) as i64));
+        }
+        let out = dev.alloc(out_ty.dtype, &out_ty.shape)?;
+        if k == 0 {
+            dev.memset_zero(&out)?;
+            return Ok(out);
+        }
+        let es = a.dtype().size() as u64;
+        let os = out_ty.dtype.size() as u64;
+        let (pa, pb, po) = (dev.ptr(a), dev.ptr(b), dev.ptr(&out));
+        let g = Gemm::matmul(m, k, n)?;
+        let uniform = nb > 0
+            && offs.iter().enumerate().all(|(i, &(x, y))| {
+                x == i as i64 * offs.get(1).map_or(0, |o| o.0)
+                    && y == i as i64 * offs.get(1).map_or(0, |o| o.1)
+            });
+        if uniform {
+            let (da, db) = offs.get(1).copied().unwrap_or((0, 0));
+            let g = g.batched(nb, db, da, (m * n) as i64)?;
+            dev.gemm(&g, pb, pa, a.dtype(), po, out_ty.dtype)?;
+        } else {
+            for (i, &(oa, obb)) in offs.iter().enumerate() {
+                dev.gemm(
+                    &g,
+                    pb + obb as u64 * es,
+                    pa + oa as u64 * es,
+                    a.dtype(),
+                    po + (i * m * n) as u64 * os,
+                    out_ty.dtype,
+                )?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Convolution as im2col + one GEMM (f32 accumulator) + bias + a move to NCHW.
+    fn conv2d(
+        &self,
+        x: &DevTensor,
+        w: &DevTensor,
+        b: Option<&DevTensor>,
+        stride: [usize; 2],
+        padding: [usize; 2],
+        out_ty: &TensorType,
+    ) -> Result<DevTensor> {
+        let dev = self.dev;
+        let (n, c, h, wd) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
+        let (o, kh, kw) = (w.shape()[0], w.shape()[2], w.shape()[3]);
+        let (oh, ow) = (out_ty.shape[2], out_ty.shape[3]);
+        let kk = c * kh * kw;
+        let rows = n * oh * ow;
+        let cols = dev.alloc(x.dtype(), &[rows, kk])?;
+        let prm = ConvParams {
+            n: n as i64,
+            c: c as i64,
+            h: h as i64,
+            w: wd as i64,
+            kh: kh as i64,
+            kw: kw as i64,
+            oh: oh as i64,
+            ow: ow as i64,
+            sh: stride[0] as i64,
+            sw: stride[1] as i64,
+            ph: padding[0] as i64,
+            pw: padding[1] as i64,
+            dt: dtype_code(x.dtype()),
+        };
+        let (px, pc) = (dev.ptr(x), dev.ptr(&cols));
+        dev.launch("pt_im2col", Device::cfg_elems(rows * kk), |bl| {
+            bl.arg(&prm);
+            Device::push_u64(bl, &px);
+            Device::push_u64(bl, &pc);
+        })?;
+        let acc = dev.alloc(Dtype::F32, &[n, oh * ow, o])?;
+        let g = Gemm::linear(rows, kk, o)?;
+        dev.gemm(
+            &g,
+            dev.ptr(w),
+            dev.ptr(&cols),
+            x.dtype(),
+            dev.ptr(&acc),
+            Dtype::F32,
+        )?;
+        self.bias(&acc, b, rows, o, &acc)?;
+        // [N, OH·OW, O] → [N, O, OH, OW], rounded once to the output dtype.
+        let dims = [n, o, oh, ow];
+        let st = vec![(oh * ow * o) as i64, 1, (ow * o) as i64, o as i64];
+        self.strided_copy(&acc, &dims, st, 0, out_ty.dtype)
+    }
+
+    fn norm(
+        &self,
+        kind: i32,
+        x: &DevTensor,
+        w: Option<&DevTensor>,
+        b: Option<&DevTensor>,
+        eps: f32,
+        out_ty: &TensorType,
+    ) -> Result<DevTensor> {
+        let dev = self.dev;
+        let d = *x.shape().last().unwrap_or(&1);
+        let rows = x.numel() / d.max(1);
+        let out = dev.alloc(out_ty.dtype, &out_ty.shape)?;
+        if rows == 0 || d == 0 {
+            return Ok(out);
+        }
+        let prm = NormParams {
+            rows: rows as i64,
+            d: d as i64,
+            kind,
+            has_w: i32::from(w.is_some()),
+            has_b: i32::from(b.is_some()),
+            dx: dtype_code(x.dtype()),
+            dw: w.map_or(0, |t| dtype_code(t.dtype())),
+            db: b.map_or(0, |t| dtype_code(t.dtype())),
+            dout: dtype_code(out_ty.dtype),
+            eps,
+            offset: 1.0,
+        };
+        let (px, pw, pb, po) = (
+            dev.ptr(x),
+            w.map_or(0, |t| dev.ptr(t)),
+            b.map_or(0, |t| dev.ptr(t)),
+            dev.ptr(&out),
+        );
+        dev.launch("pt_norm", Device::cfg_rows(rows)?, |bl| {
+            bl.arg(&prm);
+            Device::push_u64(bl, &px);
+            Device::push_u64(bl, &pw);
+            Device::push_u64(bl, &pb);
+            Device::push_u64(bl, &po);
+        })?;
+        Ok(out)
+    }
+
+    fn softmax_rows(
+        &self,
+        x: &DevTensor,
+        out: &DevTensor,
+        rows: usize,
+        n: usize,
+        scale: f32,
+        mask: Option<(&DevTensor, [i64; 6])>,
+    ) -> Result<()> {
+        if rows == 0 || n == 0 {
+            return Ok(());
+        }
+        let dev = self.dev;
+        let ms = mask.map_or([1, 1, 0, 0, 0, 0], |m| m.1);
+        let prm = SoftmaxParams {
+            rows: rows as i64,
+            n: n as i64,
+            dx: dtype_code(x.dtype()),
+            dout: dtype_code(out.dtype()),
+            has_mask: i32::from(mask.is_some()),
+            dm: mask.map_or(0, |m| dtype_code(m.0.dtype())),
+            scale,
+            pad: 0,
+            h: ms[0],
+            q: ms[1],
+            msb: ms[2],
+            msh: ms[3],
+            msq: ms[4],
+            msk: ms[5],
+        };
+        let (px, pm, po) = (dev.ptr(x), mask.map_or(0, |m| dev.ptr(m.0)), dev.ptr(out));
+        dev.launch("pt_softmax", Device::cfg_rows(rows)?, |bl| {
+            bl.arg(&prm);
+            Device::push_u64(bl, &px);
+            Device::push_u64(bl, &pm);
+            Device::push_u64(bl, &po);
+        })
+    }
+
+    fn softmax(&self, x: &DevTensor, axis: usize, out_ty: &TensorType) -> Result<DevTensor> {
+        let s = x.shape();
+        let r = s.len();
+        if axis + 1 == r {
+            let out = self.dev.alloc(out_ty.dtype, &out_ty.shape)?;
+            let n = s[r - 1];
+            self.softmax_rows(x, &out, x.numel() / n.max(1), n, 1.0, None)?;
+            return Ok(out);
+        }
+        // Move the axis last, softmax, move it back.
+        let mut perm: Vec<usize> = (0..r).filter(|&d| d != axis).collect();
+        perm.push(axis);
+        let xs = contiguous_strides(s);
+        let pdims: Vec<usize> = perm.iter().map(|&d| s[d]).collect();
+        let moved = self.strided_copy(
+            x,
+            &pdims,
+            perm.iter().map(|&d| xs[d]).collect(),
+            0,
+            x.dtype(),
+        )?;
+        let n = s[axis];
+        self.softmax_rows(&moved, &moved, moved.numel() / n.max(1), n, 1.0, None)?;
+        let mut inv = vec![0; r];
+        for (i, &p) in perm.iter().enumerate() {
+            inv[p] = i;
+        }
+        let ms = contiguous_strides(&pdims);
+        self.strided_copy(
+            &moved,
+            s,
+            inv.iter().map(|&i| ms[i]).collect(),
+            0,
+            out_ty.dtype,
+        )
+    }
+
+    /// `softmax(q·kᵀ·scale + mask)·v` in f32: logits by one cuBLAS GEMM (f32 out), the scaled,
+    /// masked softmax in place, v widened to f32, the second GEMM in f32.
+    fn attention(
+        &self,
+        q: &DevTensor,
+        k: &DevTensor,
+        v: &DevTensor,
+        mask: Option<&DevTensor>,
+        scale: f32,
+        out_ty: &TensorType,
+    ) -> Result<DevTensor> {
+        let dev = self.dev;
+        let (b, h, nq, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+        let (kvh, nk) = (k.shape()[1], k.shape()[2]);
+        let dv = v.shape()[3];
+        let (gl, gpv) = attention_gemms(b, h, kvh, nq, nk, d, dv)?;
+        let logits = dev.alloc(Dtype::F32, &[b, h, nq, nk])?;
+        if d == 0 {
+            dev.memset_zero(&logits)?;
+        } else {
+            dev.gemm(
+                &gl,
+                dev.ptr(k),
+                dev.ptr(q),
+                q.dtype(),
+                dev.ptr(&logits),
+                Dtype::F32,
+            )?;
+        }
+        let m = match mask {
+            Some(mt) => {
+                let ms = mt.shape();
+                let mut dims = [1usize; 4];
+                dims[4 - ms.len()..].copy_from_slice(ms);
+                let [mb, mh, mq, mk] = dims;
+                let sk = i64::from(mk != 1);
+                let sq = if mq == 1 { 0 } else { mk as i64 };
+                let sh = if mh == 1 { 0 } else { (mq * mk) as i64 };
+                let sb = if mb == 1 { 0 } else { (mh * mq * mk) as i64 };
+                Some((mt, [h as i64, nq as i64, sb, sh, sq, sk]))
+            }
+            None => None,
+        };
+        self.softmax_rows(&logits, &logits, b * h * nq, nk, scale, m)?;
+        let v32 = if v.dtype() == Dtype::F32 {
+            v.clone()
+        } else {
+            self.strided_copy(v, v.shape(), contiguous_strides(v.shape()), 0, Dtype::F32)?
+        };
+        let out32 = dev.alloc(Dtype::F32, &out_ty.shape)?;
+        if nk == 0 {
+            dev.memset_zero(&out32)?;
+        } else {
+            dev.gemm(
+                &gpv,
+                dev.ptr(&v32),
+                dev.ptr(&logits),
+                Dtype::F32,
+                dev.ptr(&out32),
+                Dtype::F32,
+            )?;
+        }
+        if out_ty.dtype == Dtype::F32 {
+            return Ok(out32);
+        }
+        self.strided_copy(
+            &out32,
+            &out_ty.shape,
+            contiguous_strides(&out_ty.shape),
+            0,
+            out_ty.dtype,
+        )
+    }
+
+    /// Reduction over `axes`: those axes moved last (a copy unless they already are), then one
+    /// block a row.
+    fn reduce(
+        &self,
+        x: &DevTensor,
+        kind: ReduceOp,
+        axes: &[usize],
+        out_ty: &TensorType,
+    ) -> Result<DevTensor> {
+        let s = x.shape();
+        let r = s.len();
+        let mut perm: Vec<usize> = (0..r).filter(|d| !axes.contains(d)).collect();
+        perm.extend_from_slice(axes);
+        let n: usize = axes.iter().map(|&a| s[a]).product();
+        let rows: usize = perm[..r - axes.len()].iter().map(|&d| s[d]).product();
+        if n == 0 && kind == ReduceOp::Max {
+            return Err(err("max over an empty axis"));
+        }
+        let moved = if perm.iter().enumerate().all(|(i, &p)| i == p) {
+            x.clone()
+        } else {
+            let xs = contiguous_strides(s);
+            let pdims: Vec<usize> = perm.iter().map(|&d| s[d]).collect();
+            self.strided_copy(
+                x,
+                &pdims,
+                perm.iter().map(|&d| xs[d]).collect(),
+                0,
+                x.dtype(),
+            )?
+        };
+        let out = self.dev.alloc(out_ty.dtype, &out_ty.shape)?;
+        if rows == 0 {
+            return Ok(out);
+        }
+        let kind = match kind {
+            ReduceOp::Sum => 0i32,
+            ReduceOp::Mean => 1,
+            ReduceOp::Max => 2,
+        };
+        let (rr, nn, d) = (rows as i64, n as i64, dtype_code(x.dtype()));
+        let dev = self.dev;
+        let (px, po) = (dev.ptr(&moved), dev.ptr(&out));
+        dev.launch("pt_reduce", Device::cfg_rows(rows)?, |bl| {
+            bl.arg(&rr).arg(&nn).arg(&kind).arg(&d);
+            Device::push_u64(bl, &px);
+            Device::push_u64(bl, &po);
+        })?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weight_conversion_rounds_like_the_reference() {
+        let x = 1.0f32 + 1.0 / 256.0 + 1.0 / 1024.0; // between two bf16s, nearer the upper
+        let xb = x.to_le_bytes();
+        let b = convert(&xb, Dtype::F32, Dtype::Bf16).unwrap();
+        let back = petite_dtype::bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
+        assert_eq!(back, petite_dtype::round_through_bf16(x));
+        let same = convert(&[1, 2, 3, 4], Dtype::F32, Dtype::F32).unwrap();
+        assert!(matches!(same, std::borrow::Cow::Borrowed(&[1, 2, 3, 4])));
+        // many chunks across threads give the same bytes as one
+        let xs: Vec<u8> = (0..200_000)
+            .flat_map(|i| (i as f32 * 0.37).to_le_bytes())
+            .collect();
+        let all = convert(&xs, Dtype::F32, Dtype::Bf16).unwrap();
+        for (i, c) in all.chunks_exact(2).enumerate() {
+            let want = petite_dtype::bf16_bits(i as f32 * 0.37);
+            assert_eq!(u16::from_le_bytes([c[0], c[1]]), want, "{i}");
+        }
+        assert!(convert(&[0; 8], Dtype::I64, Dtype::F32).is_err());
+    }
+}

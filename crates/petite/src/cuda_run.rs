@@ -1,0 +1,245 @@
+//! pi0.5 whole chunks on the GPU: the timestep table, prefix and step programs built from a
+//! checkpoint, their weights uploaded once, then per chunk the prefix → its K/V kept on the
+//! device → the Euler steps, each reading the K/V and its timestep row (uploaded once) in place.
+//! Only the inputs go up and the actions come back. The step is captured once into a CUDA graph
+//! reading fixed buffers (x, the timestep row, the K/V the prefix's outputs are copied into)
+//! and writing x back, then replayed `steps` times a chunk: no host work between steps. What `petite pi05 run --device cuda` and
+//! `petite verify --device cuda`'s f32 reference run.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use std::cell::OnceCell;
+
+use petite_cuda::{DevTensor, Device, DeviceProgram, Graph};
+use petite_pi05::Pi05Config;
+use petite_pi05::inputs::Inputs;
+use petite_pi05::programs::{Precision, build_all, io, time_row_len};
+use petite_reference::Tensor;
+use petite_weights::WeightSource;
+
+use crate::{Error, Result};
+
+fn cuda(e: petite_cuda::Error) -> Error {
+    Error::Usage(format!("petite-cuda: {e}"))
+}
+
+/// One chunk's device time (CUDA events) and wall time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChunkTimes {
+    /// Inputs up + prefix, ms of device time.
+    pub prefix_ms: f64,
+    /// The Euler steps, ms of device time.
+    pub steps_ms: f64,
+    /// The whole chunk (inputs up to actions back), ms of device time.
+    pub total_ms: f64,
+    /// The whole chunk, ms of wall time on the host.
+    pub wall_ms: f64,
+}
+
+/// pi0.5's programs resident on a device, ready to run chunks.
+pub struct CudaPolicy<'d> {
+    dev: &'d Device,
+    cfg: Pi05Config,
+    prefix: DeviceProgram<'d>,
+    step: DeviceProgram<'d>,
+    rows: Vec<DevTensor>,
+    /// Seconds to build the programs and upload the weights.
+    pub load_seconds: f64,
+    /// Dense FLOPs of one prefix run and of one step ([`petite_cuda::plan::program_flops`]).
+    pub flops: [f64; 2],
+    /// The step's fixed inputs: x, the timestep row and the prefix outputs, by input name.
+    fixed: BTreeMap<String, DevTensor>,
+    /// The step captured over `fixed` (at the first chunk), or `None` when not replaying.
+    graph: OnceCell<Graph>,
+    use_graph: bool,
+}
+
+impl<'d> CudaPolicy<'d> {
+    /// Builds the programs at `precision`, uploads their weights from `weights` (declared
+    /// dtypes), runs the timestep table and keeps its rows on the device.
+    pub fn load(
+        dev: &'d Device,
+        cfg: &Pi05Config,
+        weights: &dyn WeightSource,
+        precision: Precision,
+    ) -> Result<Self> {
+        let t0 = Instant::now();
+        let progs = build_all(cfg, precision)?;
+        let table =
+            DeviceProgram::load(dev, &progs.timestep_table, weights, false).map_err(cuda)?;
+        let t = table.run(BTreeMap::new()).map_err(cuda)?;
+        let t = t
+            .get(io::TIMESTEP_TABLE)
+            .and_then(|t| t.as_f32())
+            .ok_or_else(|| Error::Usage("timestep table is not f32".into()))?
+            .to_vec();
+        let r = time_row_len(cfg);
+        let mut rows = Vec::with_capacity(cfg.steps);
+        for k in 0..cfg.steps {
+            let row = t
+                .get(k * r..(k + 1) * r)
+                .ok_or_else(|| Error::Usage("timestep table too short".into()))?;
+            rows.push(
+                dev.upload(&Tensor::f32(&[r], row.to_vec())?)
+                    .map_err(cuda)?,
+            );
+        }
+        // The step's weights are read every step: the host copy is not needed once uploaded.
+        let prefix = DeviceProgram::load(dev, &progs.prefix, weights, false).map_err(cuda)?;
+        let step = DeviceProgram::load(dev, &progs.step, weights, false).map_err(cuda)?;
+        let flops = [
+            petite_cuda::plan::program_flops(&progs.prefix),
+            petite_cuda::plan::program_flops(&progs.step),
+        ];
+        let mut fixed = BTreeMap::new();
+        for &id in &progs.step.inputs {
+            let name = progs.step.input_name(id).unwrap_or_default().to_string();
+            let t = progs
+                .step
+                .node(id)
+                .tensor()
+                .ok_or_else(|| Error::Usage(format!("step input {name} is a tuple")))?;
+            fixed.insert(name, dev.zeros(t.dtype, &t.shape).map_err(cuda)?);
+        }
+        Ok(CudaPolicy {
+            flops,
+            fixed,
+            graph: OnceCell::new(),
+            use_graph: std::env::var_os("PETITE_CUDA_NO_GRAPH").is_none(),
+            dev,
+            cfg: cfg.clone(),
+            prefix,
+            step,
+            rows,
+            load_seconds: t0.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Bytes of weights on the device (prefix + step).
+    pub fn weight_bytes(&self) -> u64 {
+        self.prefix.weight_bytes() + self.step.weight_bytes()
+    }
+
+    /// Bytes of the prefix's and the step's weights.
+    pub fn program_weight_bytes(&self) -> [u64; 2] {
+        [self.prefix.weight_bytes(), self.step.weight_bytes()]
+    }
+
+    /// One chunk: the actions (f32 `[chunk, action_dim]`) and its times.
+    pub fn chunk(&self, inputs: &Inputs) -> Result<(Vec<f32>, ChunkTimes)> {
+        let cfg = &self.cfg;
+        let dev = self.dev;
+        let wall = Instant::now();
+        let m0 = dev.mark().map_err(cuda)?;
+        let s = cfg.vision.image_size;
+        let up = |t: Tensor| dev.upload(&t).map_err(cuda);
+        let mut pin = BTreeMap::new();
+        pin.insert(
+            io::IMAGES.to_string(),
+            up(Tensor::f32(&[cfg.cameras, 3, s, s], inputs.images.clone())?)?,
+        );
+        pin.insert(
+            io::IMAGE_MASKS.to_string(),
+            up(Tensor::u8(&[cfg.cameras], inputs.image_masks.clone())?)?,
+        );
+        pin.insert(
+            io::TOKENS.to_string(),
+            up(Tensor::i64(&[cfg.tokens], inputs.tokens.clone())?)?,
+        );
+        pin.insert(
+            io::TOKEN_MASK.to_string(),
+            up(Tensor::u8(&[cfg.tokens], inputs.token_mask.clone())?)?,
+        );
+        let kv = self.prefix.run_device(pin).map_err(cuda)?;
+        let m1 = dev.mark().map_err(cuda)?;
+        let noise = up(Tensor::f32(
+            &[cfg.chunk, cfg.action_dim],
+            inputs.noise.clone(),
+        )?)?;
+        let x = if self.use_graph {
+            let fixed = |n: &str| {
+                self.fixed
+                    .get(n)
+                    .ok_or_else(|| Error::Usage(format!("the step has no input {n}")))
+            };
+            for (name, t) in &kv {
+                dev.copy(t, fixed(name)?).map_err(cuda)?;
+            }
+            let xb = fixed(io::X_T)?;
+            dev.copy(&noise, xb).map_err(cuda)?;
+            if self.graph.get().is_none() {
+                let ((), g) = dev
+                    .capture(|| {
+                        let mut out = self.step.run_device(self.fixed.clone())?;
+                        let xn = out.remove(io::X_NEXT).ok_or_else(|| {
+                            petite_cuda::Error::Plan("step program has no x_next".into())
+                        })?;
+                        dev.copy(&xn, xb)
+                    })
+                    .map_err(cuda)?;
+                let _ = self.graph.set(g);
+            }
+            let g = self
+                .graph
+                .get()
+                .ok_or_else(|| Error::Usage("no step graph".into()))?;
+            let rb = fixed(io::TIME_ROW)?;
+            for row in &self.rows {
+                dev.copy(row, rb).map_err(cuda)?;
+                g.launch().map_err(cuda)?;
+            }
+            xb.clone()
+        } else {
+            let mut x = noise;
+            for row in &self.rows {
+                let mut sin = kv.clone();
+                sin.insert(io::X_T.to_string(), x);
+                sin.insert(io::TIME_ROW.to_string(), row.clone());
+                let mut out = self.step.run_device(sin).map_err(cuda)?;
+                x = out
+                    .remove(io::X_NEXT)
+                    .ok_or_else(|| Error::Usage("step program has no x_next".into()))?;
+            }
+            x
+        };
+        let m2 = dev.mark().map_err(cuda)?;
+        let actions = dev
+            .download(&x)
+            .map_err(cuda)?
+            .into_float_values()
+            .map_err(|t| Error::Usage(format!("x_next is {}, not float", t.dtype())))?;
+        let m3 = dev.mark().map_err(cuda)?;
+        dev.synchronize().map_err(cuda)?;
+        let times = ChunkTimes {
+            prefix_ms: m0.ms_to(&m1).map_err(cuda)?,
+            steps_ms: m1.ms_to(&m2).map_err(cuda)?,
+            total_ms: m0.ms_to(&m3).map_err(cuda)?,
+            wall_ms: wall.elapsed().as_secs_f64() * 1e3,
+        };
+        Ok((actions, times))
+    }
+}
+
+/// The median of `v` (NaN for none).
+pub fn median(v: &[f64]) -> f64 {
+    let mut s: Vec<f64> = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_none() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+}

@@ -1,0 +1,209 @@
+//! The gpu tier: petite's programs on CUDA GPU 0 through petite-cuda. It FAILS, never skips,
+//! where there is no GPU (run it where one is: not part of `cargo xtask ci`).
+//!
+//! 1. `petite doctor` must say the CUDA runtime can run here.
+//! 2. Every lerobot golden through `petite pi05 run --device cuda`: f32 within 1e-4 of lerobot's
+//!    f32 actions, bf16 within the bf16 bound (5e-2) of them.
+//! 3. Every golden exported (reference engines, f32 and bf16) and `petite verify --device cuda`:
+//!    f32 within 1e-4 of the f32 reference (itself run on the GPU), bf16 within the bf16 bound;
+//!    the wall time of each verify printed.
+//!
+//! `PETITE_BIN` names a prebuilt `petite` (a machine with a GPU but no Rust toolchain);
+//! otherwise the release build of this checkout is used.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+use petite_weights::{MappedSafetensors, WeightSource};
+
+use crate::util;
+
+/// lerobot f32 vs petite f32 on the GPU.
+const F32_BOUND: f32 = 1e-4;
+/// The bf16 bound (`petite verify`'s default).
+const BF16_BOUND: f32 = 5e-2;
+
+fn f32s(file: &Path, name: &str) -> Result<Vec<f32>> {
+    let m = MappedSafetensors::open(file).with_context(|| format!("open {}", file.display()))?;
+    let v = m.tensor(name)?;
+    ensure!(
+        v.dtype == petite_weights::Dtype::F32,
+        "{}: {name} is not f32",
+        file.display()
+    );
+    Ok(v.bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// max |a − b|; any NaN/inf, emptiness or length mismatch fails.
+fn max_err(a: &[f32], b: &[f32]) -> Result<f32> {
+    ensure!(
+        !a.is_empty() && a.len() == b.len(),
+        "lengths {} vs {}",
+        a.len(),
+        b.len()
+    );
+    let mut m = 0f32;
+    for (x, y) in a.iter().zip(b) {
+        ensure!(
+            x.is_finite() && y.is_finite(),
+            "non-finite value ({x} vs {y})"
+        );
+        m = m.max((x - y).abs());
+    }
+    Ok(m)
+}
+
+/// The petite binary the tier runs.
+pub(crate) fn petite_bin() -> Result<PathBuf> {
+    match std::env::var_os("PETITE_BIN") {
+        Some(p) => Ok(PathBuf::from(p)),
+        None => util::release_petite(),
+    }
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    eprintln!("xtask: {cmd:?}");
+    let o = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    if !o.status.success() {
+        bail!("{cmd:?} failed ({}):\n{text}", o.status);
+    }
+    Ok(text)
+}
+
+/// Runs the tier.
+pub fn run() -> Result<()> {
+    let petite = petite_bin()?;
+    let doctor = output(Command::new(&petite).arg("doctor"))?;
+    let line = doctor
+        .lines()
+        .find(|l| l.starts_with("cuda runtime"))
+        .unwrap_or("no cuda runtime line");
+    println!("gpu: {line}");
+    ensure!(
+        line.contains("can run here") && !line.contains("cannot"),
+        "the gpu tier needs a CUDA GPU (driver, cuBLAS, NVRTC): {line}"
+    );
+    let scratch = tempfile::tempdir()?;
+    let mut rows = Vec::new();
+    let mut failed = Vec::new();
+    for case in super::GOLDENS {
+        if let Err(e) = one_case(&petite, scratch.path(), case, &mut rows) {
+            println!("gpu: {case}: FAILED: {e:#}");
+            failed.push(format!("{case}: {e:#}"));
+        }
+    }
+    for r in &rows {
+        println!("  {r}");
+    }
+    if !failed.is_empty() {
+        bail!(
+            "gpu tier: {} case(s) failed:\n{}",
+            failed.len(),
+            failed.join("\n")
+        );
+    }
+    println!("gpu tier: passed ({} checks)", rows.len());
+    Ok(())
+}
+
+fn one_case(petite: &Path, scratch: &Path, case: &str, rows: &mut Vec<String>) -> Result<()> {
+    {
+        let dir = util::root().join("testdata/pi05").join(case);
+        let expected = dir.join("expected.safetensors");
+        let lerobot = f32s(&expected, "actions")?;
+        for (dtype, bound) in [("f32", F32_BOUND), ("bf16", BF16_BOUND)] {
+            let out = scratch.join(format!("{case}-{dtype}.safetensors"));
+            let text = output(
+                Command::new(petite)
+                    .args(["pi05", "run", "--device", "cuda", "--dtype", dtype])
+                    .arg("--config")
+                    .arg(dir.join("config.json"))
+                    .arg("--checkpoint")
+                    .arg(dir.join("model.safetensors"))
+                    .arg("--inputs")
+                    .arg(dir.join("inputs.safetensors"))
+                    .arg("--out")
+                    .arg(&out),
+            )?;
+            let e = max_err(&f32s(&out, "actions")?, &lerobot)?;
+            println!(
+                "gpu: {case} pi05 run --device cuda --dtype {dtype}: max |petite − lerobot f32| {e:.3e} (bound {bound:e})"
+            );
+            ensure!(e <= bound, "{case} {dtype}: {e} > {bound}\n{text}");
+            rows.push(format!("pi05 run {case} {dtype}: {e:.3e}"));
+        }
+        for (dtype, bound) in [("f32", F32_BOUND), ("bf16", BF16_BOUND)] {
+            let pte = scratch.join(format!("{case}-{dtype}-pte"));
+            output(
+                Command::new(petite)
+                    .args(["export", "--dtype", dtype])
+                    .arg("--config")
+                    .arg(dir.join("config.json"))
+                    .arg("--checkpoint")
+                    .arg(dir.join("model.safetensors"))
+                    .arg("--out")
+                    .arg(&pte),
+            )?;
+            let t0 = Instant::now();
+            let text = output(
+                Command::new(petite)
+                    .args([
+                        "verify",
+                        "--device",
+                        "cuda",
+                        "--max-error",
+                        &bound.to_string(),
+                    ])
+                    .arg("--pte-dir")
+                    .arg(&pte)
+                    .arg("--config")
+                    .arg(dir.join("config.json"))
+                    .arg("--checkpoint")
+                    .arg(dir.join("model.safetensors"))
+                    .arg("--inputs")
+                    .arg(dir.join("inputs.safetensors")),
+            )?;
+            let wall = t0.elapsed().as_secs_f64();
+            let report: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(pte.join("report.json"))?)?;
+            let e = report["verify"]["max_abs_action_error"]
+                .as_f64()
+                .context("report.json: no verify.max_abs_action_error")?;
+            ensure!(
+                report["verify"]["device"] == "cuda",
+                "verify did not run on cuda: {}",
+                report["verify"]
+            );
+            println!(
+                "gpu: {case} verify --device cuda ({dtype} export): max abs action error {e:.3e} (bound {bound:e}), {wall:.2} s wall; {}",
+                text.lines().last().unwrap_or("")
+            );
+            rows.push(format!("verify {case} {dtype}: {e:.3e}, {wall:.2} s"));
+            ensure!(e <= bound as f64, "{case} verify {dtype}: {e} > {bound}");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_refuse_nan_and_length_mismatch() {
+        assert_eq!(max_err(&[1.0, 2.0], &[1.5, 2.0]).unwrap(), 0.5);
+        assert!(max_err(&[f32::NAN], &[0.0]).is_err());
+        assert!(max_err(&[1.0], &[1.0, 2.0]).is_err());
+        assert!(max_err(&[], &[]).is_err());
+    }
+}
