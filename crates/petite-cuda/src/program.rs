@@ -64,17 +64,11 @@ fn convert(bytes: &[u8], stored: Dtype, declared: Dtype) -> Result<std::borrow::
         for (src, dst) in bytes.chunks(per * es).zip(out.chunks_mut(per * ds)) {
             s.spawn(move || {
                 for (c, o) in src.chunks_exact(es).zip(dst.chunks_exact_mut(ds)) {
-                    let x = match stored {
-                        Dtype::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
-                        Dtype::Bf16 => {
-                            petite_dtype::bf16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]))
-                        }
-                        _ => half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
-                    };
+                    let x = petite_dtype::f32_from_le(stored, c).unwrap_or(f32::NAN);
                     match declared {
                         Dtype::F32 => o.copy_from_slice(&x.to_le_bytes()),
                         Dtype::Bf16 => o.copy_from_slice(&petite_dtype::bf16_bits(x).to_le_bytes()),
-                        _ => o.copy_from_slice(&half::f16::from_f32(x).to_bits().to_le_bytes()),
+                        _ => o.copy_from_slice(&petite_dtype::f16_bits(x).to_le_bytes()),
                     }
                 }
             });
