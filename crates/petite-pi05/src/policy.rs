@@ -271,6 +271,39 @@ impl Runner {
 }
 
 impl PolicySpec {
+    /// One line: backend, dtype and, for a lerobot export, the call's interface.
+    pub fn summary(&self) -> String {
+        let m = &self.model;
+        let mut s = format!(
+            "{} {} export: {} cameras of {}x{}, {} tokens, chunk {} x {}, {} steps",
+            self.backend,
+            self.dtype,
+            m.cameras,
+            m.vision.image_size,
+            m.vision.image_size,
+            m.tokens,
+            m.chunk,
+            m.action_dim,
+            m.steps
+        );
+        if let Some(r) = &self.runner {
+            let cams: Vec<String> = r
+                .cameras
+                .iter()
+                .map(|c| format!("{}{}", c.key, if c.empty { " (empty)" } else { "" }))
+                .collect();
+            s.push_str(&format!(
+                "; lerobot: [{}], state {}, action {} (n_action_steps {}), tokenizer {}",
+                cams.join(", "),
+                r.state_dim,
+                r.action_dim,
+                r.n_action_steps,
+                r.tokenizer
+            ));
+        }
+        s
+    }
+
     /// Reads `policy.json` (errors name the file and field).
     pub fn read(path: &Path) -> Result<Self> {
         let file = path.display().to_string();

@@ -3,6 +3,8 @@
 //! measure ([`memory`], [`report`]).
 #![deny(missing_docs)]
 
+
+pub mod bundle;
 pub mod engines;
 pub mod export;
 pub mod guard;

@@ -404,10 +404,10 @@ pub fn run_pte(pte_dir: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<Vec<
 /// into `report.json` in the pte directory (created if missing).
 pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     let rec = Recorder::start(Duration::from_millis(10));
-    let cfg = match &opts.config {
-        Some(p) => Pi05Config::from_json_file(p)?,
-        None => Pi05Config::default(),
-    };
+    // Files of two exports are never run together.
+    crate::bundle::check_bundle(&opts.pte_dir)?;
+    let resolved = crate::bundle::resolve(&opts.checkpoint, opts.config.as_deref(), false)?;
+    let cfg = resolved.cfg.clone();
     let (inputs, inputs_desc) = match &opts.inputs {
         Some(p) => (Inputs::from_file(p, &cfg)?, p.display().to_string()),
         None => (
@@ -416,11 +416,12 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         ),
     };
     // The checkpoint is checked first: a wrong one fails before any work.
-    let ck = open_checkpoint(&opts.checkpoint)?;
+    let ck = open_checkpoint(&resolved.weights)?;
+    crate::bundle::check_against_weights(&resolved, &ck)?;
     let f32_progs = petite_pi05::build_all(&cfg, Precision::F32)?;
     check_weights(
         &ck,
-        &opts.checkpoint.display().to_string(),
+        &resolved.weights.display().to_string(),
         [
             &f32_progs.timestep_table,
             &f32_progs.prefix,
