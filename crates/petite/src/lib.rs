@@ -4,6 +4,7 @@
 #![deny(missing_docs)]
 
 
+pub mod act;
 pub mod bundle;
 pub mod engines;
 pub mod export;
