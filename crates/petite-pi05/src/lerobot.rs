@@ -57,7 +57,9 @@ pub fn resolve_folder(path: &Path) -> Option<PathBuf> {
     [
         path.to_path_buf(),
         path.join("pretrained_model"),
-        path.join("checkpoints").join("last").join("pretrained_model"),
+        path.join("checkpoints")
+            .join("last")
+            .join("pretrained_model"),
     ]
     .into_iter()
     .find(|d| d.join("config.json").is_file())
@@ -203,7 +205,12 @@ fn string_or(v: &Value, file: &str, name: &str, default: &str) -> Result<String>
 }
 
 /// The width of a feature (`shape` `[n]`) if the feature is listed.
-fn feature_dim(features: Option<&Value>, file: &str, group: &str, key: &str) -> Result<Option<usize>> {
+fn feature_dim(
+    features: Option<&Value>,
+    file: &str,
+    group: &str,
+    key: &str,
+) -> Result<Option<usize>> {
     let Some(f) = features.and_then(|m| m.get(key)) else {
         return Ok(None);
     };
@@ -244,7 +251,9 @@ impl LerobotConfig {
             if bool_or(v, file, mem, false)? {
                 return Err(refuse(
                     file,
-                    format!("`{mem}: true`: memory features change the graph and the prompt; not supported"),
+                    format!(
+                        "`{mem}: true`: memory features change the graph and the prompt; not supported"
+                    ),
                 ));
             }
         }
@@ -263,7 +272,9 @@ impl LerobotConfig {
                 Some([h, w]) if h.is_u64() && w.is_u64() => {
                     return Err(refuse(
                         file,
-                        format!("`image_resolution: [{h}, {w}]` is not square; pi0.5 (SigLIP) takes square images only"),
+                        format!(
+                            "`image_resolution: [{h}, {w}]` is not square; pi0.5 (SigLIP) takes square images only"
+                        ),
                     ));
                 }
                 _ => return Err(field(file, "image_resolution", "a list [side, side]", x)),
@@ -371,7 +382,10 @@ impl LerobotConfig {
         if norm.visual != "IDENTITY" {
             return Err(refuse(
                 file,
-                format!("`normalization_mapping.VISUAL: {}`: only IDENTITY images are supported (pi0.5 scales images to [-1, 1] itself)", norm.visual),
+                format!(
+                    "`normalization_mapping.VISUAL: {}`: only IDENTITY images are supported (pi0.5 scales images to [-1, 1] itself)",
+                    norm.visual
+                ),
             ));
         }
         let strings = |name: &str| -> Result<Option<Vec<String>>> {
@@ -419,7 +433,12 @@ impl LerobotConfig {
             None => {
                 let mut c = Pi05Config::default();
                 c.language = gemma(file, "paligemma_variant", &self.paligemma_variant, true)?;
-                let e = gemma(file, "action_expert_variant", &self.action_expert_variant, false)?;
+                let e = gemma(
+                    file,
+                    "action_expert_variant",
+                    &self.action_expert_variant,
+                    false,
+                )?;
                 c.expert = ExpertConfig {
                     width: e.width,
                     depth: e.depth,
@@ -429,6 +448,15 @@ impl LerobotConfig {
                     mlp: e.mlp,
                     eps: e.eps,
                 };
+                if !self.image_resolution.is_multiple_of(c.vision.patch_size) {
+                    return Err(refuse(
+                        file,
+                        format!(
+                            "`image_resolution` is {}: SigLIP So400m/14 takes a multiple of its patch size 14",
+                            self.image_resolution
+                        ),
+                    ));
+                }
                 c.vision = VisionConfig {
                     image_size: self.image_resolution,
                     ..c.vision
@@ -449,20 +477,47 @@ impl LerobotConfig {
                 self.cameras.len() as f64,
                 cfg.cameras as f64,
             ),
-            ("tokenizer_max_length", "tokens", self.tokens as f64, cfg.tokens as f64),
+            (
+                "tokenizer_max_length",
+                "tokens",
+                self.tokens as f64,
+                cfg.tokens as f64,
+            ),
             ("chunk_size", "chunk", self.chunk as f64, cfg.chunk as f64),
-            ("max_action_dim", "action_dim", self.max_action_dim as f64, cfg.action_dim as f64),
-            ("num_inference_steps", "steps", self.steps as f64, cfg.steps as f64),
-            ("min_period", "time_min_period", self.min_period, cfg.time_min_period),
+            (
+                "max_action_dim",
+                "action_dim",
+                self.max_action_dim as f64,
+                cfg.action_dim as f64,
+            ),
+            (
+                "num_inference_steps",
+                "steps",
+                self.steps as f64,
+                cfg.steps as f64,
+            ),
+            (
+                "min_period",
+                "time_min_period",
+                self.min_period,
+                cfg.time_min_period,
+            ),
         ];
         if let Some((_, sizes_file)) = sizes {
             let mut all = pairs.to_vec();
-            all.push(("max_period", "time_max_period", self.max_period, cfg.time_max_period));
+            all.push((
+                "max_period",
+                "time_max_period",
+                self.max_period,
+                cfg.time_max_period,
+            ));
             for (lf, pf, a, b) in all {
                 if a != b {
                     return Err(refuse(
                         file,
-                        format!("`{lf}` is {a} but {sizes_file} has `{pf}` {b}; the two configs must agree"),
+                        format!(
+                            "`{lf}` is {a} but {sizes_file} has `{pf}` {b}; the two configs must agree"
+                        ),
                     ));
                 }
             }
@@ -475,7 +530,19 @@ impl LerobotConfig {
         cfg.steps = self.steps;
         cfg.time_min_period = self.min_period;
         cfg.time_max_period = self.max_period;
-        cfg.validate()?;
+        cfg.validate().map_err(|e| match e {
+            Error::InvalidConfig {
+                field,
+                expected,
+                found,
+            } => Error::ConfigField {
+                origin: file.to_string(),
+                field: format!("{field} (as resolved from this folder)"),
+                expected,
+                found,
+            },
+            other => other,
+        })?;
         Ok(cfg)
     }
 
@@ -486,7 +553,11 @@ impl LerobotConfig {
             .iter()
             .map(|c| {
                 let k = c.key.strip_prefix(IMAGE_PREFIX).unwrap_or(&c.key);
-                if c.empty { format!("{k} (empty)") } else { k.to_string() }
+                if c.empty {
+                    format!("{k} (empty)")
+                } else {
+                    k.to_string()
+                }
             })
             .collect();
         format!(
@@ -504,7 +575,11 @@ impl LerobotConfig {
             self.max_action_dim,
             self.norm.state,
             self.norm.action,
-            if self.use_relative_actions { ", relative actions" } else { "" },
+            if self.use_relative_actions {
+                ", relative actions"
+            } else {
+                ""
+            },
         )
     }
 }
@@ -521,7 +596,9 @@ fn gemma(file: &str, name: &str, variant: &str, vlm: bool) -> Result<LanguageCon
         "gemma_300m" => {
             return Err(refuse(
                 file,
-                format!("`{name}: gemma_300m`: the PaliGemma projector is fixed at 2048 outputs, so only gemma_2b works as the VLM"),
+                format!(
+                    "`{name}: gemma_300m`: the PaliGemma projector is fixed at 2048 outputs, so only gemma_2b works as the VLM"
+                ),
             ));
         }
         other => {
@@ -613,23 +690,34 @@ pub fn check_weights_against(
     }
     let count = |prefix: &str| {
         let mut n = 0;
-        while stored.iter().any(|x| {
-            x.contains(&format!("{prefix}layers.{n}."))
-        }) {
+        while stored
+            .iter()
+            .any(|x| x.contains(&format!("{prefix}layers.{n}.")))
+        {
             n += 1;
         }
         n
     };
     let strip = |p: &'static str| p.strip_prefix(names::MODEL).unwrap_or(p);
     for (what, prefix, want) in [
-        ("`paligemma_variant`", strip(names::LANGUAGE), cfg.language.depth),
-        ("`action_expert_variant`", strip(names::EXPERT), cfg.expert.depth),
+        (
+            "`paligemma_variant`",
+            strip(names::LANGUAGE),
+            cfg.language.depth,
+        ),
+        (
+            "`action_expert_variant`",
+            strip(names::EXPERT),
+            cfg.expert.depth,
+        ),
     ] {
         let found = count(prefix);
         if found != want {
             return Err(refuse(
                 file,
-                format!("{what} has {want} layers, but the checkpoint has {found} (`{prefix}layers.N.*`)"),
+                format!(
+                    "{what} has {want} layers, but the checkpoint has {found} (`{prefix}layers.N.*`)"
+                ),
             ));
         }
     }
@@ -725,13 +813,19 @@ mod tests {
     }
 
     fn err(v: Value) -> String {
-        LerobotConfig::from_json(&v, "c.json").unwrap_err().to_string()
+        LerobotConfig::from_json(&v, "c.json")
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
     fn hub_style_config_merges_empty_cameras_and_takes_defaults() {
         let c = LerobotConfig::from_json(&libero(), "c.json").unwrap();
-        let keys: Vec<_> = c.cameras.iter().map(|c| (c.key.as_str(), c.empty)).collect();
+        let keys: Vec<_> = c
+            .cameras
+            .iter()
+            .map(|c| (c.key.as_str(), c.empty))
+            .collect();
         assert_eq!(
             keys,
             [
@@ -740,13 +834,20 @@ mod tests {
                 ("observation.images.empty_camera_0", true)
             ]
         );
-        assert_eq!((c.tokens, c.chunk, c.steps, c.image_resolution), (48, 10, 10, 224));
+        assert_eq!(
+            (c.tokens, c.chunk, c.steps, c.image_resolution),
+            (48, 10, 10, 224)
+        );
         assert_eq!((c.state_dim, c.action_dim, c.max_action_dim), (8, 7, 32));
         assert_eq!(c.norm.state, "QUANTILES");
         let cfg = c.to_pi05("c.json", None).unwrap();
         assert_eq!((cfg.cameras, cfg.tokens, cfg.chunk), (3, 48, 10));
         assert_eq!((cfg.language.width, cfg.expert.width), (2048, 1024));
-        assert!(c.describe().contains("empty_camera_0 (empty)"), "{}", c.describe());
+        assert!(
+            c.describe().contains("empty_camera_0 (empty)"),
+            "{}",
+            c.describe()
+        );
     }
 
     #[test]
@@ -777,7 +878,10 @@ mod tests {
         v["paligemma_variant"] = json!("gemma_2b_lora");
         let c = LerobotConfig::from_json(&v, "c.json").unwrap();
         let e = c.to_pi05("c.json", None).unwrap_err().to_string();
-        assert!(e.contains("`paligemma_variant`") && e.contains("gemma_2b_lora"), "{e}");
+        assert!(
+            e.contains("`paligemma_variant`") && e.contains("gemma_2b_lora"),
+            "{e}"
+        );
         let mut v = libero();
         v["normalization_mapping"] = json!({"STATE": "ZSCORE"});
         assert!(err(v).contains("normalization_mapping.STATE"));
@@ -807,7 +911,10 @@ mod tests {
         let cfg = c.to_pi05("c.json", Some((&small, "p.json"))).unwrap();
         assert_eq!(cfg.language, small.language);
         small.tokens = 200;
-        let e = c.to_pi05("c.json", Some((&small, "p.json"))).unwrap_err().to_string();
+        let e = c
+            .to_pi05("c.json", Some((&small, "p.json")))
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "c.json: `tokenizer_max_length` is 48 but p.json has `tokens` 200; the two configs must agree"
@@ -816,7 +923,10 @@ mod tests {
 
     #[test]
     fn config_kinds() {
-        assert_eq!(classify(&json!({"type": "pi0"})), ConfigKind::OtherLerobot("pi0".into()));
+        assert_eq!(
+            classify(&json!({"type": "pi0"})),
+            ConfigKind::OtherLerobot("pi0".into())
+        );
         assert_eq!(classify(&json!({"action_horizon": 10})), ConfigKind::Openpi);
         assert_eq!(
             classify(&serde_json::to_value(Pi05Config::small()).unwrap()),

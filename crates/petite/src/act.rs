@@ -125,7 +125,11 @@ pub fn unnormalize(x: &[f32], n: &Norm) -> Vec<f32> {
             match (s(lo), s(hi)) {
                 (Some(lo), Some(hi)) => (0..w)
                     .map(|i| {
-                        let d = if hi[i] - lo[i] == 0.0 { EPS } else { hi[i] - lo[i] };
+                        let d = if hi[i] - lo[i] == 0.0 {
+                            EPS
+                        } else {
+                            hi[i] - lo[i]
+                        };
                         if mode == "MIN_MAX" {
                             (x[i] + 1.0) / 2.0 * d + lo[i]
                         } else {
@@ -207,7 +211,8 @@ pub fn prepare_image(img: &[f32], h: usize, w: usize, res: usize) -> Vec<f32> {
     for ch in 0..3 {
         for y in 0..rh {
             for x in 0..rw {
-                out[ch * res * res + (y + top) * res + x + left] = src[ch * rh * rw + y * rw + x] * 2.0 - 1.0;
+                out[ch * res * res + (y + top) * res + x + left] =
+                    src[ch * rh * rw + y * rw + x] * 2.0 - 1.0;
             }
         }
     }
@@ -228,13 +233,15 @@ pub fn find_tokenizer(explicit: Option<&Path>, id: &str) -> Result<PathBuf> {
     if local.is_file() {
         return Ok(local);
     }
-    let hub = std::env::var("HF_HUB_CACHE").map(PathBuf::from).or_else(|_| {
-        std::env::var("HF_HOME")
-            .map(|h| PathBuf::from(h).join("hub"))
-            .or_else(|_| {
-                std::env::var("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface/hub"))
-            })
-    });
+    let hub = std::env::var("HF_HUB_CACHE")
+        .map(PathBuf::from)
+        .or_else(|_| {
+            std::env::var("HF_HOME")
+                .map(|h| PathBuf::from(h).join("hub"))
+                .or_else(|_| {
+                    std::env::var("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface/hub"))
+                })
+        });
     if let Ok(hub) = hub {
         let snaps = hub
             .join(format!("models--{}", id.replace('/', "--")))
@@ -316,9 +323,8 @@ fn preprocess(
 ) -> Result<(Inputs, Vec<f32>, String)> {
     let file = &opts.observation;
     let bytes = std::fs::read(file).map_err(|e| Error::io(file, "read", e))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
-        Error::Usage(format!("{}: not a safetensors file: {e}", file.display()))
-    })?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| Error::Usage(format!("{}: not a safetensors file: {e}", file.display())))?;
     let (_, meta) = SafeTensors::read_metadata(&bytes)
         .map_err(|e| Error::Usage(format!("{}: {e}", file.display())))?;
     let tensors: HashMap<String, _> = st.tensors().into_iter().collect();
@@ -350,32 +356,16 @@ fn preprocess(
         }
     };
     if let Some(i) = state.iter().position(|v| !v.is_finite()) {
-        return Err(obs_err(file, STATE_KEY, "finite values", format!("{} at {i}", state[i])));
+        return Err(obs_err(
+            file,
+            STATE_KEY,
+            "finite values",
+            format!("{} at {i}", state[i]),
+        ));
     }
     let mut norm_state = normalize(&state, &r.state_norm);
     if r.state_padded {
         norm_state.resize(r.max_state_dim, 0.0);
-    }
-    // Prompt and tokens.
-    let task = opts
-        .task
-        .clone()
-        .or_else(|| meta.metadata().as_ref().and_then(|m| m.get("task").cloned()))
-        .ok_or_else(|| {
-            Error::Usage(format!(
-                "{}: no task: give --task TEXT or the file's metadata key `task`",
-                file.display()
-            ))
-        })?;
-    let text = prompt(&task, &state_bins(&norm_state, r.state_bins));
-    let tok_path = find_tokenizer(opts.tokenizer.as_deref(), &r.tokenizer)?;
-    let (tokens, token_mask) = tokenize(&tok_path, &text, cfg.tokens)?;
-    if let Some(t) = tokens.iter().find(|&&t| t < 0 || t as usize >= cfg.language.vocab) {
-        return Err(Error::Usage(format!(
-            "{}: token id {t} is outside the model's vocabulary ({}): the wrong tokenizer?",
-            tok_path.display(),
-            cfg.language.vocab
-        )));
     }
     // Images: present cameras first (config order), then the missing ones masked, as lerobot.
     let res = cfg.vision.image_size;
@@ -388,7 +378,9 @@ fn preprocess(
             continue;
         };
         let (h, w, chw) = match (t.dtype(), t.shape()) {
-            (Dtype::F32, [3, h, w]) if *h > 0 && *w > 0 => (*h, *w, read_f32(t).unwrap_or_default()),
+            (Dtype::F32, [3, h, w]) if *h > 0 && *w > 0 => {
+                (*h, *w, read_f32(t).unwrap_or_default())
+            }
             (Dtype::U8, [h, w, 3]) if *h > 0 && *w > 0 => {
                 let hwc = read_f32(t).unwrap_or_default();
                 let mut chw = vec![0f32; hwc.len()];
@@ -411,7 +403,12 @@ fn preprocess(
             }
         };
         if let Some(i) = chw.iter().position(|v| !v.is_finite()) {
-            return Err(obs_err(file, &c.key, "finite values", format!("{} at {i}", chw[i])));
+            return Err(obs_err(
+                file,
+                &c.key,
+                "finite values",
+                format!("{} at {i}", chw[i]),
+            ));
         }
         present.push(prepare_image(&chw, h, w, res));
     }
@@ -436,6 +433,34 @@ fn preprocess(
     for _ in 0..missing {
         images.extend(std::iter::repeat_n(-1f32, plane));
         image_masks.push(0);
+    }
+    // Prompt and tokens (after every check of the observation).
+    let task = opts
+        .task
+        .clone()
+        .or_else(|| {
+            meta.metadata()
+                .as_ref()
+                .and_then(|m| m.get("task").cloned())
+        })
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "{}: no task: give --task TEXT or the file's metadata key `task`",
+                file.display()
+            ))
+        })?;
+    let text = prompt(&task, &state_bins(&norm_state, r.state_bins));
+    let tok_path = find_tokenizer(opts.tokenizer.as_deref(), &r.tokenizer)?;
+    let (tokens, token_mask) = tokenize(&tok_path, &text, cfg.tokens)?;
+    if let Some(t) = tokens
+        .iter()
+        .find(|&&t| t < 0 || t as usize >= cfg.language.vocab)
+    {
+        return Err(Error::Usage(format!(
+            "{}: token id {t} is outside the model's vocabulary ({}): the wrong tokenizer?",
+            tok_path.display(),
+            cfg.language.vocab
+        )));
     }
     // Noise: the observation's, else --noise, else seeded.
     let want = cfg.chunk * cfg.action_dim;
@@ -462,9 +487,14 @@ fn preprocess(
         let nb = std::fs::read(nf).map_err(|e| Error::io(nf, "read", e))?;
         let ns = SafeTensors::deserialize(&nb)
             .map_err(|e| Error::Usage(format!("{}: not a safetensors file: {e}", nf.display())))?;
-        let t = ns
-            .tensor("noise")
-            .map_err(|_| obs_err(nf, "noise", format!("f32 [{}, {}]", cfg.chunk, cfg.action_dim), "nothing"))?;
+        let t = ns.tensor("noise").map_err(|_| {
+            obs_err(
+                nf,
+                "noise",
+                format!("f32 [{}, {}]", cfg.chunk, cfg.action_dim),
+                "nothing",
+            )
+        })?;
         noise_from(&t, nf)?
     } else {
         crate::verify::seeded_inputs(cfg, opts.seed).noise
@@ -563,8 +593,14 @@ pub fn write_result(out: &Path, r: &ActResult) -> Result<()> {
         TensorView::new(d, s, b).map_err(|e| Error::Usage(format!("{}: {e}", out.display())))
     }
     let tensors = vec![
-        ("action", view(out, Dtype::F32, vec![r.chunk, r.action_dim], &a)?),
-        ("observation.language.tokens", view(out, Dtype::I64, vec![r.tokens.len()], &t)?),
+        (
+            "action",
+            view(out, Dtype::F32, vec![r.chunk, r.action_dim], &a)?,
+        ),
+        (
+            "observation.language.tokens",
+            view(out, Dtype::I64, vec![r.tokens.len()], &t)?,
+        ),
         (
             "observation.language.attention_mask",
             view(out, Dtype::BOOL, vec![r.token_mask.len()], &r.token_mask)?,
@@ -618,11 +654,18 @@ mod tests {
     fn quantiles_round_trip() {
         let n = Norm {
             mode: "QUANTILES".into(),
-            stats: [("q01".into(), vec![0.0, 1.0]), ("q99".into(), vec![2.0, 1.0])].into(),
+            stats: [
+                ("q01".into(), vec![0.0, 1.0]),
+                ("q99".into(), vec![2.0, 1.0]),
+            ]
+            .into(),
             from: String::new(),
         };
         assert_eq!(normalize(&[1.0, 1.0], &n), vec![0.0, -1.0]);
         let back = unnormalize(&normalize(&[1.5, 1.0], &n), &n);
-        assert!((back[0] - 1.5).abs() < 1e-6 && (back[1] - 1.0).abs() < 1e-6, "{back:?}");
+        assert!(
+            (back[0] - 1.5).abs() < 1e-6 && (back[1] - 1.0).abs() < 1e-6,
+            "{back:?}"
+        );
     }
 }

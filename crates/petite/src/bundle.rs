@@ -41,7 +41,10 @@ impl Resolved {
             return vec![];
         };
         let mut w = lr.warnings.clone();
-        for (what, n) in [("state", &runner.state_norm), ("action", &runner.action_norm)] {
+        for (what, n) in [
+            ("state", &runner.state_norm),
+            ("action", &runner.action_norm),
+        ] {
             if n.stats.is_empty() && n.from != "IDENTITY in normalization_mapping" {
                 w.push(format!("{what} normalization is identity: {}", n.from));
             }

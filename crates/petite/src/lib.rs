@@ -3,7 +3,6 @@
 //! measure ([`memory`], [`report`]).
 #![deny(missing_docs)]
 
-
 pub mod act;
 pub mod bundle;
 pub mod engines;

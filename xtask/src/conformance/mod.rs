@@ -12,6 +12,7 @@ mod aarch64;
 mod lerobot;
 mod onnx;
 pub use onnx::REQUIREMENTS as ONNX_REQUIREMENTS;
+mod policy;
 mod portable;
 mod pte;
 mod tensorrt;
@@ -62,6 +63,9 @@ pub enum Tier {
     Onnx,
     /// ExecuTorch's runtime runs the portable exports.
     Portable,
+    /// Real lerobot 0.6.1 policy folders exported and run by `petite act` against lerobot's
+    /// whole pipeline (preprocessor → predict_action_chunk → postprocessor).
+    LerobotPolicy,
     /// TensorRT-RTX parses and builds every golden's engines.
     Tensorrt,
     /// petite cross-built for aarch64, a golden exported and verified under qemu-aarch64 (4 KiB
@@ -86,6 +90,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if on(Tier::Portable) {
         portable::run(args.full)?;
+    }
+    if on(Tier::LerobotPolicy) {
+        policy::run()?;
     }
     if on(Tier::Tensorrt) {
         tensorrt::run()?;

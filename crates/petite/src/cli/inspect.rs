@@ -25,7 +25,11 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     // A file of an export's pair: the pair and its policy.json must come from one export.
     let name = a.file.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let dir = a.file.parent().unwrap_or(std::path::Path::new("."));
-    let dir = if dir.as_os_str().is_empty() { std::path::Path::new(".") } else { dir };
+    let dir = if dir.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        dir
+    };
     if (name == "prefix.pte" || name == "step.pte")
         && dir.join("prefix.pte").is_file()
         && dir.join("step.pte").is_file()

@@ -444,11 +444,8 @@ trait Stages {
 /// The load stage's shared part: config, checkpoint layout and contents, programs, and the
 /// check that no output would overwrite an input.
 fn load(opts: &ExportOptions) -> Result<Loaded> {
-    let resolved = crate::bundle::resolve(
-        &opts.checkpoint,
-        opts.config.as_deref(),
-        opts.state_padded,
-    )?;
+    let resolved =
+        crate::bundle::resolve(&opts.checkpoint, opts.config.as_deref(), opts.state_padded)?;
     let cfg = resolved.cfg.clone();
     let ck = open_checkpoint(&resolved.weights)?;
     crate::bundle::check_against_weights(&resolved, &ck)?;
@@ -508,9 +505,14 @@ fn load(opts: &ExportOptions) -> Result<Loaded> {
         opts.engine_cap,
         opts.placement,
         opts.backend_options,
+        // Where the folder was is not what the programs are made of.
         runner
             .as_ref()
-            .map(|r| serde_json::to_string(r).unwrap_or_default())
+            .map(|r| {
+                let mut r = r.clone();
+                r.source.clear();
+                serde_json::to_string(&r).unwrap_or_default()
+            })
             .unwrap_or_default(),
     );
     Ok(Loaded {
