@@ -177,10 +177,13 @@ fn files_of_two_exports_are_refused_by_every_reader() {
     }
 }
 
+/// A change to a config.
+type Edit = Box<dyn Fn(&mut Value)>;
+
 #[test]
 fn bad_folders_are_refused_with_one_line_naming_the_cause() {
     let s = Scratch::new("refusals");
-    let cases: Vec<(&str, Box<dyn Fn(&mut Value)>, &str)> = vec![
+    let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "pi0",
             Box::new(|c| c["type"] = json!("pi0")),

@@ -431,8 +431,10 @@ impl LerobotConfig {
         let mut cfg = match sizes {
             Some((s, _)) => s.clone(),
             None => {
-                let mut c = Pi05Config::default();
-                c.language = gemma(file, "paligemma_variant", &self.paligemma_variant, true)?;
+                let mut c = Pi05Config {
+                    language: gemma(file, "paligemma_variant", &self.paligemma_variant, true)?,
+                    ..Pi05Config::default()
+                };
                 let e = gemma(
                     file,
                     "action_expert_variant",

@@ -159,7 +159,7 @@ pub fn state_bins(s: &[f32], bins: usize) -> Vec<i64> {
 
 /// lerobot's prompt: the task cleaned (stripped, `_` and newlines to spaces) and the bins.
 pub fn prompt(task: &str, bins: &[i64]) -> String {
-    let cleaned = task.trim().replace('_', " ").replace('\n', " ");
+    let cleaned = task.trim().replace(['_', '\n'], " ");
     let state: Vec<String> = bins.iter().map(ToString::to_string).collect();
     format!("Task: {cleaned}, State: {};\nAction: ", state.join(" "))
 }
@@ -430,10 +430,8 @@ fn preprocess(
         images.extend_from_slice(p);
         image_masks.push(1);
     }
-    for _ in 0..missing {
-        images.extend(std::iter::repeat_n(-1f32, plane));
-        image_masks.push(0);
-    }
+    images.extend(std::iter::repeat_n(-1f32, missing * plane));
+    image_masks.extend(std::iter::repeat_n(0, missing));
     // Prompt and tokens (after every check of the observation).
     let task = opts
         .task
