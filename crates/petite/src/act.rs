@@ -622,10 +622,11 @@ mod tests {
 
     #[test]
     fn bins_follow_numpy_digitize() {
-        // Below -1 → -1; -1 exactly → 0; just under 1 → 255; 1 and above → 255.
+        // Values numpy gives (checked): below -1 → -1; -1 exactly → 0; -0.99 ≥ -1 + 1/128 → 1;
+        // just under 1 → 255; 1 and above → 255.
         assert_eq!(
             state_bins(&[-1.5, -1.0, -0.99, 0.0, 0.999, 1.0, 3.0], 256),
-            [-1, 0, 0, 128, 255, 255, 255]
+            [-1, 0, 1, 128, 255, 255, 255]
         );
     }
 
