@@ -65,12 +65,13 @@ class Case:
     norm: str
     hub: bool
     task: str
+    relative: bool = False
 
 
 CASES = [
     # LIBERO-like: 2 real cameras + 1 empty, raw images non-square and not at the resolution
     # (one float CHW, one uint8 HWC), MEAN_STD, state 5 != action 4 != max 6 != 32, chunk 7,
-    # tokens 48, steps 5.
+    # tokens 48, steps 5; relative actions with the gripper excluded.
     Case(
         name="libero_like_mean_std",
         seed=7001,
@@ -88,6 +89,7 @@ CASES = [
         norm="MEAN_STD",
         hub=False,
         task="put the_bowl on the plate\n",
+        relative=True,
     ),
     # Hub-style folder: hand-written config (no normalization_mapping → QUANTILES, no
     # empty_camera entry), no `model.` prefix, no embed_tokens; a real camera left out of the
@@ -187,6 +189,9 @@ def make_case(case: Case, out: Path, tokdir: Path) -> None:
         image_resolution=(res, res),
         tokenizer_max_length=case.tokens,
         empty_cameras=case.empty_cameras,
+        use_relative_actions=case.relative,
+        relative_exclude_joints=["gripper"],
+        action_feature_names=["x", "y", "z", "gripper"][: case.action_dim] if case.relative else None,
         normalization_mapping={"VISUAL": NormalizationMode.IDENTITY, "STATE": norm, "ACTION": norm},
         input_features={
             **{
