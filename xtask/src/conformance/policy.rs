@@ -3,7 +3,8 @@
 //! gets it — `PI05Policy.save_pretrained` plus the pre/post-processors' `save_pretrained`, small
 //! sizes, a small trained tokenizer; one case as a Hub-style folder — and runs lerobot's own
 //! preprocessor → `predict_action_chunk` (fixed noise) → postprocessor on raw observations.
-//! Then, per case and backend (reference engines, portable in ExecuTorch's runtime), f32:
+//! Then, per case and backend (reference engines, portable in ExecuTorch's runtime, onnx in ONNX
+//! Runtime), f32:
 //! `petite export --checkpoint <folder> --config petite.json` and `petite act` on the same raw
 //! observation must give lerobot's actions within 1e-4 × max(1, |action|) each, and its prompt
 //! tokens and attention mask exactly. A NaN, a length mismatch or a missing tensor fails.
@@ -28,6 +29,7 @@ pub fn run() -> Result<()> {
     let root = util::root();
     let python = super::lerobot_venv()?;
     let pte_python = util::venv("pte", codegen::PTE_VENV_REQUIREMENTS)?;
+    let ort_python = util::venv("ort", super::ONNX_REQUIREMENTS)?;
     let petite = util::release_petite()?;
     let out = util::target_dir().join("conformance-policy");
     let result = (|| -> Result<()> {
@@ -39,7 +41,7 @@ pub fn run() -> Result<()> {
         )?;
         for case in CASES {
             let dir = out.join(case);
-            for backend in ["reference", "portable"] {
+            for backend in ["reference", "portable", "onnx"] {
                 let bundle = dir.join(backend);
                 util::run(
                     Command::new(&petite)
@@ -60,8 +62,14 @@ pub fn run() -> Result<()> {
                     .arg(dir.join("observation.safetensors"))
                     .arg("--out")
                     .arg(&acted);
-                if backend == "portable" {
-                    act.arg("--python").arg(&pte_python);
+                match backend {
+                    "portable" => {
+                        act.arg("--python").arg(&pte_python);
+                    }
+                    "onnx" => {
+                        act.arg("--python").arg(&ort_python);
+                    }
+                    _ => {}
                 }
                 util::run(&mut act)?;
                 let err = compare(&dir.join("expected.safetensors"), &acted)
