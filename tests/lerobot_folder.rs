@@ -144,6 +144,50 @@ fn files_of_two_exports_are_refused_by_every_reader() {
         .arg(&b)
         .output()
         .unwrap());
+    // A policy.json of another export beside a consistent pair.
+    let c = s.0.join("c");
+    ok(export(&ck, &c));
+    std::fs::copy(b.join("policy.json"), c.join("policy.json")).unwrap();
+    let o = petite()
+        .args(["verify", "--pte-dir"])
+        .arg(&c)
+        .arg("--checkpoint")
+        .arg(&ck)
+        .arg("--config")
+        .arg(case(CASE).join("config.json"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("policy.json: export id ")
+            && err.contains("the files come from different exports"),
+        "{err}"
+    );
+    // The ONNX backend carries the same id in pi05.onnx.json.
+    let d = s.0.join("d");
+    ok(petite()
+        .args([
+            "export",
+            "--dtype",
+            "f32",
+            "--backend",
+            "onnx",
+            "--checkpoint",
+        ])
+        .arg(&ck)
+        .arg("--config")
+        .arg(case(CASE).join("config.json"))
+        .arg("--out")
+        .arg(&d)
+        .output()
+        .unwrap());
+    let read = |p: PathBuf| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let (spec, policy) = (read(d.join("pi05.onnx.json")), read(d.join("policy.json")));
+    assert_eq!(spec["export_id"], policy["export_id"]);
+    assert_eq!(policy["backend"], "onnx");
     std::fs::copy(b.join("step.pte"), a.join("step.pte")).unwrap();
     for args in [
         vec!["inspect".into(), a.join("prefix.pte").display().to_string()],
