@@ -5,7 +5,9 @@
 
 pub mod config;
 pub mod inputs;
+pub mod lerobot;
 pub mod names;
+pub mod policy;
 pub mod programs;
 pub mod run;
 pub mod synth;
@@ -75,6 +77,15 @@ pub enum Error {
     /// The reference executor failed (its error names the node or input).
     #[error("reference executor: {0}")]
     Reference(#[from] petite_reference::Error),
+    /// An input petite does not export, with the reason (a PEFT adapter, a pi0 checkpoint, a
+    /// config that disagrees with the weights, ...).
+    #[error("{file}: {reason}")]
+    Refused {
+        /// The file or folder.
+        file: String,
+        /// Why, and what to do.
+        reason: String,
+    },
     /// Something that should not happen did (a bug), or an output-path conflict.
     #[error("{0}")]
     Internal(String),

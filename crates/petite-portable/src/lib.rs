@@ -943,6 +943,18 @@ pub fn write_program(
     out: &Path,
     opts: WriteOptions,
 ) -> Result<(Vec<ExportReport>, WriteSummary)> {
+    write_program_with(methods, constants, &[], out, opts)
+}
+
+/// [`write_program`] with small named-data blobs added (`(key, bytes)`, e.g. the exporter's
+/// export id), which no method reads.
+pub fn write_program_with(
+    methods: &[MethodSpec<'_>],
+    constants: Constants<'_>,
+    named: &[(&str, &[u8])],
+    out: &Path,
+    opts: WriteOptions,
+) -> Result<(Vec<ExportReport>, WriteSummary)> {
     let lows: Vec<&Lowered> = methods.iter().map(|m| m.lowered).collect();
     let table = stored_weights(&lows);
     match constants {
@@ -1015,6 +1027,13 @@ pub fn write_program(
         }
         pb.add_method(build_method(m.name, l, m.plan, &constant))?;
         reports.push(report(m.name, l, m.plan));
+    }
+    for (key, bytes) in named {
+        pb.add_named_data(
+            key,
+            petite_pte::SegmentData::Bytes(std::sync::Arc::from(*bytes)),
+            16,
+        )?;
     }
     let summary = match constants {
         Constants::Mapping(_) => pb.write(out, opts)?,

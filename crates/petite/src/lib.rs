@@ -3,6 +3,8 @@
 //! measure ([`memory`], [`report`]).
 #![deny(missing_docs)]
 
+pub mod act;
+pub mod bundle;
 pub mod cuda_run;
 pub mod engines;
 pub mod export;

@@ -28,6 +28,8 @@ enum Cmd {
     Lower(cli::lower::LowerArgs),
     /// Run an export's .pte files and compare with the f32 reference (separate process).
     Verify(cli::verify::VerifyArgs),
+    /// Run an export from a raw lerobot observation (lerobot's pre- and post-processing).
+    Act(cli::act::ActArgs),
     /// What this machine offers: the GPU the CUDA driver reports, the TensorRT builder found.
     Doctor(cli::doctor::DoctorArgs),
 }
@@ -100,6 +102,7 @@ fn run() -> anyhow::Result<()> {
         Cmd::Verify(a) => cli::verify::run(a),
         Cmd::Lower(a) => cli::lower::run(a),
         Cmd::Doctor(a) => cli::doctor::run(a),
+        Cmd::Act(a) => cli::act::run(a),
     }
 }
 

@@ -434,6 +434,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     // `--device cuda` where CUDA cannot run is refused before anything is read.
     let engines = crate::runtimes::runtime(REFERENCE_ID, opts.device)?;
     let rec = Recorder::start(Duration::from_millis(10));
+    // Files of two exports are never run together.
+    crate::bundle::check_bundle(&opts.pte_dir)?;
     // The export's report: its dtype picks the default bound, and the verify result is merged
     // into it. Missing is fine (files copied without it); unreadable is an error, never `{}`.
     let report = opts.pte_dir.join("report.json");
@@ -450,10 +452,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
                 .and_then(|d| d.as_str()),
         ),
     };
-    let cfg = match &opts.config {
-        Some(p) => Pi05Config::from_json_file(p)?,
-        None => Pi05Config::default(),
-    };
+    let resolved = crate::bundle::resolve(&opts.checkpoint, opts.config.as_deref(), false)?;
+    let cfg = resolved.cfg.clone();
     let (inputs, inputs_desc) = match &opts.inputs {
         Some(p) => (Inputs::from_file(p, &cfg)?, p.display().to_string()),
         None => (
@@ -462,11 +462,12 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         ),
     };
     // The checkpoint is checked first: a wrong one fails before any work.
-    let ck = open_checkpoint(&opts.checkpoint)?;
+    let ck = open_checkpoint(&resolved.weights)?;
+    crate::bundle::check_against_weights(&resolved, &ck)?;
     let f32_progs = petite_pi05::build_all(&cfg, Precision::F32)?;
     check_weights(
         &ck,
-        &opts.checkpoint.display().to_string(),
+        &resolved.weights.display().to_string(),
         [
             &f32_progs.timestep_table,
             &f32_progs.prefix,

@@ -14,6 +14,7 @@ pub(crate) use gpu::petite_bin;
 mod lerobot;
 mod onnx;
 pub use onnx::REQUIREMENTS as ONNX_REQUIREMENTS;
+mod policy;
 mod portable;
 mod pte;
 mod tensorrt;
@@ -64,6 +65,9 @@ pub enum Tier {
     Onnx,
     /// ExecuTorch's runtime runs the portable exports.
     Portable,
+    /// Real lerobot 0.6.1 policy folders exported and run by `petite act` against lerobot's
+    /// whole pipeline (preprocessor → predict_action_chunk → postprocessor).
+    LerobotPolicy,
     /// TensorRT-RTX parses and builds every golden's engines.
     Tensorrt,
     /// petite's programs on CUDA GPU 0 (petite-cuda): the goldens through `pi05 run` and
@@ -91,6 +95,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if on(Tier::Portable) {
         portable::run(args.full)?;
+    }
+    if on(Tier::LerobotPolicy) {
+        policy::run()?;
     }
     if on(Tier::Tensorrt) {
         tensorrt::run()?;

@@ -11,13 +11,23 @@ use petite::memory::parse_size;
 /// Arguments of `petite export`.
 #[derive(Args, Debug)]
 pub struct ExportArgs {
-    /// Checkpoint: .safetensors file, model.safetensors.index.json or directory (lerobot or Hub
+    /// Checkpoint: a lerobot pi0.5 policy folder (config.json with "type": "pi05" beside
+    /// model.safetensors, processors optional; the call's interface comes from it), a training
+    /// output holding one (pretrained_model/ or checkpoints/last/pretrained_model), a
+    /// .safetensors file, model.safetensors.index.json or a folder of weights (lerobot or Hub
     /// layout, single or sharded).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// pi0.5 config JSON (default: the real pi0.5).
+    /// pi0.5 config JSON in petite's schema (default: from a lerobot folder, else the real
+    /// pi0.5). Beside a lerobot folder it gives the model sizes only (small test models); the
+    /// interface fields both define must agree.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// How a lerobot checkpoint writes the state into the prompt: real (lerobot >= 0.5: the real
+    /// state's bins) or padded (0.4.x: zero-padded to max_state_dim first). Recorded in
+    /// policy.json for `petite act`.
+    #[arg(long, value_enum, default_value = "real")]
+    pub state_prompt: StatePrompt,
     /// Output directory: prefix.pte, step.pte, report.json, cache/ (mapping file); portable:
     /// also prefix.pte.json, step.pte.json (the methods' inputs and outputs); onnx: pi05.onnx,
     /// pi05.onnx.data (its external data: the mapping file), pi05.onnx.json, report.json.
@@ -74,9 +84,29 @@ pub struct ExportArgs {
     pub pause_after_engine_ms: Option<u64>,
 }
 
+/// How the state is written into the prompt (`--state-prompt`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatePrompt {
+    /// lerobot >= 0.5: the real state.
+    Real,
+    /// lerobot 0.4.x: zero-padded to max_state_dim.
+    Padded,
+}
+
 /// Runs `petite export`.
 pub fn run(a: ExportArgs) -> anyhow::Result<()> {
+    let state_padded = a.state_prompt == StatePrompt::Padded;
+    // The interface, resolved and printed before any work (the export resolves it again).
+    let resolved = petite::bundle::resolve(&a.checkpoint, a.config.as_deref(), state_padded)
+        .with_context(|| format!("export of {}", a.checkpoint.display()))?;
+    if let Some(d) = resolved.describe() {
+        println!("{d}");
+    }
+    for w in resolved.warnings() {
+        eprintln!("warning: {w}");
+    }
     let mut o = ExportOptions::new(&a.checkpoint, a.config.as_deref(), &a.out);
+    o.state_padded = state_padded;
     o.backend = a.backend;
     o.backend_options = BackendOptions {
         trtexec: a.trtexec.clone(),

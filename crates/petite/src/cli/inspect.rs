@@ -22,6 +22,24 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     let f = petite_pte::PteFile::open(&a.file)
         .with_context(|| format!("inspecting {}", a.file.display()))?;
     let s = summarize(f.program(), f.layout());
+    // A file of an export's pair: the pair and its policy.json must come from one export.
+    let name = a.file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let dir = a.file.parent().unwrap_or(std::path::Path::new("."));
+    let dir = if dir.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        dir
+    };
+    if (name == "prefix.pte" || name == "step.pte")
+        && dir.join("prefix.pte").is_file()
+        && dir.join("step.pte").is_file()
+    {
+        let policy = petite::bundle::check_bundle(dir)
+            .with_context(|| format!("inspecting {}", a.file.display()))?;
+        if let (Some(p), false) = (policy, a.json) {
+            println!("bundle: {} (export id {})", p.summary(), p.export_id);
+        }
+    }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&to_json(&s))?);
     } else {

@@ -1,4 +1,5 @@
 //! One module per subcommand, so subcommands can grow independently.
+pub mod act;
 pub mod convert;
 pub mod doctor;
 pub mod export;

@@ -325,6 +325,7 @@ impl Stages for EngineStages<'_> {
             .ok_or_else(|| Error::Usage("export stages out of order: no table yet".into()))?;
         let mut p = ProgramBuilder::new();
         forward_method(&mut p, &progs.prefix, &self.prefix_engines, self.device)?;
+        add_export_id(&mut p, &save.export_id)?;
         let prefix_sum = p.write(save.staged(&save.prefix_pte), save.wopts)?;
         save.pb.inc(1);
         let mut p = ProgramBuilder::new();
@@ -336,6 +337,7 @@ impl Stages for EngineStages<'_> {
         let tv = tm.constant_tensor(ScalarType::FLOAT, &dims, idx);
         tm.outputs(&[tv]);
         p.add_method(tm)?;
+        add_export_id(&mut p, &save.export_id)?;
         let step_sum = p.write(save.staged(&save.step_pte), save.wopts)?;
         save.pb.finish_and_clear();
         self.pte_bytes = [prefix_sum.file_len, step_sum.file_len];
@@ -413,6 +415,8 @@ impl Stages for EngineStages<'_> {
             },
         });
         Saved {
+            cfg: None,
+            runner: None,
             rest,
             engines_reused: reused,
             engines_built: built,
@@ -557,5 +561,15 @@ fn forward_method(
         m.reuse_buffer(DEVICE)?;
     }
     pb.add_method(m)?;
+    Ok(())
+}
+
+/// The export id as named data (no method reads it; readers compare the two files').
+fn add_export_id(p: &mut ProgramBuilder, id: &str) -> Result<()> {
+    p.add_named_data(
+        crate::bundle::EXPORT_ID_KEY,
+        petite_pte::SegmentData::Bytes(std::sync::Arc::from(id.as_bytes())),
+        16,
+    )?;
     Ok(())
 }

@@ -95,6 +95,9 @@ pub struct ExportOptions {
     /// Where the delegates' inputs and outputs are planned (`None`: the backend's default —
     /// device memory for engines that run on a GPU, host memory otherwise).
     pub placement: Option<Placement>,
+    /// lerobot 0.4.x checkpoints: the state is zero-padded to `max_state_dim` before it is
+    /// written into the prompt (`policy.json`'s `state_padded`; 0.5+ write the real state).
+    pub state_padded: bool,
 }
 
 /// Where a `.pte`'s delegate inputs and outputs live in memory (`--placement`).
@@ -126,6 +129,7 @@ impl ExportOptions {
             handle_ctrl_c: false,
             pause_after_engine: None,
             placement: None,
+            state_padded: false,
         }
     }
 }
@@ -287,10 +291,12 @@ struct SaveTargets {
     /// Further `(source, final)` renames the backend's save recorded ([`SaveTargets::publish_as`]),
     /// done in order after the `.pte`s.
     extra: std::cell::RefCell<Vec<(PathBuf, PathBuf)>>,
+    /// The export id every program file carries and `policy.json` repeats.
+    export_id: String,
 }
 
 impl SaveTargets {
-    fn new(opts: &ExportOptions) -> Self {
+    fn new(opts: &ExportOptions, export_id: String) -> Self {
         SaveTargets {
             pb: bar(opts.progress, 2, "save"),
             wopts: WriteOptions {
@@ -301,6 +307,7 @@ impl SaveTargets {
             step_pte: opts.out.join("step.pte"),
             ptes: opts.backend != Backend::Onnx,
             extra: Default::default(),
+            export_id,
         }
     }
 
@@ -342,6 +349,21 @@ impl SaveTargets {
         guard::publish(watch, &files)?;
         let report_path = opts.out.join("report.json");
         crate::report::write_json(&report_path, &report)?;
+        // Last: a bundle with a policy.json is complete, and its id names the programs' export.
+        let spec = petite_pi05::policy::PolicySpec {
+            format: petite_pi05::policy::FORMAT.into(),
+            export_id: self.export_id.clone(),
+            backend: opts.backend.name().into(),
+            dtype: match opts.precision {
+                Precision::Bf16 => "bf16",
+                Precision::F32 => "f32",
+            }
+            .into(),
+            model: saved_cfg(saved).clone(),
+            runner: saved.runner.clone(),
+        };
+        let policy_path = opts.out.join(petite_pi05::policy::FILE);
+        crate::report::write_json(&policy_path, &serde_json::to_value(&spec)?)?;
         Ok(ExportResult {
             prefix_pte: self.prefix_pte,
             step_pte: self.step_pte,
@@ -365,10 +387,26 @@ struct Loaded {
     /// RSS of the process before any stage's work: what a budget starts from.
     base: u64,
     checkpoint_desc: serde_json::Value,
+    /// The lerobot folder's runner metadata, when the checkpoint is one.
+    runner: Option<petite_pi05::policy::Runner>,
+    /// What identifies the export's inputs beside the weights' content (config, backend,
+    /// dtype, settings): hashed with the mapping file's seal into the export id.
+    id_material: String,
+}
+
+fn saved_cfg(s: &Saved) -> &Pi05Config {
+    static DEFAULT: std::sync::OnceLock<Pi05Config> = std::sync::OnceLock::new();
+    s.cfg
+        .as_ref()
+        .unwrap_or_else(|| DEFAULT.get_or_init(Pi05Config::default))
 }
 
 /// What a backend's stages give the report: its part of `report.json` and the engine counts.
 struct Saved {
+    /// The model config (for `policy.json`), filled in by [`export`].
+    cfg: Option<Pi05Config>,
+    /// lerobot's runner metadata, filled in by [`export`].
+    runner: Option<petite_pi05::policy::Runner>,
     rest: serde_json::Value,
     engines_reused: usize,
     engines_built: usize,
@@ -406,18 +444,18 @@ trait Stages {
 /// The load stage's shared part: config, checkpoint layout and contents, programs, and the
 /// check that no output would overwrite an input.
 fn load(opts: &ExportOptions) -> Result<Loaded> {
-    let cfg = match &opts.config {
-        Some(p) => Pi05Config::from_json_file(p)?,
-        None => Pi05Config::default(),
-    };
-    let ck = open_checkpoint(&opts.checkpoint)?;
+    let resolved =
+        crate::bundle::resolve(&opts.checkpoint, opts.config.as_deref(), opts.state_padded)?;
+    let cfg = resolved.cfg.clone();
+    let ck = open_checkpoint(&resolved.weights)?;
+    crate::bundle::check_against_weights(&resolved, &ck)?;
     let names = ck.inner().names();
     let layout = petite_pi05::names::detect_layout(&names);
     let shards = ck.inner().shards().len();
     let progs = build_all(&cfg, opts.precision)?;
     check_weights(
         &ck,
-        &opts.checkpoint.display().to_string(),
+        &resolved.weights.display().to_string(),
         [&progs.timestep_table, &progs.prefix, &progs.step],
     )?;
     let ck_files = ck.files();
@@ -428,6 +466,7 @@ fn load(opts: &ExportOptions) -> Result<Loaded> {
         onnx::MODEL,
         onnx::DATA,
         onnx::SPEC,
+        petite_pi05::policy::FILE,
     ] {
         let o = opts.out.join(out_name);
         if let Ok(oc) = o.canonicalize()
@@ -456,6 +495,26 @@ fn load(opts: &ExportOptions) -> Result<Loaded> {
         "shards": shards,
         "files": ck_files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
     });
+    let runner = resolved.lerobot.map(|(_, r)| r);
+    let id_material = format!(
+        "{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{}",
+        env!("CARGO_PKG_VERSION"),
+        cfg.to_json_pretty(),
+        opts.backend.name(),
+        opts.precision,
+        opts.engine_cap,
+        opts.placement,
+        opts.backend_options,
+        // Where the folder was is not what the programs are made of.
+        runner
+            .as_ref()
+            .map(|r| {
+                let mut r = r.clone();
+                r.source.clear();
+                serde_json::to_string(&r).unwrap_or_default()
+            })
+            .unwrap_or_default(),
+    );
     Ok(Loaded {
         cfg,
         ck,
@@ -463,6 +522,8 @@ fn load(opts: &ExportOptions) -> Result<Loaded> {
         ck_files,
         base,
         checkpoint_desc,
+        runner,
+        id_material,
     })
 }
 
@@ -516,17 +577,35 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     }
 
     let st = rec.begin("save");
-    let save = SaveTargets::new(opts);
+    let save = SaveTargets::new(opts, export_id(&loaded.id_material, stages.mapping())?);
     stages.save(&save)?;
     rec.end(st, false);
 
     let recorded = rec.stages();
     let total = rec.elapsed();
-    let saved = stages.report(&save, &recorded, total);
+    let mut saved = stages.report(&save, &recorded, total);
+    saved.cfg = Some(loaded.cfg.clone());
+    saved.runner = loaded.runner.clone();
     drop(stages);
     let table_text = crate::report::table(&recorded, total);
     let report = report_json(opts, loaded.checkpoint_desc.clone(), saved.rest.clone());
     save.finish(opts, &watch, report, table_text, &saved)
+}
+
+/// The export id: a hash of what the programs are made of — the weights' content as the mapping
+/// file's seal records it (its length and SHA-256, of all of a small file, sampled in a large
+/// one) and `material` (config, backend, settings). Identical inputs give identical bytes, as
+/// before; two exports of different weights (even with equal headers, e.g. two training steps)
+/// get different ids.
+fn export_id(material: &str, mapping: Option<&MappedSafetensors>) -> Result<String> {
+    let mut h = Sha256::new();
+    h.update(material.as_bytes());
+    if let Some(m) = mapping {
+        let seal = petite_weights::seal::sidecar(m.path());
+        let text = std::fs::read(&seal).map_err(|e| Error::io(&seal, "read", e))?;
+        h.update(&text);
+    }
+    Ok(hex::encode(&h.finalize()[..16]))
 }
 
 /// File next to a portable `.pte` describing its methods' inputs, outputs and memory plans

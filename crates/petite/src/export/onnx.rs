@@ -325,6 +325,7 @@ impl Stages for OnnxStages<'_> {
             Precision::Bf16 => "bf16",
         };
         let spec = json!({
+            "export_id": save.export_id,
             "model": MODEL,
             "external_data": [DATA],
             "opset": onnx::OPSET,
@@ -416,6 +417,8 @@ impl Stages for OnnxStages<'_> {
             },
         });
         Saved {
+            cfg: None,
+            runner: None,
             rest,
             engines_reused: 0,
             engines_built: 0,

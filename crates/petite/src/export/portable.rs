@@ -161,9 +161,10 @@ impl Stages for PortableStages<'_> {
         let mapping = self.mapping.as_ref().ok_or_else(out_of_order)?;
         let (_, l_table, p_table) = self.timestep.as_ref().ok_or_else(out_of_order)?;
         let constants = petite_portable::Constants::Mapping(mapping);
-        let (prefix_rep, prefix_sum) = petite_portable::write_program(
+        let (prefix_rep, prefix_sum) = petite_portable::write_program_with(
             &[spec(METHOD, &self.prefix)],
             constants,
+            &[(crate::bundle::EXPORT_ID_KEY, save.export_id.as_bytes())],
             &save.staged(&save.prefix_pte),
             save.wopts,
         )?;
@@ -173,9 +174,10 @@ impl Stages for PortableStages<'_> {
             lowered: l_table,
             plan: p_table,
         };
-        let (step_rep, step_sum) = petite_portable::write_program(
+        let (step_rep, step_sum) = petite_portable::write_program_with(
             &[spec(METHOD, &self.step), table_spec],
             constants,
+            &[(crate::bundle::EXPORT_ID_KEY, save.export_id.as_bytes())],
             &save.staged(&save.step_pte),
             save.wopts,
         )?;
@@ -247,6 +249,8 @@ impl Stages for PortableStages<'_> {
             },
         });
         Saved {
+            cfg: None,
+            runner: None,
             rest,
             engines_reused: 0,
             engines_built: 0,

@@ -1,0 +1,170 @@
+//! What `--checkpoint` names, resolved once for `export` and `verify`: a lerobot pi0.5 policy
+//! folder (or a training output holding one), a folder with petite's own `config.json`, or
+//! weights alone; and the bundle an export leaves: `policy.json` plus the export id that
+//! `prefix.pte` and `step.pte` (or `pi05.onnx.json`) carry, which every reader checks so that
+//! files of two exports are never run together.
+
+use std::path::{Path, PathBuf};
+
+use petite_pi05::Pi05Config;
+use petite_pi05::inputs::CanonicalCheckpoint;
+use petite_pi05::lerobot::{ConfigKind, LerobotConfig, check_weights_against, open_folder};
+use petite_pi05::policy::{self, PolicySpec, Runner};
+use petite_pte::PteFile;
+use petite_weights::WeightSource;
+
+use crate::{Error, Result};
+
+/// Named-data key under which a `.pte` carries its export id.
+pub const EXPORT_ID_KEY: &str = "petite.export_id";
+
+/// A `--checkpoint` (and `--config`) resolved.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The model config of the call.
+    pub cfg: Pi05Config,
+    /// Where the weights are (a file, an index or a folder).
+    pub weights: PathBuf,
+    /// The lerobot folder's config and runner metadata, when the checkpoint is one.
+    pub lerobot: Option<(LerobotConfig, Runner)>,
+}
+
+impl Resolved {
+    /// The interface in one line, for printing before any work (`None`: not a lerobot folder).
+    pub fn describe(&self) -> Option<String> {
+        self.lerobot.as_ref().map(|(lr, _)| lr.describe())
+    }
+
+    /// Warnings to print (a set `rtc_config`, stats missing).
+    pub fn warnings(&self) -> Vec<String> {
+        let Some((lr, runner)) = &self.lerobot else {
+            return vec![];
+        };
+        let mut w = lr.warnings.clone();
+        for (what, n) in [
+            ("state", &runner.state_norm),
+            ("action", &runner.action_norm),
+        ] {
+            if n.stats.is_empty() && n.from != "IDENTITY in normalization_mapping" {
+                w.push(format!("{what} normalization is identity: {}", n.from));
+            }
+        }
+        w
+    }
+}
+
+/// Resolves `checkpoint` (+ `config`): a lerobot pi0.5 folder gives the interface (and, with
+/// `config`, the model sizes, whose interface fields must agree); a folder with petite's
+/// `config.json` and no `config` given uses it; otherwise `config` or the real pi0.5.
+/// `state_padded`: lerobot 0.4.x's padded state prompt.
+pub fn resolve(checkpoint: &Path, config: Option<&Path>, state_padded: bool) -> Result<Resolved> {
+    let sizes = config.map(Pi05Config::from_json_file).transpose()?;
+    let folder = open_folder(checkpoint)?;
+    match folder {
+        Some(f) if f.kind == ConfigKind::LerobotPi05 => {
+            let file = f.config_path.display().to_string();
+            let lr = LerobotConfig::from_json(&f.json, &file)?;
+            let sizes_name = config.map(|p| p.display().to_string()).unwrap_or_default();
+            let cfg = lr.to_pi05(&file, sizes.as_ref().map(|s| (s, sizes_name.as_str())))?;
+            let runner = Runner::from_folder(&f.dir, &lr, state_padded)?;
+            Ok(Resolved {
+                cfg,
+                weights: f.dir,
+                lerobot: Some((lr, runner)),
+            })
+        }
+        Some(f) if f.kind == ConfigKind::Petite && sizes.is_none() && f.dir == checkpoint => {
+            Ok(Resolved {
+                cfg: Pi05Config::from_json_file(&f.config_path)?,
+                weights: checkpoint.to_path_buf(),
+                lerobot: None,
+            })
+        }
+        _ => Ok(Resolved {
+            cfg: sizes.unwrap_or_default(),
+            weights: checkpoint.to_path_buf(),
+            lerobot: None,
+        }),
+    }
+}
+
+/// The lerobot folder's config checked against the opened weights (a no-op for other
+/// checkpoints): one line naming the field, its value, the tensor and its shape.
+pub fn check_against_weights(r: &Resolved, ck: &CanonicalCheckpoint) -> Result<()> {
+    if let Some((lr, _)) = &r.lerobot {
+        let stored = ck.inner().names();
+        check_weights_against(
+            lr,
+            &r.cfg,
+            ck as &dyn WeightSource,
+            &stored,
+            &r.weights.display().to_string(),
+        )?;
+    }
+    Ok(())
+}
+
+/// The export id of a `.pte` (`None`: written before export ids, or not by petite export).
+pub fn pte_export_id(pte: &PteFile) -> Result<Option<String>> {
+    let Some(seg) = pte.named_segment(EXPORT_ID_KEY) else {
+        return Ok(None);
+    };
+    let (start, len) = pte.segment_range(seg)?;
+    let mut buf = vec![0u8; len as usize];
+    let f = std::fs::File::open(pte.path()).map_err(|e| Error::io(pte.path(), "open", e))?;
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, start)
+        .map_err(|e| Error::io(pte.path(), "read export id", e))?;
+    String::from_utf8(buf).map(Some).map_err(|_| Error::BadPte {
+        path: pte.path().display().to_string(),
+        reason: format!("named data `{EXPORT_ID_KEY}` is not UTF-8"),
+    })
+}
+
+/// The export id of an ONNX export (`pi05.onnx.json`'s `export_id`).
+pub fn onnx_export_id(dir: &Path) -> Result<Option<String>> {
+    let spec = dir.join(crate::export::onnx::SPEC);
+    let v = crate::report::read_json(&spec)?;
+    Ok(v.get("export_id")
+        .and_then(|x| x.as_str())
+        .map(str::to_string))
+}
+
+/// Checks that the programs in `dir` and its `policy.json` (if any) come from one export:
+/// the `.pte` pair's ids (or the ONNX spec's) and the policy's must be equal. Returns the
+/// policy, if there is one.
+pub fn check_bundle(dir: &Path) -> Result<Option<PolicySpec>> {
+    let mut ids: Vec<(PathBuf, Option<String>)> = Vec::new();
+    if crate::verify::is_onnx(dir) {
+        ids.push((dir.join(crate::export::onnx::SPEC), onnx_export_id(dir)?));
+    } else {
+        for name in ["prefix.pte", "step.pte"] {
+            let p = dir.join(name);
+            let pte = PteFile::open(&p)?;
+            ids.push((p, pte_export_id(&pte)?));
+        }
+    }
+    let policy_path = dir.join(policy::FILE);
+    let spec = if policy_path.is_file() {
+        let s = PolicySpec::read(&policy_path)?;
+        ids.push((policy_path, Some(s.export_id.clone())));
+        Some(s)
+    } else {
+        None
+    };
+    let first = &ids[0];
+    for other in &ids[1..] {
+        if other.1 != first.1 {
+            let show = |x: &Option<String>| x.clone().unwrap_or_else(|| "none".into());
+            return Err(Error::BadPte {
+                path: other.0.display().to_string(),
+                reason: format!(
+                    "export id {} but {} has {}: the files come from different exports; export again into an empty directory",
+                    show(&other.1),
+                    first.0.display(),
+                    show(&first.1)
+                ),
+            });
+        }
+    }
+    Ok(spec)
+}
