@@ -38,6 +38,9 @@ pub struct ActOptions {
     pub seed: u64,
     /// Python for portable (ExecuTorch) or ONNX bundles.
     pub python: Option<PathBuf>,
+    /// Where a bundle of petite's engines runs (`cuda`: GPU 0 through petite-cuda; portable and
+    /// ONNX bundles run on the CPU only).
+    pub device: crate::runtimes::Device,
 }
 
 /// What one run produced.
@@ -514,6 +517,8 @@ fn preprocess(
 /// Runs `petite act`: checks the bundle (one export), preprocesses the observation, runs the
 /// programs with whichever runtime the bundle needs, and post-processes the actions.
 pub fn act(opts: &ActOptions) -> Result<ActResult> {
+    // `--device cuda` where CUDA cannot run is refused before anything is read.
+    let engines = crate::runtimes::runtime(crate::engines::REFERENCE_ID, opts.device)?;
     let dir = &opts.pte_dir;
     let spec = crate::bundle::check_bundle(dir)?.ok_or_else(|| {
         Error::Usage(format!(
@@ -526,18 +531,30 @@ pub fn act(opts: &ActOptions) -> Result<ActResult> {
     cfg.validate()?;
     let (inputs, raw_state, text) = preprocess(opts, &cfg, &r)?;
     let onnx = crate::verify::is_onnx(dir);
+    let portable =
+        !onnx && crate::verify::is_portable(&petite_pte::PteFile::open(dir.join("prefix.pte"))?);
+    if opts.device != crate::runtimes::Device::Cpu && (onnx || portable) {
+        return Err(Error::Usage(format!(
+            "--device {} runs petite's engine bundles only; this is a{} bundle (run it with --device cpu)",
+            opts.device.name(),
+            if onnx { "n ONNX" } else { " portable" }
+        )));
+    }
     let (raw, runtime) = if onnx {
         let py = crate::verify::find_ort_python(opts.python.as_deref())?;
         let (a, _) = crate::verify::run_onnx(dir, &cfg, &inputs, None, &py)?;
         (a, "onnxruntime (separate process)")
-    } else if crate::verify::is_portable(&petite_pte::PteFile::open(dir.join("prefix.pte"))?) {
+    } else if portable {
         let py = crate::verify::find_python(opts.python.as_deref())?;
         let (a, _) = crate::verify::run_portable(dir, &cfg, &inputs, None, &py)?;
         (a, "executorch-numpy-runtime (separate process)")
     } else {
         (
-            crate::verify::run_pte(dir, &cfg, &inputs)?,
-            "petite reference engines",
+            crate::verify::run_pte(dir, &cfg, &inputs, engines.as_ref())?,
+            match opts.device {
+                crate::runtimes::Device::Cpu => "petite reference engines (cpu)",
+                crate::runtimes::Device::Cuda => "petite reference engines (cuda, petite-cuda)",
+            },
         )
     };
     if raw.len() != cfg.chunk * cfg.action_dim {

@@ -34,6 +34,11 @@ pub struct ActArgs {
     /// as `petite verify --python`.
     #[arg(long)]
     pub python: Option<PathBuf>,
+    /// Where a bundle of petite's engines runs: `cpu` (the reference executor) or `cuda` (GPU 0
+    /// through petite-cuda; refused before any work where CUDA cannot run). Portable and ONNX
+    /// bundles run on the CPU.
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: petite::runtimes::Device,
     /// Output safetensors: `action` f32 [chunk, action_dim] (unnormalized; metadata
     /// n_action_steps), plus the prompt's tokens and attention mask.
     #[arg(long)]
@@ -42,6 +47,8 @@ pub struct ActArgs {
 
 /// Runs `petite act`.
 pub fn run(a: ActArgs) -> anyhow::Result<()> {
+    // One line, before anything is read.
+    petite::runtimes::check_device(a.device)?;
     let r = act(&ActOptions {
         pte_dir: a.pte_dir.clone(),
         observation: a.observation.clone(),
@@ -50,6 +57,7 @@ pub fn run(a: ActArgs) -> anyhow::Result<()> {
         noise: a.noise,
         seed: a.seed.unwrap_or(0),
         python: a.python,
+        device: a.device,
     })
     .with_context(|| format!("act with {}", a.pte_dir.display()))?;
     write_result(&a.out, &r).with_context(|| format!("writing {}", a.out.display()))?;
