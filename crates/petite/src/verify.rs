@@ -718,15 +718,11 @@ const ET_RUNTIME: PyRuntime = PyRuntime {
 
 /// `explicit`, else `$env`, else the workspace venv if present; checked by importing.
 fn find_runtime_python(explicit: Option<&Path>, rt: &PyRuntime) -> Result<PathBuf> {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../target")
-        .join(rt.venv)
-        .join("bin/python");
     let python = match (explicit, std::env::var_os(rt.env)) {
         (Some(p), _) => p.to_path_buf(),
         (None, Some(p)) => PathBuf::from(p),
-        (None, None) if venv.exists() => venv,
-        (None, None) => return Err((rt.missing)("no Python given")),
+        (None, None) => crate::engines::workspace_venv_python(rt.venv)
+            .ok_or_else(|| (rt.missing)("no Python given"))?,
     };
     let out = std::process::Command::new(&python)
         .args(["-c", &format!("import {}", rt.imports)])

@@ -71,7 +71,7 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<()> {
     let search = ToolSearch {
         trtexec: a.trtexec,
         trt_python: a.trt_python,
-        default_python: Some(default_trt_python()),
+        default_python: default_trt_python(),
     };
     match Tool::find(&search) {
         Ok(t) => {
