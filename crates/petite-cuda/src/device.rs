@@ -145,10 +145,16 @@ fn device_info() -> Result<DeviceInfo> {
 
 /// The compiled module per architecture (`compute_90`), kept for the process: NVRTC runs once.
 fn ptx_for(arch: &str) -> Result<(Ptx, f64)> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Ptx>>> = OnceLock::new();
+    compile_cached(arch, &module_source(), "petite_kernels.cu")
+}
+
+/// Compiles `source` for `arch` with petite's arithmetic options, once per process per source
+/// (reference engines of one shape share their fused kernels).
+fn compile_cached(arch: &str, source: &str, name: &str) -> Result<(Ptx, f64)> {
+    static CACHE: OnceLock<Mutex<HashMap<(String, String), Ptx>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(p) = map.get(arch) {
+    let key = (arch.to_string(), source.to_string());
+    if let Some(p) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok((p.clone(), 0.0));
     }
     let t0 = std::time::Instant::now();
@@ -161,12 +167,15 @@ fn ptx_for(arch: &str) -> Result<(Ptx, f64)> {
         prec_sqrt: Some(true),
         fmad: Some(false),
         arch: Some(arch_static),
-        name: Some("petite_kernels.cu".into()),
+        name: Some(name.into()),
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(module_source(), opts)
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
         .map_err(|e| Error::Compile(e.to_string()))?;
-    map.insert(arch.to_string(), ptx.clone());
+    cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, ptx.clone());
     Ok((ptx, t0.elapsed().as_secs_f64()))
 }
 
@@ -496,6 +505,47 @@ impl Device {
         self.funcs
             .get(name)
             .ok_or_else(|| Error::Plan(format!("no kernel {name}")))
+    }
+
+    /// Compiles `source` (with petite's arithmetic options; cached per process) and loads the
+    /// kernels `names` from it, in that order.
+    pub(crate) fn compile_functions(
+        &self,
+        source: &str,
+        names: &[String],
+    ) -> Result<(Vec<CudaFunction>, f64)> {
+        let (maj, min) = self.info.compute_capability;
+        let (ptx, secs) =
+            compile_cached(&format!("compute_{maj}{min}"), source, "petite_fused.cu")?;
+        let module = self
+            .ctx
+            .load_module(ptx)
+            .map_err(driver("load the fused kernels' PTX"))?;
+        let fs = names
+            .iter()
+            .map(|k| {
+                module
+                    .load_function(k)
+                    .map_err(driver(format!("load kernel {k}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((fs, secs))
+    }
+
+    /// Launches `f` (a kernel of [`Device::compile_functions`]) with `cfg`, `args` pushing
+    /// its arguments.
+    pub(crate) fn launch_fn<'a>(
+        &'a self,
+        f: &'a CudaFunction,
+        cfg: LaunchConfig,
+        args: impl FnOnce(&mut cudarc::driver::LaunchArgs<'a>),
+    ) -> Result<()> {
+        let mut b = self.stream.launch_builder(f);
+        args(&mut b);
+        // SAFETY: generated kernels take (n, input pointers…, output pointer), pushed by the
+        // caller in that order; every pointer is a live buffer of this device sized for n.
+        unsafe { b.launch(cfg) }.map_err(driver("launch a fused kernel"))?;
+        Ok(())
     }
 
     /// A grid-stride launch over `n` elements.

@@ -20,6 +20,7 @@
 #![deny(missing_docs)]
 
 mod device;
+pub mod fuse;
 pub mod plan;
 mod program;
 pub mod source;

@@ -9,6 +9,7 @@ use petite_reference::Tensor;
 use petite_weights::WeightSource;
 
 use crate::device::{DevTensor, Device};
+use crate::fuse::{Fusion, Role};
 use crate::plan::{
     ConvParams, EwParams, Gemm, NormParams, Operand, RopeParams, SoftmaxParams, attention_gemms,
     contiguous_strides,
@@ -28,12 +29,39 @@ pub struct DeviceProgram<'d> {
     /// Weights and constants, by node index.
     sources: Vec<Option<DevTensor>>,
     weight_bytes: u64,
+    /// Elementwise chains fused into generated kernels (all [`Role::Plain`] when off).
+    fusion: Fusion,
+    /// The fused kernels, by [`Fusion::kernels`] index.
+    fused: Vec<cudarc::driver::CudaFunction>,
+    /// What each node reads from materialized values: its inputs, or a fused root's leaves.
+    reads: Vec<Vec<NodeId>>,
+    /// Seconds NVRTC spent on the fused kernels (0 when cached).
+    fuse_compile_seconds: f64,
 }
 
 enum Slot {
     Empty,
     T(DevTensor),
     Tuple(Vec<DevTensor>),
+}
+
+/// Elementwise fusion ([`crate::fuse`]) is on unless `PETITE_CUDA_NO_FUSE` is set (to compare
+/// fused and unfused runs).
+fn fusing() -> bool {
+    std::env::var_os("PETITE_CUDA_NO_FUSE").is_none()
+}
+
+/// Per-node device timing, printed after each run, when `PETITE_CUDA_PROFILE` is set (never
+/// while capturing a graph: events cannot be read back there).
+fn profiling() -> bool {
+    std::env::var_os("PETITE_CUDA_PROFILE").is_some()
+}
+
+fn type_dtype(t: &ValueType) -> &'static str {
+    match t {
+        ValueType::Tensor(t) => t.dtype.name(),
+        ValueType::Tuple(_) => "tuple",
+    }
 }
 
 fn err(msg: impl Into<String>) -> Error {
@@ -91,14 +119,47 @@ impl<'d> DeviceProgram<'d> {
         let order = program.topo_order()?;
         let roots: Vec<NodeId> = program.outputs.iter().map(|o| o.value).collect();
         let live = program.ancestors(&roots);
-        let mut uses = vec![0u32; program.len()];
-        for (i, cs) in program.consumers().iter().enumerate() {
-            uses[i] = cs.iter().filter(|c| live[c.index()]).count() as u32;
-        }
         let mut is_output = vec![false; program.len()];
         for o in &program.outputs {
             is_output[o.value.index()] = true;
         }
+        let fusion = if fusing() {
+            crate::fuse::plan(program, &live, &is_output)?
+        } else {
+            Fusion {
+                role: vec![Role::Plain; program.len()],
+                groups: Vec::new(),
+                kernels: Vec::new(),
+                source: String::new(),
+            }
+        };
+        // Uses count the nodes that read a value from its buffer: fused roots read their
+        // leaves; inlined nodes read nothing.
+        let mut reads: Vec<Vec<NodeId>> = vec![Vec::new(); program.len()];
+        for (i, node) in program.nodes.iter().enumerate() {
+            if !live[i] {
+                continue;
+            }
+            let mut r = match fusion.role[i] {
+                Role::Plain => node.inputs.clone(),
+                Role::Inlined => Vec::new(),
+                Role::Root(g) => fusion.groups[g].leaves.clone(),
+            };
+            r.sort();
+            r.dedup();
+            reads[i] = r;
+        }
+        let mut uses = vec![0u32; program.len()];
+        for r in &reads {
+            for v in r {
+                uses[v.index()] += 1;
+            }
+        }
+        let (fused, fuse_compile_seconds) = if fusion.kernels.is_empty() {
+            (Vec::new(), 0.0)
+        } else {
+            dev.compile_functions(&fusion.source, &fusion.kernels)?
+        };
         let mut sources: Vec<Option<DevTensor>> = vec![None; program.len()];
         let mut weight_bytes = 0u64;
         for w in program.weights() {
@@ -147,7 +208,22 @@ impl<'d> DeviceProgram<'d> {
             is_output,
             sources,
             weight_bytes,
+            fusion,
+            fused,
+            reads,
+            fuse_compile_seconds,
         })
+    }
+
+    /// Nodes computed inside fused kernels, fused kernel launches a run, and distinct kernels.
+    pub fn fusion_stats(&self) -> (usize, usize, usize) {
+        let nodes = self.fusion.groups.iter().map(|g| g.nodes).sum();
+        (nodes, self.fusion.groups.len(), self.fusion.kernels.len())
+    }
+
+    /// Seconds NVRTC spent compiling this program's fused kernels (0 when cached).
+    pub fn fuse_compile_seconds(&self) -> f64 {
+        self.fuse_compile_seconds
     }
 
     /// The program.
@@ -218,11 +294,18 @@ impl<'d> DeviceProgram<'d> {
             None
         };
         let mut remaining = self.uses.clone();
+        let profile = profiling();
+        let mut marks: Vec<(NodeId, crate::device::Mark, crate::device::Mark)> = Vec::new();
         for &id in &self.order {
-            if !self.live[id.index()] {
+            if !self.live[id.index()] || self.fusion.role[id.index()] == Role::Inlined {
                 continue;
             }
             let node = p.node(id);
+            let before = if profile {
+                Some(self.dev.mark()?)
+            } else {
+                None
+            };
             match &node.op {
                 Op::Input { .. } => {}
                 Op::Weight { .. } | Op::Constant { .. } => {
@@ -232,19 +315,19 @@ impl<'d> DeviceProgram<'d> {
                     slots[id.index()] = Slot::T(t);
                 }
                 _ => {
-                    let out = self
-                        .eval(id, &slots, gather_err.as_ref())
-                        .map_err(|e| self.node_err(id, e))?;
+                    let out = match self.fusion.role[id.index()] {
+                        Role::Root(g) => self.run_fused(g, id, &slots),
+                        _ => self.eval(id, &slots, gather_err.as_ref()),
+                    }
+                    .map_err(|e| self.node_err(id, e))?;
                     self.check_type(id, &out)?;
                     slots[id.index()] = out;
                 }
             }
-            let mut seen: Vec<NodeId> = Vec::with_capacity(node.inputs.len());
-            for &v in &node.inputs {
-                if seen.contains(&v) {
-                    continue;
-                }
-                seen.push(v);
+            if let Some(b) = before {
+                marks.push((id, b, self.dev.mark()?));
+            }
+            for &v in &self.reads[id.index()] {
                 remaining[v.index()] -= 1;
                 if remaining[v.index()] == 0 && !self.is_output[v.index()] {
                     slots[v.index()] = Slot::Empty;
@@ -253,6 +336,9 @@ impl<'d> DeviceProgram<'d> {
             if remaining[id.index()] == 0 && !self.is_output[id.index()] {
                 slots[id.index()] = Slot::Empty;
             }
+        }
+        if profile {
+            self.report_profile(&marks)?;
         }
         if let Some(e) = &gather_err {
             let bad = self.dev.download(e)?;
@@ -277,6 +363,52 @@ impl<'d> DeviceProgram<'d> {
             }
         }
         Ok(out)
+    }
+
+    /// Prints device time by op kind and the slowest nodes to stderr (`PETITE_CUDA_PROFILE`).
+    fn report_profile(
+        &self,
+        marks: &[(NodeId, crate::device::Mark, crate::device::Mark)],
+    ) -> Result<()> {
+        let mut by_op: BTreeMap<String, (f64, u32)> = BTreeMap::new();
+        let mut nodes: Vec<(f64, NodeId)> = Vec::with_capacity(marks.len());
+        let mut total = 0.0;
+        for (id, a, b) in marks {
+            let ms = a.ms_to(b)?;
+            total += ms;
+            let node = self.program.node(*id);
+            let key = format!("{} {}", node.op.name(), node.ty);
+            let key = if matches!(node.op, Op::Linear | Op::MatMul | Op::Attention { .. }) {
+                key
+            } else {
+                format!("{} {}", node.op.name(), type_dtype(&node.ty))
+            };
+            let e = by_op.entry(key).or_default();
+            e.0 += ms;
+            e.1 += 1;
+            nodes.push((ms, *id));
+        }
+        let mut rows: Vec<_> = by_op.into_iter().collect();
+        rows.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
+        eprintln!(
+            "petite-cuda profile: {} nodes, {total:.3} ms (sum of per-node device times)",
+            marks.len()
+        );
+        for (k, (ms, n)) in rows.iter().take(40) {
+            eprintln!(
+                "  {ms:9.3} ms {:5.1}% {n:5}x  {k}",
+                100.0 * ms / total.max(1e-9)
+            );
+        }
+        nodes.sort_by(|a, b| b.0.total_cmp(&a.0));
+        for (ms, id) in nodes.iter().take(12) {
+            eprintln!(
+                "  slowest {ms:8.3} ms  {} {}",
+                self.program.describe(*id),
+                self.program.node(*id).ty
+            );
+        }
+        Ok(())
     }
 
     fn node_err(&self, id: NodeId, e: Error) -> Error {
@@ -497,6 +629,38 @@ impl<'d> DeviceProgram<'d> {
                 }
             }
         }))
+    }
+
+    /// One launch of fused group `g`'s kernel, writing root `id`'s value.
+    fn run_fused(&self, g: usize, id: NodeId, slots: &[Slot]) -> Result<Slot> {
+        let group = &self.fusion.groups[g];
+        let t = self
+            .program
+            .node(id)
+            .tensor()
+            .ok_or_else(|| err("fused tuple"))?;
+        let dev = self.dev;
+        let mut ptrs: Vec<u64> = Vec::with_capacity(group.leaves.len() + 1);
+        for &l in &group.leaves {
+            match &slots[l.index()] {
+                Slot::T(x) => ptrs.push(dev.ptr(x)),
+                _ => return Err(err(format!("fused input {l} is not available"))),
+            }
+        }
+        let out = dev.alloc(t.dtype, &t.shape)?;
+        let n = out.numel() as i64;
+        if n == 0 {
+            return Ok(Slot::T(out));
+        }
+        ptrs.push(dev.ptr(&out));
+        let f = &self.fused[group.kernel];
+        dev.launch_fn(f, Device::cfg_elems(n as usize), |b| {
+            b.arg(&n);
+            for p in &ptrs {
+                Device::push_u64(b, p);
+            }
+        })?;
+        Ok(Slot::T(out))
     }
 
     fn ew_launch(&self, p: EwParams, ins: &[&DevTensor], out: &DevTensor) -> Result<()> {

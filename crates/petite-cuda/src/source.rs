@@ -96,12 +96,23 @@ impl EwOp {
     }
 }
 
+/// What generated (fused) kernels build on: the dtype loads and stores and `pt_ew`'s per-op
+/// arithmetic, so a fused kernel computes each op exactly as `pt_ew` does.
+pub fn fused_prelude() -> String {
+    let mut s = String::with_capacity(8 << 10);
+    s.push_str(PRELUDE);
+    s.push_str(EW_FUNCS);
+    s
+}
+
 /// The whole module's CUDA C source. `MAX_RANK` is baked in; the parameter structs mirror
 /// [`crate::plan::EwParams`] and friends field for field.
 pub fn module_source() -> String {
     let mut s = String::with_capacity(16 << 10);
     s.push_str(&format!("#define MAXR {MAX_RANK}\n"));
     s.push_str(PRELUDE);
+    s.push_str(EW_STRUCT);
+    s.push_str(EW_FUNCS);
     s.push_str(EW);
     s.push_str(ROWS);
     s.push_str(MISC);
@@ -206,7 +217,7 @@ __device__ __forceinline__ float block_max_f(float v, float* sh) {
 }
 "#;
 
-const EW: &str = r#"
+const EW_STRUCT: &str = r#"
 struct EwParams {
   i64 n;
   int rank; int op; int cls; int contig;
@@ -216,6 +227,9 @@ struct EwParams {
   i64 sa[MAXR]; i64 sb[MAXR]; i64 sc[MAXR]; i64 so[MAXR];
   i64 oa; i64 ob; i64 oc; i64 oo;
 };
+"#;
+
+const EW_FUNCS: &str = r#"
 
 __device__ __forceinline__ float ew_f(int op, float a, float b) {
   switch (op) {
@@ -261,6 +275,9 @@ template <typename T> __device__ __forceinline__ bool ew_cmp(int op, T a, T b) {
   }
 }
 
+"#;
+
+const EW: &str = r#"
 extern "C" __global__ void pt_ew(EwParams p, const void* a, const void* b, const void* c, void* out) {
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
     i64 ia = i, ib = i, ic = i, io = i;

@@ -106,7 +106,8 @@ impl<'d> CudaPolicy<'d> {
             flops,
             fixed,
             graph: OnceCell::new(),
-            use_graph: std::env::var_os("PETITE_CUDA_NO_GRAPH").is_none(),
+            use_graph: std::env::var_os("PETITE_CUDA_NO_GRAPH").is_none()
+                && std::env::var_os("PETITE_CUDA_PROFILE").is_none(),
             dev,
             cfg: cfg.clone(),
             prefix,

@@ -1,0 +1,714 @@
+//! Elementwise fusion: chains of pointwise and layout ops (casts, arithmetic, comparisons,
+//! selects, expands, slices, permutes, reshapes, concats) become one generated CUDA C kernel a
+//! chain, compiled by NVRTC when the program is loaded.
+//!
+//! Why: pi0.5's bf16 programs follow torch's eager op order (rotate-half RoPE, adaRMS in f32,
+//! repeated K/V heads), so most of their ~1,500 nodes a step are tiny elementwise ops, each a
+//! launch of the generic strided kernel. On an H200 the step is launch-bound; fused, each chain
+//! is one launch that reads its inputs once and writes one output.
+//!
+//! Exactness: a fused kernel computes every op with the same device functions as `pt_ew` (the
+//! shared prelude) in the same order, and rounds each op's result to that op's dtype, as
+//! storing and re-loading it would. So fused and unfused runs give the same bits.
+//!
+//! A node is inlined into its consumers when it is fusible, not a program output, and every
+//! consumer is in one fused group; otherwise a fusible node roots its own group (a reshape
+//! never roots one: unfused it is free).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use petite_graph::{Dtype, NodeId, Op, Program};
+
+use crate::source::{EwOp, fused_prelude};
+use crate::{Error, Result};
+
+/// How one node runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// On its own (not fusible, or a reshape left as a free view).
+    Plain,
+    /// Computed inside the kernel of the group whose root consumes it (no buffer).
+    Inlined,
+    /// The root of fused group `k`: one launch of its kernel writes this node's value.
+    Root(usize),
+}
+
+/// One fused group: its kernel and the materialized values it reads.
+#[derive(Debug, Clone)]
+pub struct Group {
+    /// Index of the kernel in [`Fusion::kernels`] (groups of the same shape share one).
+    pub kernel: usize,
+    /// The values the kernel reads, in parameter order.
+    pub leaves: Vec<NodeId>,
+    /// Nodes computed by the kernel (the root and those inlined into it).
+    pub nodes: usize,
+}
+
+/// The fusion plan of one program.
+#[derive(Debug, Clone)]
+pub struct Fusion {
+    /// By node index.
+    pub role: Vec<Role>,
+    /// By group index ([`Role::Root`]).
+    pub groups: Vec<Group>,
+    /// Kernel names, by kernel index.
+    pub kernels: Vec<String>,
+    /// The CUDA C source of every kernel (with the prelude).
+    pub source: String,
+}
+
+/// Nodes one group may compute (bounds the generated source).
+const MAX_GROUP: usize = 64;
+
+fn fusible(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Binary { .. }
+            | Op::BinaryScalar { .. }
+            | Op::Compare { .. }
+            | Op::Logical { .. }
+            | Op::Not
+            | Op::Unary { .. }
+            | Op::Cast { .. }
+            | Op::Expand { .. }
+            | Op::Where
+            | Op::Concat { .. }
+            | Op::Slice { .. }
+            | Op::Permute { .. }
+            | Op::Reshape { .. }
+    )
+}
+
+/// Plans the fusion of `program`'s `live` nodes; `is_output` marks program outputs (always
+/// materialized).
+pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusion> {
+    let order = program.topo_order()?;
+    let consumers = program.consumers();
+    let n = program.len();
+    let mut group_of: Vec<Option<usize>> = vec![None; n];
+    let mut size: Vec<usize> = Vec::new();
+    let mut roots: Vec<NodeId> = Vec::new();
+    let mut role = vec![Role::Plain; n];
+    for &id in order.iter().rev() {
+        let i = id.index();
+        let node = program.node(id);
+        if !live[i] || !fusible(&node.op) || node.tensor().is_none() {
+            continue;
+        }
+        let mut cs: Vec<NodeId> = consumers[i]
+            .iter()
+            .copied()
+            .filter(|c| live[c.index()])
+            .collect();
+        cs.sort();
+        cs.dedup();
+        let joined = if is_output[i] || cs.is_empty() {
+            None
+        } else {
+            let g = group_of[cs[0].index()];
+            match g {
+                Some(g)
+                    if cs.iter().all(|c| group_of[c.index()] == Some(g)) && size[g] < MAX_GROUP =>
+                {
+                    Some(g)
+                }
+                _ => None,
+            }
+        };
+        match joined {
+            Some(g) => {
+                group_of[i] = Some(g);
+                size[g] += 1;
+                role[i] = Role::Inlined;
+            }
+            None if matches!(node.op, Op::Reshape { .. }) => {}
+            None => {
+                let g = roots.len();
+                roots.push(id);
+                size.push(1);
+                group_of[i] = Some(g);
+                role[i] = Role::Root(g);
+            }
+        }
+    }
+    let mut source = fused_prelude();
+    let mut kernels: Vec<String> = Vec::new();
+    let mut by_body: HashMap<String, usize> = HashMap::new();
+    let mut groups = Vec::with_capacity(roots.len());
+    for (g, &root) in roots.iter().enumerate() {
+        let mut cg = Gen {
+            program,
+            group: g,
+            group_of: &group_of,
+            body: String::new(),
+            memo: HashMap::new(),
+            leaves: Vec::new(),
+            vars: 0,
+        };
+        let body = cg.kernel_body(root)?;
+        let leaves = cg.leaves;
+        let k = match by_body.get(&body) {
+            Some(&k) => k,
+            None => {
+                let k = kernels.len();
+                let name = format!("pt_fused_{k}");
+                let params: String = (0..leaves.len())
+                    .map(|j| format!(", const void* p{j}"))
+                    .collect();
+                let _ = write!(
+                    source,
+                    "extern \"C\" __global__ void {name}(i64 n{params}, void* po) {{\n{body}}}\n"
+                );
+                kernels.push(name);
+                by_body.insert(body, k);
+                k
+            }
+        };
+        groups.push(Group {
+            kernel: k,
+            leaves,
+            nodes: size[g],
+        });
+    }
+    Ok(Fusion {
+        role,
+        groups,
+        kernels,
+        source,
+    })
+}
+
+/// C type of a value held in registers: floats as `float` (already rounded to their dtype),
+/// integers and bools as `i64` (the stored value).
+fn is_f(d: Dtype) -> bool {
+    d.is_float()
+}
+
+fn dt_macro(d: Dtype) -> &'static str {
+    match d {
+        Dtype::F32 => "DT_F32",
+        Dtype::Bf16 => "DT_BF16",
+        Dtype::F16 => "DT_F16",
+        Dtype::I64 => "DT_I64",
+        Dtype::I32 => "DT_I32",
+        Dtype::U8 => "DT_U8",
+        Dtype::Bool => "DT_BOOL",
+    }
+}
+
+/// `ldf` of a register value of dtype `d`.
+fn as_f(v: &str, d: Dtype) -> String {
+    if is_f(d) {
+        v.to_string()
+    } else {
+        format!("((float){v})")
+    }
+}
+
+/// `ldi` of a register value of dtype `d`.
+fn as_i(v: &str, d: Dtype) -> String {
+    if is_f(d) {
+        format!("((i64){v})")
+    } else {
+        v.to_string()
+    }
+}
+
+/// The register value `stf(out, d, x)` then `ldf`/`ldi` would give.
+fn store_f(x: &str, d: Dtype) -> String {
+    match d {
+        Dtype::F32 => format!("({x})"),
+        Dtype::Bf16 => format!("bf2f(f2bf({x}))"),
+        Dtype::F16 => format!("h2f(f2h({x}))"),
+        Dtype::I64 => format!("((i64)({x}))"),
+        Dtype::I32 => format!("((i64)(int)(i64)({x}))"),
+        Dtype::U8 => format!("((i64)(unsigned char)(i64)({x}))"),
+        Dtype::Bool => format!("((({x}) != 0.0f) ? 1LL : 0LL)"),
+    }
+}
+
+/// The register value `sti(out, d, x)` then `ldf`/`ldi` would give.
+fn store_i(x: &str, d: Dtype) -> String {
+    match d {
+        Dtype::F32 => format!("((float)({x}))"),
+        Dtype::Bf16 => format!("bf2f(f2bf((float)({x})))"),
+        Dtype::F16 => format!("h2f(f2h((float)({x})))"),
+        Dtype::I64 => format!("({x})"),
+        Dtype::I32 => format!("((i64)(int)({x}))"),
+        Dtype::U8 => format!("((i64)(unsigned char)({x}))"),
+        Dtype::Bool => format!("((({x}) != 0) ? 1LL : 0LL)"),
+    }
+}
+
+/// An f32 literal with these exact bits.
+fn f32_lit(x: f32) -> String {
+    format!("__uint_as_float({:#010x}u)", x.to_bits())
+}
+
+fn contiguous(shape: &[usize]) -> Vec<i64> {
+    let mut st = vec![0i64; shape.len()];
+    let mut acc = 1i64;
+    for d in (0..shape.len()).rev() {
+        st[d] = acc;
+        acc *= shape[d] as i64;
+    }
+    st
+}
+
+/// Coordinates of an input broadcast (numpy, right-aligned) to coordinates `c` of the output.
+fn broadcast(c: &[String], in_shape: &[usize]) -> Vec<String> {
+    let off = c.len() - in_shape.len();
+    in_shape
+        .iter()
+        .enumerate()
+        .map(|(j, &s)| {
+            if s == 1 {
+                "0".to_string()
+            } else {
+                c[j + off].clone()
+            }
+        })
+        .collect()
+}
+
+struct Gen<'a> {
+    program: &'a Program,
+    group: usize,
+    group_of: &'a [Option<usize>],
+    body: String,
+    memo: HashMap<(NodeId, Vec<String>), String>,
+    leaves: Vec<NodeId>,
+    vars: usize,
+}
+
+fn gen_err(id: NodeId, p: &Program, msg: impl std::fmt::Display) -> Error {
+    Error::Node {
+        node: p.describe(id),
+        message: format!("fusion: {msg}"),
+    }
+}
+
+impl Gen<'_> {
+    fn var(&mut self) -> String {
+        self.vars += 1;
+        format!("v{}", self.vars)
+    }
+
+    fn ctype(d: Dtype) -> &'static str {
+        if is_f(d) { "float" } else { "i64" }
+    }
+
+    fn kernel_body(&mut self, root: NodeId) -> Result<String> {
+        let t = self
+            .program
+            .node(root)
+            .tensor()
+            .ok_or_else(|| gen_err(root, self.program, "tuple result"))?
+            .clone();
+        let r = t.shape.len();
+        let mut coords = Vec::with_capacity(r);
+        let _ = writeln!(
+            self.body,
+            "  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {{"
+        );
+        let _ = writeln!(self.body, "    i64 r = i;");
+        for d in (0..r).rev() {
+            let s = t.shape[d];
+            if s == 1 {
+                coords.push("0".to_string());
+            } else {
+                let _ = writeln!(self.body, "    i64 c{d} = r % {s}LL; r /= {s}LL;");
+                coords.push(format!("c{d}"));
+            }
+        }
+        coords.reverse();
+        let v = self.value(root, &coords)?;
+        let store = match t.dtype {
+            Dtype::F32 => format!("((float*)po)[i] = {v};"),
+            Dtype::Bf16 => format!("((unsigned short*)po)[i] = f2bf({v});"),
+            Dtype::F16 => format!("((unsigned short*)po)[i] = f2h({v});"),
+            Dtype::I64 => format!("((i64*)po)[i] = {v};"),
+            Dtype::I32 => format!("((int*)po)[i] = (int){v};"),
+            Dtype::U8 | Dtype::Bool => format!("((unsigned char*)po)[i] = (unsigned char){v};"),
+        };
+        let _ = writeln!(self.body, "    {store}\n  }}");
+        Ok(std::mem::take(&mut self.body))
+    }
+
+    fn emit(&mut self, ty: &str, expr: String) -> String {
+        let v = self.var();
+        let _ = writeln!(self.body, "    {ty} {v} = {expr};");
+        v
+    }
+
+    /// The register holding `id`'s value at coordinates `c` (C expressions).
+    fn value(&mut self, id: NodeId, c: &[String]) -> Result<String> {
+        let key = (id, c.to_vec());
+        if let Some(v) = self.memo.get(&key) {
+            return Ok(v.clone());
+        }
+        let p = self.program;
+        let node = p.node(id);
+        let t = node
+            .tensor()
+            .ok_or_else(|| gen_err(id, p, "tuple value"))?
+            .clone();
+        let dt = t.dtype;
+        let v = if self.group_of[id.index()] != Some(self.group) {
+            // A materialized value: load it (dense, row-major).
+            let j = match self.leaves.iter().position(|&l| l == id) {
+                Some(j) => j,
+                None => {
+                    self.leaves.push(id);
+                    self.leaves.len() - 1
+                }
+            };
+            let st = contiguous(&t.shape);
+            let mut idx = String::from("0");
+            for (d, cd) in c.iter().enumerate() {
+                if cd != "0" && t.shape[d] != 1 {
+                    let _ = write!(idx, " + {cd} * {}LL", st[d]);
+                }
+            }
+            let load = if is_f(dt) {
+                format!("ldf(p{j}, {idx}, {})", dt_macro(dt))
+            } else {
+                format!("ldi(p{j}, {idx}, {})", dt_macro(dt))
+            };
+            self.emit(Self::ctype(dt), load)
+        } else {
+            self.op_value(id, c, dt)?
+        };
+        self.memo.insert(key, v.clone());
+        Ok(v)
+    }
+
+    fn input(&mut self, id: NodeId, k: usize, c: &[String]) -> Result<(String, Dtype)> {
+        let p = self.program;
+        let x = p.node(id).inputs[k];
+        let xt = p
+            .node(x)
+            .tensor()
+            .ok_or_else(|| gen_err(id, p, "tuple input"))?
+            .clone();
+        let v = self.value(x, &broadcast(c, &xt.shape))?;
+        Ok((v, xt.dtype))
+    }
+
+    fn op_value(&mut self, id: NodeId, c: &[String], dt: Dtype) -> Result<String> {
+        let p = self.program;
+        let node = p.node(id);
+        let ty = Self::ctype(dt);
+        match &node.op {
+            Op::Binary { kind } => {
+                let (a, da) = self.input(id, 0, c)?;
+                let (b, db) = self.input(id, 1, c)?;
+                let code = EwOp::Binary(*kind).code();
+                let e = if is_f(da) {
+                    store_f(
+                        &format!("ew_f({code}, {}, {})", as_f(&a, da), as_f(&b, db)),
+                        dt,
+                    )
+                } else {
+                    store_i(
+                        &format!("ew_i({code}, {}, {})", as_i(&a, da), as_i(&b, db)),
+                        dt,
+                    )
+                };
+                Ok(self.emit(ty, e))
+            }
+            Op::BinaryScalar {
+                kind,
+                scalar,
+                scalar_lhs,
+            } => {
+                let (a, da) = self.input(id, 0, c)?;
+                let code = EwOp::Binary(*kind).code();
+                let e = if is_f(da) {
+                    let s = match da {
+                        Dtype::Bf16 => petite_dtype::round_through_bf16(*scalar as f32),
+                        Dtype::F16 => half::f16::from_f32(*scalar as f32).to_f32(),
+                        _ => *scalar as f32,
+                    };
+                    let (x, y) = (as_f(&a, da), f32_lit(s));
+                    let (x, y) = if *scalar_lhs { (y, x) } else { (x, y) };
+                    store_f(&format!("ew_f({code}, {x}, {y})"), dt)
+                } else {
+                    let (x, y) = (as_i(&a, da), format!("((i64){}LL)", *scalar as i64));
+                    let (x, y) = if *scalar_lhs { (y, x) } else { (x, y) };
+                    store_i(&format!("ew_i({code}, {x}, {y})"), dt)
+                };
+                Ok(self.emit(ty, e))
+            }
+            Op::Compare { kind } => {
+                let (a, da) = self.input(id, 0, c)?;
+                let (b, db) = self.input(id, 1, c)?;
+                let code = EwOp::Compare(*kind).code();
+                let r = if is_f(da) {
+                    format!("ew_cmp<float>({code}, {}, {})", as_f(&a, da), as_f(&b, db))
+                } else {
+                    format!("ew_cmp<i64>({code}, {}, {})", as_i(&a, da), as_i(&b, db))
+                };
+                Ok(self.emit(ty, store_i(&format!("({r}) ? 1LL : 0LL"), dt)))
+            }
+            Op::Logical { kind } => {
+                let (a, da) = self.input(id, 0, c)?;
+                let (b, db) = self.input(id, 1, c)?;
+                let op = if EwOp::Logical(*kind).code() == 20 {
+                    "&&"
+                } else {
+                    "||"
+                };
+                let r = format!("({} != 0) {op} ({} != 0)", as_i(&a, da), as_i(&b, db));
+                Ok(self.emit(ty, store_i(&format!("({r}) ? 1LL : 0LL"), dt)))
+            }
+            Op::Not => {
+                let (a, da) = self.input(id, 0, c)?;
+                let r = format!("!({} != 0)", as_i(&a, da));
+                Ok(self.emit(ty, store_i(&format!("({r}) ? 1LL : 0LL"), dt)))
+            }
+            Op::Unary { kind } => {
+                let (a, da) = self.input(id, 0, c)?;
+                let code = EwOp::Unary(*kind).code();
+                let e = if is_f(da) {
+                    store_f(&format!("ew_f({code}, {}, 0.0f)", as_f(&a, da)), dt)
+                } else {
+                    store_i(&format!("ew_i({code}, {}, 0)", as_i(&a, da)), dt)
+                };
+                Ok(self.emit(ty, e))
+            }
+            Op::Cast { .. } | Op::Expand { .. } => {
+                let (a, da) = self.input(id, 0, c)?;
+                Ok(self.copy(&a, da, dt))
+            }
+            Op::Where => {
+                let (a, da) = self.input(id, 0, c)?;
+                let (b, db) = self.input(id, 1, c)?;
+                let (e, de) = self.input(id, 2, c)?;
+                let cnd = format!("({} != 0)", as_i(&a, da));
+                let r = if is_f(db) {
+                    store_f(&format!("{cnd} ? {} : {}", as_f(&b, db), as_f(&e, de)), dt)
+                } else {
+                    store_i(&format!("{cnd} ? {} : {}", as_i(&b, db), as_i(&e, de)), dt)
+                };
+                Ok(self.emit(ty, r))
+            }
+            Op::Slice {
+                axis, start, step, ..
+            } => {
+                let mut ic = c.to_vec();
+                ic[*axis] = match (c[*axis].as_str(), *start, *step) {
+                    (x, 0, 1) => x.to_string(),
+                    ("0", s, _) => format!("{s}LL"),
+                    (x, s, 1) => format!("({x} + {s}LL)"),
+                    (x, s, k) => format!("({s}LL + {x} * {k}LL)"),
+                };
+                let x = node.inputs[0];
+                let dx = p.node(x).tensor().map(|t| t.dtype).unwrap_or(dt);
+                let v = self.value(x, &ic)?;
+                Ok(self.copy(&v, dx, dt))
+            }
+            Op::Permute { perm } => {
+                let mut ic = vec![String::new(); perm.len()];
+                for (i, &d) in perm.iter().enumerate() {
+                    ic[d] = c[i].clone();
+                }
+                let x = node.inputs[0];
+                let dx = p.node(x).tensor().map(|t| t.dtype).unwrap_or(dt);
+                let v = self.value(x, &ic)?;
+                Ok(self.copy(&v, dx, dt))
+            }
+            Op::Reshape { shape } => {
+                let x = node.inputs[0];
+                let xs = p
+                    .node(x)
+                    .tensor()
+                    .ok_or_else(|| gen_err(id, p, "tuple input"))?
+                    .shape
+                    .clone();
+                let ost = contiguous(shape);
+                let mut lin = String::from("0");
+                for (d, cd) in c.iter().enumerate() {
+                    if cd != "0" && shape[d] != 1 {
+                        let _ = write!(lin, " + {cd} * {}LL", ost[d]);
+                    }
+                }
+                let l = self.emit("i64", lin);
+                let ist = contiguous(&xs);
+                let ic: Vec<String> = xs
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &s)| {
+                        if s == 1 {
+                            "0".to_string()
+                        } else if j == 0 {
+                            format!("({l} / {}LL)", ist[j])
+                        } else {
+                            format!("(({l} / {}LL) % {s}LL)", ist[j])
+                        }
+                    })
+                    .collect();
+                self.value(x, &ic)
+            }
+            Op::Concat { axis } => {
+                let out = self.var();
+                let _ = writeln!(self.body, "    {ty} {out};");
+                let mut start = 0usize;
+                let k = node.inputs.len();
+                for (j, &x) in node.inputs.iter().enumerate() {
+                    let xt = p
+                        .node(x)
+                        .tensor()
+                        .ok_or_else(|| gen_err(id, p, "tuple input"))?
+                        .clone();
+                    let len = xt.shape[*axis];
+                    let end = start + len;
+                    let cond = if k == 1 {
+                        "{".to_string()
+                    } else if j + 1 == k {
+                        "else {".to_string()
+                    } else if j == 0 {
+                        format!("if ({} < {end}LL) {{", c[*axis])
+                    } else {
+                        format!("else if ({} < {end}LL) {{", c[*axis])
+                    };
+                    let _ = writeln!(self.body, "    {cond}");
+                    let mut ic = c.to_vec();
+                    if start > 0 {
+                        ic[*axis] = format!("({} - {start}LL)", c[*axis]);
+                    }
+                    // Values computed inside a branch are not visible after it.
+                    let saved = self.memo.clone();
+                    let v = self.value(x, &ic)?;
+                    let cv = self.copy(&v, xt.dtype, dt);
+                    let _ = writeln!(self.body, "    {out} = {cv};\n    }}");
+                    self.memo = saved;
+                    start = end;
+                }
+                Ok(out)
+            }
+            other => Err(gen_err(id, p, format!("{} is not fusible", other.name()))),
+        }
+    }
+
+    /// `pt_ew`'s copy (op 0) of a register value of dtype `from` into dtype `to`.
+    fn copy(&mut self, v: &str, from: Dtype, to: Dtype) -> String {
+        if from == to {
+            return v.to_string();
+        }
+        let e = if is_f(from) {
+            store_f(&as_f(v, from), to)
+        } else {
+            store_i(&as_i(v, from), to)
+        };
+        self.emit(Self::ctype(to), e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use petite_graph::Builder;
+
+    /// bf16 rotate-half RoPE as pi0.5's programs write it, feeding a matmul, plus a reshape
+    /// between a fused chain and the matmul.
+    fn rope_program() -> (Program, [NodeId; 4]) {
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::Bf16, &[1, 2, 4, 8]).unwrap();
+        let cos = b.input("cos", Dtype::Bf16, &[1, 1, 4, 8]).unwrap();
+        let sin = b.input("sin", Dtype::Bf16, &[1, 1, 4, 8]).unwrap();
+        let w = b.input("w", Dtype::Bf16, &[1, 2, 8, 4]).unwrap();
+        let x1 = b.slice(x, -1, 0, 4, 1).unwrap();
+        let x2 = b.slice(x, -1, 4, 8, 1).unwrap();
+        let n2 = b.neg(x2).unwrap();
+        let rot = b.concat(&[n2, x1], -1).unwrap();
+        let a = b.mul(x, cos).unwrap();
+        let r = b.mul(rot, sin).unwrap();
+        let y = b.add(a, r).unwrap();
+        let yr = b.reshape(y, &[1, 2, 4, 8]).unwrap();
+        let m = b.matmul(yr, w).unwrap();
+        let m = b.cast(m, Dtype::F32).unwrap();
+        b.output("m", m).unwrap();
+        (b.finish().unwrap(), [y, yr, m, x1])
+    }
+
+    fn plan_all(p: &Program) -> Fusion {
+        let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
+        let live = p.ancestors(&roots);
+        let mut out = vec![false; p.len()];
+        for o in &p.outputs {
+            out[o.value.index()] = true;
+        }
+        plan(p, &live, &out).unwrap()
+    }
+
+    #[test]
+    fn a_rope_chain_is_one_kernel_and_a_reshape_stays_a_free_view() {
+        let (p, [y, yr, m, x1]) = rope_program();
+        let f = plan_all(&p);
+        let Role::Root(g) = f.role[y.index()] else {
+            panic!("the add roots the chain: {:?}", f.role[y.index()]);
+        };
+        assert_eq!(f.role[x1.index()], Role::Inlined);
+        assert_eq!(
+            f.role[yr.index()],
+            Role::Plain,
+            "a reshape never roots a kernel"
+        );
+        // The output cast is its own group (the matmul between is not fusible).
+        assert!(matches!(f.role[m.index()], Role::Root(_)));
+        let grp = &f.groups[g];
+        assert_eq!(grp.nodes, 7, "slice, slice, neg, concat, mul, mul, add");
+        // Reads x, cos, sin: each once, whatever the coordinates it is read at.
+        let names: Vec<&str> = grp
+            .leaves
+            .iter()
+            .map(|&l| p.input_name(l).unwrap())
+            .collect();
+        assert_eq!(names.len(), 3, "{names:?}");
+        for n in ["x", "cos", "sin"] {
+            assert!(names.contains(&n), "{names:?}");
+        }
+        assert_eq!(f.kernels.len(), 2);
+    }
+
+    #[test]
+    fn generated_source_rounds_each_op_and_balances() {
+        let (p, [..]) = rope_program();
+        let f = plan_all(&p);
+        let src = &f.source;
+        for k in &f.kernels {
+            assert_eq!(src.matches(&format!("void {k}(")).count(), 1, "{k}");
+        }
+        let open = src.matches('{').count();
+        assert_eq!(open, src.matches('}').count(), "braces balance");
+        // bf16 intermediates are rounded as a store would round them.
+        assert!(
+            src.contains("bf2f(f2bf(ew_f(30"),
+            "neg rounded to bf16:\n{src}"
+        );
+        // The concat picks its piece by the last coordinate.
+        assert!(src.contains("if (c3 < 4LL)"), "{src}");
+    }
+
+    #[test]
+    fn identical_groups_share_one_kernel() {
+        let mut b = Builder::new();
+        let mut outs = Vec::new();
+        for i in 0..3 {
+            let x = b.input(&format!("x{i}"), Dtype::F32, &[4, 8]).unwrap();
+            let y = b.mul_scalar(x, 2.0).unwrap();
+            let y = b.cast(y, Dtype::Bf16).unwrap();
+            outs.push(y);
+        }
+        for (i, y) in outs.into_iter().enumerate() {
+            b.output(&format!("y{i}"), y).unwrap();
+        }
+        let p = b.finish().unwrap();
+        let f = plan_all(&p);
+        assert_eq!(f.groups.len(), 3);
+        assert_eq!(f.kernels.len(), 1, "one kernel for three identical chains");
+        assert!(f.groups.iter().all(|g| g.nodes == 2 && g.kernel == 0));
+    }
+}
