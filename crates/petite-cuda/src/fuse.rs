@@ -32,6 +32,20 @@ pub enum Role {
     Inlined,
     /// The root of fused group `k`: one launch of its kernel writes this node's value.
     Root(usize),
+    /// A reshape, permute or expand that a matmul reads in place through strides
+    /// ([`Fusion::views`]): never computed.
+    View,
+}
+
+/// A matmul operand read in place: `base`'s buffer seen with `shape` and element `strides`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StridedView {
+    /// The materialized value the view reads.
+    pub base: NodeId,
+    /// The operand's shape.
+    pub shape: Vec<usize>,
+    /// Element strides (0 where broadcast).
+    pub strides: Vec<i64>,
 }
 
 /// One fused group: its kernel and the materialized values it reads.
@@ -56,6 +70,107 @@ pub struct Fusion {
     pub kernels: Vec<String>,
     /// The CUDA C source of every kernel (with the prelude).
     pub source: String,
+    /// Matmul operands read in place: (matmul, operand index) → the view.
+    pub views: HashMap<(NodeId, usize), StridedView>,
+}
+
+/// Element strides of a `shape` view of a tensor with `old` dims and element strides `st`, or
+/// `None` when no strides express it (the reshape would need a copy). Dims are matched in
+/// chunks whose elements are evenly spaced in memory.
+pub fn reshape_strides(old: &[usize], st: &[i64], new: &[usize]) -> Option<Vec<i64>> {
+    let numel: usize = old.iter().product();
+    if numel != new.iter().product::<usize>() {
+        return None;
+    }
+    if numel == 0 || old.is_empty() {
+        return Some(contiguous(new));
+    }
+    let mut out = vec![0i64; new.len()];
+    let mut vd = new.len() as isize - 1;
+    let mut base = *st.last()?;
+    let (mut tn, mut vn) = (1usize, 1usize);
+    for td in (0..old.len()).rev() {
+        tn *= old[td];
+        let chunk_ends = td == 0 || (old[td - 1] != 1 && st[td - 1] != tn as i64 * base);
+        if chunk_ends {
+            while vd >= 0 && (vn < tn || new[vd as usize] == 1) {
+                out[vd as usize] = vn as i64 * base;
+                vn *= new[vd as usize];
+                vd -= 1;
+            }
+            if vn != tn {
+                return None;
+            }
+            if td > 0 {
+                base = st[td - 1];
+                tn = 1;
+                vn = 1;
+            }
+        }
+    }
+    (vd == -1).then_some(out)
+}
+
+/// Follows matmul `mm`'s operand `j` back through single-consumer reshapes, permutes and
+/// expands to a value it can read in place, composing their strides; `None` when there is no
+/// such chain or a reshape would need a copy. Returns the view and the chain's nodes.
+fn operand_view(
+    p: &Program,
+    mm: NodeId,
+    j: usize,
+    live_consumers: &dyn Fn(NodeId) -> usize,
+    is_output: &[bool],
+) -> Option<(StridedView, Vec<NodeId>)> {
+    let mut chain = Vec::new();
+    let mut x = p.node(mm).inputs[j];
+    while matches!(
+        p.node(x).op,
+        Op::Reshape { .. } | Op::Permute { .. } | Op::Expand { .. }
+    ) && live_consumers(x) == 1
+        && !is_output[x.index()]
+    {
+        chain.push(x);
+        x = p.node(x).inputs[0];
+    }
+    if chain.is_empty() || p.node(x).tensor().is_none() {
+        return None;
+    }
+    let mut shape = p.node(x).tensor()?.shape.clone();
+    let mut strides = contiguous(&shape);
+    for &v in chain.iter().rev() {
+        match &p.node(v).op {
+            Op::Reshape { shape: to } => {
+                strides = reshape_strides(&shape, &strides, to)?;
+                shape = to.clone();
+            }
+            Op::Permute { perm } => {
+                shape = perm.iter().map(|&d| shape[d]).collect();
+                strides = perm.iter().map(|&d| strides[d]).collect();
+            }
+            Op::Expand { shape: to } => {
+                let off = to.len().checked_sub(shape.len())?;
+                let mut st = vec![0i64; to.len()];
+                for (d, &s) in shape.iter().enumerate() {
+                    st[d + off] = if s == 1 && to[d + off] != 1 {
+                        0
+                    } else {
+                        strides[d]
+                    };
+                }
+                shape = to.clone();
+                strides = st;
+            }
+            _ => return None,
+        }
+    }
+    Some((
+        StridedView {
+            base: x,
+            shape,
+            strides,
+        },
+        chain,
+    ))
 }
 
 /// Nodes one group may compute (bounds the generated source).
@@ -90,10 +205,36 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
     let mut size: Vec<usize> = Vec::new();
     let mut roots: Vec<NodeId> = Vec::new();
     let mut role = vec![Role::Plain; n];
+    let live_consumers = |v: NodeId| {
+        let mut cs: Vec<NodeId> = consumers[v.index()]
+            .iter()
+            .copied()
+            .filter(|c| live[c.index()])
+            .collect();
+        cs.sort();
+        cs.dedup();
+        cs.len()
+    };
+    let mut views = HashMap::new();
+    for &id in &order {
+        if !live[id.index()] || !matches!(program.node(id).op, Op::MatMul) {
+            continue;
+        }
+        for j in 0..2 {
+            if let Some((v, chain)) = operand_view(program, id, j, &live_consumers, is_output)
+                && crate::plan::MatOperand::from_view(&v.shape, &v.strides).is_ok()
+            {
+                for c in chain {
+                    role[c.index()] = Role::View;
+                }
+                views.insert((id, j), v);
+            }
+        }
+    }
     for &id in order.iter().rev() {
         let i = id.index();
         let node = program.node(id);
-        if !live[i] || !fusible(&node.op) || node.tensor().is_none() {
+        if !live[i] || !fusible(&node.op) || node.tensor().is_none() || role[i] == Role::View {
             continue;
         }
         let mut cs: Vec<NodeId> = consumers[i]
@@ -176,6 +317,7 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
         groups,
         kernels,
         source,
+        views,
     })
 }
 
@@ -653,8 +795,8 @@ mod tests {
         assert_eq!(f.role[x1.index()], Role::Inlined);
         assert_eq!(
             f.role[yr.index()],
-            Role::Plain,
-            "a reshape never roots a kernel"
+            Role::View,
+            "a reshape feeding a matmul is read in place, never a kernel"
         );
         // The output cast is its own group (the matmul between is not fusible).
         assert!(matches!(f.role[m.index()], Role::Root(_)));
@@ -710,5 +852,59 @@ mod tests {
         assert_eq!(f.groups.len(), 3);
         assert_eq!(f.kernels.len(), 1, "one kernel for three identical chains");
         assert!(f.groups.iter().all(|g| g.nodes == 2 && g.kernel == 0));
+    }
+
+    #[test]
+    fn reshape_strides_view_what_torch_views_and_refuse_the_rest() {
+        // Dense: any reshape is a view.
+        assert_eq!(
+            reshape_strides(&[2, 3, 4], &[12, 4, 1], &[6, 4]),
+            Some(vec![4, 1])
+        );
+        assert_eq!(
+            reshape_strides(&[1, 1, 5, 4], &[20, 20, 4, 1], &[1, 1, 1, 5, 4]),
+            Some(vec![20, 20, 20, 4, 1])
+        );
+        // Merging a broadcast (stride 0) head dim with a size-1 dim stays a view (a size-1
+        // dim's stride is never used).
+        assert_eq!(
+            reshape_strides(&[1, 1, 8, 5, 4], &[20, 20, 0, 4, 1], &[1, 8, 5, 4]),
+            Some(vec![0, 0, 4, 1])
+        );
+        // A transposed matrix cannot be flattened without a copy.
+        assert_eq!(reshape_strides(&[3, 4], &[1, 3], &[12]), None);
+        assert_eq!(reshape_strides(&[3, 4], &[4, 1], &[5, 2]), None);
+    }
+
+    /// Grouped-query attention as the bf16 programs write it: K/V concatenated with the
+    /// prefix's, heads repeated by expand, K transposed; both matmul operands become views.
+    #[test]
+    fn repeated_and_transposed_kv_heads_are_read_in_place() {
+        let mut b = Builder::new();
+        let q = b.input("q", Dtype::Bf16, &[1, 8, 5, 4]).unwrap();
+        let pk = b.input("pk", Dtype::Bf16, &[1, 1, 7, 4]).unwrap();
+        let k = b.input("k", Dtype::Bf16, &[1, 1, 5, 4]).unwrap();
+        let kk = b.concat(&[pk, k], 2).unwrap();
+        let r = b.reshape(kk, &[1, 1, 1, 12, 4]).unwrap();
+        let e = b.expand(r, &[1, 1, 8, 12, 4]).unwrap();
+        let k8 = b.reshape(e, &[1, 8, 12, 4]).unwrap();
+        let kt = b.permute(k8, &[0, 1, 3, 2]).unwrap();
+        let logits = b.matmul(q, kt).unwrap();
+        b.output("logits", logits).unwrap();
+        let p = b.finish().unwrap();
+        let f = plan_all(&p);
+        let v = &f.views[&(logits, 1)];
+        assert_eq!(v.base, kk);
+        assert_eq!(v.shape, vec![1, 8, 4, 12]);
+        assert_eq!(v.strides, vec![0, 0, 1, 4]);
+        let m = crate::plan::MatOperand::from_view(&v.shape, &v.strides).unwrap();
+        assert_eq!(m.trans_ld(), (true, 4));
+        assert_eq!(m.batch_offsets(&[1, 8]).unwrap(), vec![0; 8]);
+        for n in [r, e, k8, kt] {
+            assert_eq!(f.role[n.index()], Role::View);
+        }
+        // The concat is still computed (once, 12 rows, not 8 × 12).
+        assert!(matches!(f.role[kk.index()], Role::Root(_)));
+        assert!(!f.views.contains_key(&(logits, 0)), "q is read as it is");
     }
 }

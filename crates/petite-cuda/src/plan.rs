@@ -453,6 +453,125 @@ impl Gemm {
     }
 }
 
+/// One matmul operand as cuBLAS reads it: a `[rows, cols]` matrix a batch, with element
+/// strides that make it row-major (`col_stride == 1`) or column-major (`row_stride == 1`), so
+/// a transposed, head-repeated or reshaped operand is read in place instead of copied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MatOperand {
+    /// Batch dims.
+    pub batch: Vec<usize>,
+    /// Their element strides (0: broadcast).
+    pub batch_strides: Vec<i64>,
+    /// Rows.
+    pub rows: usize,
+    /// Columns.
+    pub cols: usize,
+    /// Elements between rows.
+    pub row_stride: i64,
+    /// Elements between columns.
+    pub col_stride: i64,
+}
+
+impl MatOperand {
+    /// A dense row-major tensor.
+    pub fn dense(shape: &[usize]) -> Result<Self> {
+        Self::from_view(shape, &contiguous_strides(shape))
+    }
+
+    /// A strided view; an error when no cuBLAS layout reads it (neither dim unit-stride, or
+    /// a leading dimension below what cuBLAS requires).
+    pub fn from_view(shape: &[usize], strides: &[i64]) -> Result<Self> {
+        let r = shape.len();
+        if r < 2 || strides.len() != r {
+            return Err(Error::Plan(format!("matmul operand of rank {r}")));
+        }
+        let (rows, cols) = (shape[r - 2], shape[r - 1]);
+        let (mut sr, mut sc) = (strides[r - 2], strides[r - 1]);
+        // A dim of size 1 is read at index 0 only: its stride is free.
+        if cols <= 1 {
+            sc = 1;
+        }
+        if rows <= 1 {
+            sr = if sc == 1 { cols.max(1) as i64 } else { 1 };
+        }
+        let ok = (sc == 1 && sr >= cols.max(1) as i64) || (sr == 1 && sc >= rows.max(1) as i64);
+        if !ok || sr > i32::MAX as i64 || sc > i32::MAX as i64 {
+            return Err(Error::Plan(format!(
+                "matmul operand {shape:?} with strides {strides:?} is not a cuBLAS layout"
+            )));
+        }
+        Ok(MatOperand {
+            batch: shape[..r - 2].to_vec(),
+            batch_strides: strides[..r - 2].to_vec(),
+            rows,
+            cols,
+            row_stride: sr,
+            col_stride: sc,
+        })
+    }
+
+    /// cuBLAS's view of this row-major operand as the column-major transpose: (transposed,
+    /// leading dimension).
+    pub fn trans_ld(&self) -> (bool, i64) {
+        if self.col_stride == 1 {
+            (false, self.row_stride)
+        } else {
+            (true, self.col_stride)
+        }
+    }
+
+    /// Element offset of each batch of `out_batch` (numpy broadcasting of this operand's
+    /// batch dims).
+    pub fn batch_offsets(&self, out_batch: &[usize]) -> Result<Vec<i64>> {
+        let st = broadcast_strides(&self.batch, out_batch)?;
+        // broadcast_strides counts in batch elements of a dense batch: rescale by ours.
+        let off = out_batch.len() - self.batch.len();
+        let mut mine = vec![0i64; out_batch.len()];
+        for d in 0..self.batch.len() {
+            if st[d + off] != 0 {
+                mine[d + off] = self.batch_strides[d];
+            }
+        }
+        let nb: usize = out_batch.iter().product();
+        let mut offs = Vec::with_capacity(nb);
+        for i in 0..nb {
+            let (mut rem, mut o) = (i, 0i64);
+            for d in (0..out_batch.len()).rev() {
+                let ix = (rem % out_batch[d]) as i64;
+                rem /= out_batch[d];
+                o += ix * mine[d];
+            }
+            offs.push(o);
+        }
+        Ok(offs)
+    }
+}
+
+/// `c = a · b` over batches of row-major `c` (`m × n`, dense): cuBLAS computes `cᵀ = bᵀ · aᵀ`
+/// column-major, so its A is `b` and its B is `a`, each transposed or not by its layout.
+pub fn matmul_gemm(a: &MatOperand, b: &MatOperand) -> Result<Gemm> {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if b.rows != k {
+        return Err(Error::Plan(format!("matmul {m}x{k} by {}x{n}", b.rows)));
+    }
+    let (ta, lda) = b.trans_ld();
+    let (tb, ldb) = a.trans_ld();
+    Ok(Gemm {
+        trans_a: ta,
+        trans_b: tb,
+        m: i32_of(n, "n")?,
+        n: i32_of(m, "m")?,
+        k: i32_of(k, "k")?,
+        lda: i32_of(lda.max(1) as usize, "lda")?,
+        ldb: i32_of(ldb.max(1) as usize, "ldb")?,
+        ldc: i32_of(n.max(1), "n")?,
+        stride_a: 0,
+        stride_b: 0,
+        stride_c: 0,
+        batch: 1,
+    })
+}
+
 /// The two GEMMs of grouped-query attention over q `[B, H, Q, D]`, k `[B, KVH, K, D]`,
 /// v `[B, KVH, K, Dv]`: the `H / KVH` query heads sharing a KV head are one contiguous block
 /// of `g·Q` rows, so logits `[B, H, Q, K]` are one GEMM batched over `B·KVH`, and so is
@@ -492,6 +611,14 @@ pub fn attention_gemms(
 /// attention's two products — from the declared shapes: what a roofline floor is computed
 /// from. Elementwise ops are not counted (memory-bound; their bytes are not weights).
 pub fn program_flops(p: &petite_graph::Program) -> f64 {
+    let [a, b] = program_flops_by_dtype(p);
+    a + b
+}
+
+/// [`program_flops`] split by the dtype the products read: `[16-bit (bf16/f16), f32]`. A roofline
+/// floor takes each part at its own rate: lerobot's bf16 mode keeps SigLIP in f32, whose
+/// products run at the f32 rate (no TF32), ~15× below the bf16 tensor-core rate on an H200.
+pub fn program_flops_by_dtype(p: &petite_graph::Program) -> [f64; 2] {
     use petite_graph::Op;
     let shape = |v: petite_graph::NodeId| -> Vec<usize> {
         p.node(v)
@@ -500,31 +627,38 @@ pub fn program_flops(p: &petite_graph::Program) -> f64 {
             .unwrap_or_default()
     };
     let numel = |s: &[usize]| s.iter().product::<usize>() as f64;
-    let mut f = 0.0;
+    let mut by = [0.0f64; 2];
     for n in &p.nodes {
         let out = n.tensor().map(|t| t.shape.clone()).unwrap_or_default();
+        let wide = n
+            .inputs
+            .first()
+            .and_then(|&v| p.node(v).tensor())
+            .map(|t| t.dtype)
+            == Some(petite_graph::Dtype::F32);
+        let f = &mut by[usize::from(wide)];
         match &n.op {
             Op::Linear => {
                 let k = *shape(n.inputs[0]).last().unwrap_or(&0) as f64;
-                f += 2.0 * numel(&out) * k;
+                *f += 2.0 * numel(&out) * k;
             }
             Op::MatMul => {
                 let a = shape(n.inputs[0]);
-                f += 2.0 * numel(&out) * a[a.len() - 1] as f64;
+                *f += 2.0 * numel(&out) * a[a.len() - 1] as f64;
             }
             Op::Conv2d { .. } => {
                 let w = shape(n.inputs[1]);
-                f += 2.0 * numel(&out) * (w[1] * w[2] * w[3]) as f64;
+                *f += 2.0 * numel(&out) * (w[1] * w[2] * w[3]) as f64;
             }
             Op::Attention { .. } => {
                 let (q, k) = (shape(n.inputs[0]), shape(n.inputs[1]));
                 let dv = out[3] as f64;
-                f += 2.0 * (q[0] * q[1] * q[2] * k[2]) as f64 * (q[3] as f64 + dv);
+                *f += 2.0 * (q[0] * q[1] * q[2] * k[2]) as f64 * (q[3] as f64 + dv);
             }
             _ => {}
         }
     }
-    f
+    by
 }
 
 #[cfg(test)]

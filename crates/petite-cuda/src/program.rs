@@ -11,8 +11,8 @@ use petite_weights::WeightSource;
 use crate::device::{DevTensor, Device};
 use crate::fuse::{Fusion, Role};
 use crate::plan::{
-    ConvParams, EwParams, Gemm, NormParams, Operand, RopeParams, SoftmaxParams, attention_gemms,
-    contiguous_strides,
+    ConvParams, EwParams, Gemm, MatOperand, NormParams, Operand, RopeParams, SoftmaxParams,
+    attention_gemms, contiguous_strides,
 };
 use crate::source::{EwOp, dtype_code};
 use crate::{Error, Result};
@@ -131,6 +131,7 @@ impl<'d> DeviceProgram<'d> {
                 groups: Vec::new(),
                 kernels: Vec::new(),
                 source: String::new(),
+                views: Default::default(),
             }
         };
         // Uses count the nodes that read a value from its buffer: fused roots read their
@@ -141,8 +142,18 @@ impl<'d> DeviceProgram<'d> {
                 continue;
             }
             let mut r = match fusion.role[i] {
-                Role::Plain => node.inputs.clone(),
-                Role::Inlined => Vec::new(),
+                Role::Plain => node
+                    .inputs
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &v)| {
+                        fusion
+                            .views
+                            .get(&(NodeId(i as u32), j))
+                            .map_or(v, |w| w.base)
+                    })
+                    .collect(),
+                Role::Inlined | Role::View => Vec::new(),
                 Role::Root(g) => fusion.groups[g].leaves.clone(),
             };
             r.sort();
@@ -297,7 +308,9 @@ impl<'d> DeviceProgram<'d> {
         let profile = profiling();
         let mut marks: Vec<(NodeId, crate::device::Mark, crate::device::Mark)> = Vec::new();
         for &id in &self.order {
-            if !self.live[id.index()] || self.fusion.role[id.index()] == Role::Inlined {
+            if !self.live[id.index()]
+                || matches!(self.fusion.role[id.index()], Role::Inlined | Role::View)
+            {
                 continue;
             }
             let node = p.node(id);
@@ -465,6 +478,9 @@ impl<'d> DeviceProgram<'d> {
                 return Err(err("tuple result"));
             }
         };
+        if let Op::MatMul = node.op {
+            return Ok(Slot::T(self.matmul(id, slots, out_ty)?));
+        }
         let dev = self.dev;
         let n_in = node.inputs.len();
         let ins: Vec<&DevTensor> = (0..n_in)
@@ -491,7 +507,7 @@ impl<'d> DeviceProgram<'d> {
                 return Err(err("sources are bound before the run"));
             }
             Op::Linear => self.linear(ins[0], ins[1], ins.get(2).copied(), out_ty)?,
-            Op::MatMul => self.matmul(ins[0], ins[1], out_ty)?,
+            Op::MatMul => return Err(err("matmul is evaluated above")),
             Op::Conv2d { stride, padding } => self.conv2d(
                 ins[0],
                 ins[1],
@@ -823,52 +839,61 @@ impl<'d> DeviceProgram<'d> {
         })
     }
 
-    /// Batched matmul with broadcast batch dims: one strided-batched GEMM when the batch
-    /// offsets are uniform, else one GEMM a batch.
-    fn matmul(&self, a: &DevTensor, b: &DevTensor, out_ty: &TensorType) -> Result<DevTensor> {
+    /// Batched matmul with broadcast batch dims, each operand read in place through its
+    /// strides where the fusion plan found a view ([`crate::fuse::StridedView`]): one
+    /// strided-batched GEMM when the batch offsets are uniform, else one GEMM a batch.
+    fn matmul(&self, id: NodeId, slots: &[Slot], out_ty: &TensorType) -> Result<DevTensor> {
         let dev = self.dev;
-        let (ra, rb) = (a.shape().len(), b.shape().len());
-        let (m, k, n) = (a.shape()[ra - 2], a.shape()[ra - 1], b.shape()[rb - 1]);
-        let ob = &out_ty.shape[..out_ty.shape.len() - 2];
-        let sa = crate::plan::broadcast_strides(&a.shape()[..ra - 2], ob)?;
-        let sb = crate::plan::broadcast_strides(&b.shape()[..rb - 2], ob)?;
-        let nb: usize = ob.iter().product();
-        let mut offs = Vec::with_capacity(nb);
-        for i in 0..nb {
-            let (mut rem, mut oa, mut obb) = (i, 0i64, 0i64);
-            for d in (0..ob.len()).rev() {
-                let ix = (rem % ob[d]) as i64;
-                rem /= ob[d];
-                oa += ix * sa[d];
-                obb += ix * sb[d];
-            }
-            offs.push((oa * (m * k) as i64, obb * (k * n) as i64));
+        let node = self.program.node(id);
+        let mut ops: Vec<(&DevTensor, MatOperand)> = Vec::with_capacity(2);
+        for j in 0..2 {
+            let (v, view) = match self.fusion.views.get(&(id, j)) {
+                Some(w) => (w.base, Some(w)),
+                None => (node.inputs[j], None),
+            };
+            let t = match &slots[v.index()] {
+                Slot::T(t) => t,
+                _ => return Err(err(format!("input {j} ({v}) is not available"))),
+            };
+            let m = match view {
+                Some(w) => MatOperand::from_view(&w.shape, &w.strides)?,
+                None => MatOperand::dense(t.shape())?,
+            };
+            ops.push((t, m));
         }
+        let (ta, a) = (&ops[0].0, &ops[0].1);
+        let (tb, b) = (&ops[1].0, &ops[1].1);
+        let ob = &out_ty.shape[..out_ty.shape.len() - 2];
+        let oa = a.batch_offsets(ob)?;
+        let obb = b.batch_offsets(ob)?;
+        let (m, k, n) = (a.rows, a.cols, b.cols);
+        let nb = oa.len();
         let out = dev.alloc(out_ty.dtype, &out_ty.shape)?;
         if k == 0 {
             dev.memset_zero(&out)?;
             return Ok(out);
         }
-        let es = a.dtype().size() as u64;
+        let es = ta.dtype().size() as u64;
         let os = out_ty.dtype.size() as u64;
-        let (pa, pb, po) = (dev.ptr(a), dev.ptr(b), dev.ptr(&out));
-        let g = Gemm::matmul(m, k, n)?;
+        let (pa, pb, po) = (dev.ptr(ta), dev.ptr(tb), dev.ptr(&out));
+        let g = crate::plan::matmul_gemm(a, b)?;
+        let (sa, sb) = (
+            oa.get(1).copied().unwrap_or(0),
+            obb.get(1).copied().unwrap_or(0),
+        );
         let uniform = nb > 0
-            && offs.iter().enumerate().all(|(i, &(x, y))| {
-                x == i as i64 * offs.get(1).map_or(0, |o| o.0)
-                    && y == i as i64 * offs.get(1).map_or(0, |o| o.1)
-            });
+            && oa.iter().enumerate().all(|(i, &x)| x == i as i64 * sa)
+            && obb.iter().enumerate().all(|(i, &y)| y == i as i64 * sb);
         if uniform {
-            let (da, db) = offs.get(1).copied().unwrap_or((0, 0));
-            let g = g.batched(nb, db, da, (m * n) as i64)?;
-            dev.gemm(&g, pb, pa, a.dtype(), po, out_ty.dtype)?;
+            let g = g.batched(nb, sb, sa, (m * n) as i64)?;
+            dev.gemm(&g, pb, pa, ta.dtype(), po, out_ty.dtype)?;
         } else {
-            for (i, &(oa, obb)) in offs.iter().enumerate() {
+            for i in 0..nb {
                 dev.gemm(
                     &g,
-                    pb + obb as u64 * es,
-                    pa + oa as u64 * es,
-                    a.dtype(),
+                    pb + obb[i] as u64 * es,
+                    pa + oa[i] as u64 * es,
+                    ta.dtype(),
                     po + (i * m * n) as u64 * os,
                     out_ty.dtype,
                 )?;

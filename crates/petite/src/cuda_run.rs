@@ -48,6 +48,8 @@ pub struct CudaPolicy<'d> {
     pub load_seconds: f64,
     /// Dense FLOPs of one prefix run and of one step ([`petite_cuda::plan::program_flops`]).
     pub flops: [f64; 2],
+    /// The part of [`CudaPolicy::flops`] whose products read f32 (run at the f32 rate).
+    pub flops_f32: [f64; 2],
     /// The step's fixed inputs: x, the timestep row and the prefix outputs, by input name.
     fixed: BTreeMap<String, DevTensor>,
     /// The step captured over `fixed` (at the first chunk), or `None` when not replaying.
@@ -92,6 +94,10 @@ impl<'d> CudaPolicy<'d> {
             petite_cuda::plan::program_flops(&progs.prefix),
             petite_cuda::plan::program_flops(&progs.step),
         ];
+        let flops_f32 = [
+            petite_cuda::plan::program_flops_by_dtype(&progs.prefix)[1],
+            petite_cuda::plan::program_flops_by_dtype(&progs.step)[1],
+        ];
         let mut fixed = BTreeMap::new();
         for &id in &progs.step.inputs {
             let name = progs.step.input_name(id).unwrap_or_default().to_string();
@@ -104,6 +110,7 @@ impl<'d> CudaPolicy<'d> {
         }
         Ok(CudaPolicy {
             flops,
+            flops_f32,
             fixed,
             graph: OnceCell::new(),
             use_graph: std::env::var_os("PETITE_CUDA_NO_GRAPH").is_none()

@@ -1,7 +1,8 @@
 //! `cargo xtask bench gpu`: pi0.5 chunks on CUDA GPU 0 through petite-cuda (full size, bf16
 //! and f32): per-chunk latency (median of the timed chunks after warm-up, CUDA events) with the
 //! prefix/steps split and peak device memory, beside the physical floor of the same programs —
-//! their dense FLOPs at the GPU's bf16 (or f32) matrix rate and their weight bytes at its memory
+//! their dense FLOPs at the GPU's matrix rate for the dtype each product reads (bf16, or f32 for
+//! the f32 products, SigLIP's in lerobot's bf16 mode) and their weight bytes at its memory
 //! bandwidth, both measured in the same run with PyTorch on the same GPU when python3 has a
 //! CUDA torch (else the H200 datasheet's rates, said so).
 //!
@@ -120,11 +121,22 @@ pub fn run(a: &Args) -> Result<()> {
                 .arg(&json),
         )?;
         let v: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
-        let rate = if dtype == "bf16" { bf16_rate } else { f32_rate };
+        // Each product at its own rate: f32 products (all of them in f32 mode; SigLIP in
+        // lerobot's bf16 mode) at the f32 rate, 16-bit ones at the bf16 rate.
         let steps = num(&v, "steps")?;
-        let floor_s = |flops: f64, bytes: f64| (flops / rate).max(bytes / bw);
-        let floor = floor_s(num(&v, "prefix_flops")?, num(&v, "prefix_weight_bytes")?)
-            + steps * floor_s(num(&v, "step_flops")?, num(&v, "step_weight_bytes")?);
+        let floor_s = |flops: f64, flops_f32: f64, bytes: f64| {
+            ((flops - flops_f32) / bf16_rate + flops_f32 / f32_rate).max(bytes / bw)
+        };
+        let floor = floor_s(
+            num(&v, "prefix_flops")?,
+            num(&v, "prefix_flops_f32")?,
+            num(&v, "prefix_weight_bytes")?,
+        ) + steps
+            * floor_s(
+                num(&v, "step_flops")?,
+                num(&v, "step_flops_f32")?,
+                num(&v, "step_weight_bytes")?,
+            );
         let floor_ms = floor * 1e3;
         let median = num(&v, "median_chunk_ms")?;
         if !(median.is_finite() && median > 0.0 && floor_ms > 0.0) {

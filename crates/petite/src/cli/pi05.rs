@@ -198,6 +198,8 @@ fn run_cuda(a: RunArgs) -> anyhow::Result<()> {
         "steps": cfg.steps,
         "prefix_flops": policy.flops[0],
         "step_flops": policy.flops[1],
+        "prefix_flops_f32": policy.flops_f32[0],
+        "step_flops_f32": policy.flops_f32[1],
         "prefix_weight_bytes": policy.program_weight_bytes()[0],
         "step_weight_bytes": policy.program_weight_bytes()[1],
     });
