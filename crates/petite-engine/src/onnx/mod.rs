@@ -986,16 +986,7 @@ pub fn emit_to(
     Ok(n)
 }
 
-/// Writes `bytes` to `path` through a temporary name and a rename.
+/// Writes `bytes` to `path` (petite-fs: temporary name, fsync, rename, fsync of the directory).
 pub fn write_model(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut tmp = path.as_os_str().to_os_string();
-    tmp.push(".petite-tmp");
-    let tmp = std::path::PathBuf::from(tmp);
-    let res = std::fs::write(&tmp, bytes)
-        .map_err(|e| Error::io(&tmp, "write ONNX model", e))
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io(path, "rename", e)));
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res
+    Ok(petite_fs::write(path, bytes)?)
 }
