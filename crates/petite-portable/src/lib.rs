@@ -7,7 +7,7 @@
 //! * [`plan_portable`]: lower + plan from shapes alone, the [`ExportReport`] an export would give.
 //! * [`export_portable`]: writes a one-method `.pte`; each weight is converted (and transposed
 //!   where the lowering stores it so) straight into the constant segment, in bounded chunks from
-//!   the mapped [`WeightSource`]: written once, never all in memory.
+//!   the mapped [`petite_weights::WeightSource`]: written once, never all in memory.
 //! * [`write_mapping`] + [`write_program`]: the exporter's two stages — every weight once in the
 //!   exact dtype and layout the `.pte` stores (a cacheable mapping file; transposes in tiled
 //!   column bands, two threads, source pages unmapped behind), then `.pte` files with

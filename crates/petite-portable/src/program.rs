@@ -83,7 +83,7 @@ fn build_method(name: &str, l: &Lowered, p: &MemoryPlan, constant: &[u32]) -> Me
 /// Where the weights' bytes come from when a `.pte` is written.
 #[derive(Clone, Copy)]
 pub enum Constants<'a> {
-    /// A mapping file from [`write_mapping`] with every stored weight: each is a region of it,
+    /// A mapping file from [`crate::write_mapping`] with every stored weight: each is a region of it,
     /// copied into the `.pte` in-kernel (`copy_file_range`).
     Mapping(&'a MappedSafetensors),
     /// Any source: each weight converted (and transposed) straight into the `.pte`.

@@ -64,10 +64,10 @@ pub(crate) fn report(method: &str, l: &Lowered, p: &MemoryPlan) -> ExportReport 
     }
 }
 
-/// Name of the method [`export_portable`] writes.
+/// Name of the method [`crate::export_portable`] writes.
 pub const METHOD: &str = "forward";
 
-/// Lowers and plans without touching weights: what [`export_portable`] would write.
+/// Lowers and plans without touching weights: what [`crate::export_portable`] would write.
 pub fn plan_portable(program: &Program) -> Result<ExportReport> {
     let l = lower(program)?;
     let p = plan(&l);

@@ -345,7 +345,8 @@ fn missing_destination_directory_is_a_clear_error() {
         )
         .unwrap_err();
     assert!(
-        e.to_string().contains("no/such/dir/p.pte.petite-tmp: create: "),
+        e.to_string()
+            .contains("no/such/dir/p.pte.petite-tmp: create: "),
         "{e}"
     );
 }
