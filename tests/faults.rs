@@ -353,7 +353,7 @@ fn disk_full_at_each_stage_names_the_file_leaves_no_final_file_and_the_rerun_fin
     // fit, prefix.pte (~360 KiB) fails.
     for (limit, file_part) in [
         (64 << 10, "/cache/mapping-"),
-        (256 << 10, "/..prefix.pte.petite-tmp-staged.petite-tmp-"),
+        (256 << 10, "/.prefix.pte.petite-tmp-staged.petite-tmp: "),
     ] {
         let out = s.0.join(format!("out-{limit}"));
         let o = with_file_limit(&mut export_cmd(&c, &out), limit)

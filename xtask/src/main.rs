@@ -89,6 +89,7 @@ fn ci() -> Result<()> {
 /// The crates another exporter can embed: packaged as for a registry (every path dependency
 /// has a version, nothing publish-only is missing), and used from outside the workspace.
 const EMBEDDABLE: &[&str] = &[
+    "petite-fs",
     "petite-dtype",
     "petite-graph",
     "petite-weights",

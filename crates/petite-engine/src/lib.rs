@@ -137,6 +137,13 @@ pub enum Error {
     Reference(#[from] petite_reference::Error),
 }
 
+impl From<petite_fs::Error> for Error {
+    fn from(e: petite_fs::Error) -> Self {
+        let petite_fs::Error::Io { path, op, source } = e;
+        Error::io(&path, op, source)
+    }
+}
+
 impl Error {
     pub(crate) fn io(path: &Path, op: &'static str, source: std::io::Error) -> Self {
         Error::Io {

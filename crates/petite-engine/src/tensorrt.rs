@@ -817,29 +817,21 @@ pub mod blob {
         head.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
         head.extend_from_slice(metadata.as_bytes());
         head.resize(eoff as usize, 0);
-        let mut tmp = out.as_os_str().to_os_string();
-        tmp.push(".petite-tmp");
-        let tmp = PathBuf::from(tmp);
-        let res = (|| -> Result<()> {
-            let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, "create", e))?;
-            f.write_all(&head)
-                .map_err(|e| Error::io(&tmp, "write", e))?;
-            // std::io::copy between files uses copy_file_range on Linux (no user-space buffer).
-            let n = std::io::copy(&mut pf, &mut f).map_err(|e| Error::io(&tmp, "copy plan", e))?;
-            if n != engine_size {
-                return Err(bad(format!(
-                    "copied {n} plan bytes, expected {engine_size}"
-                )));
-            }
-            f.sync_all().map_err(|e| Error::io(&tmp, "fsync", e))?;
-            // Sealed before the rename: a blob under its final name always has its seal.
-            petite_weights::seal::write_for(&tmp, out)?;
-            std::fs::rename(&tmp, out).map_err(|e| Error::io(out, "rename", e))
-        })();
-        if res.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+        // The one durability rule (petite-fs), sealed before the rename: a blob under its
+        // final name always has its seal.
+        let mut af = petite_fs::AtomicFile::create(out)?;
+        let tmp = af.temp().to_path_buf();
+        let f = af.file_mut();
+        f.write_all(&head)
+            .map_err(|e| Error::io(&tmp, "write", e))?;
+        // std::io::copy between files uses copy_file_range on Linux (no user-space buffer).
+        let n = std::io::copy(&mut pf, f).map_err(|e| Error::io(&tmp, "copy plan", e))?;
+        if n != engine_size {
+            return Err(bad(format!(
+                "copied {n} plan bytes, expected {engine_size}"
+            )));
         }
-        res?;
+        af.commit_with(|tmp| Ok::<(), Error>(petite_weights::seal::write_for(tmp, out)?))?;
         Ok(Header {
             metadata_offset: HEADER_LEN,
             metadata_size: msize,

@@ -1,15 +1,17 @@
 //! Memory planning: every planned tensor (inputs and kernel outputs) gets an offset in one buffer
 //! (`memory_id` 1). Tensors whose lifetimes (first write .. last read, in call order) are disjoint
-//! share bytes. Placement is greedy by size: largest first, each at the lowest 16-aligned offset
-//! that overlaps no already-placed tensor alive at the same time (EXIR's greedy planner does the
-//! same), which in practice lands close to the largest live set.
+//! share bytes. Placement is petite-pte's one lifetime planner ([`petite_pte::lifetime`]) taking
+//! the largest first, each at the lowest 16-aligned offset that overlaps no already-placed tensor
+//! alive at the same time (EXIR's greedy planner does the same), which in practice lands close to
+//! the largest live set.
 
+use petite_pte::lifetime::{self, Lifetime, Order, aligned};
 use serde::Serialize;
 
 use crate::lower::{Arg, Lowered};
 
-/// Alignment of planned tensors (EXIR's `ALIGNMENT`).
-pub const ALIGN: u64 = 16;
+/// Alignment of planned tensors (EXIR's `ALIGNMENT`; petite-pte's `PLANNED_ALIGNMENT`).
+pub const ALIGN: u64 = petite_pte::builder::PLANNED_ALIGNMENT;
 
 /// The plan of one method.
 #[derive(Debug, Clone)]
@@ -36,10 +38,6 @@ pub struct PlanStats {
     pub planned_tensors: usize,
     /// Number of kernel calls.
     pub calls: usize,
-}
-
-fn aligned(n: u64) -> u64 {
-    n.div_ceil(ALIGN) * ALIGN
 }
 
 /// Plans the method's memory.
@@ -77,64 +75,34 @@ pub fn plan(l: &Lowered) -> MemoryPlan {
         }
     }
     let size = |s: usize| aligned(l.slots[s].nbytes());
-
-    // Largest live set: sweep over events.
-    let mut delta = vec![0i128; end + 2];
-    let mut sum = 0u64;
-    let mut planned = Vec::new();
-    for (s, lt) in life.iter().enumerate() {
-        if let Some((a, b)) = *lt {
-            delta[a] += size(s) as i128;
-            delta[b + 1] -= size(s) as i128;
-            sum += size(s);
-            planned.push(s);
-        }
-    }
-    let mut cur = 0i128;
-    let mut max_live = 0i128;
-    for d in &delta {
-        cur += d;
-        max_live = max_live.max(cur);
-    }
-
-    // Greedy by size: largest first; ties by first use.
-    planned.sort_by_key(|&s| (std::cmp::Reverse(size(s)), life[s].map(|l| l.0), s));
+    let planned: Vec<usize> = (0..n).filter(|&s| life[s].is_some()).collect();
+    let lifetimes: Vec<Lifetime> = planned
+        .iter()
+        .map(|&s| {
+            let (first, last) = life[s].expect("planned");
+            Lifetime {
+                bytes: size(s),
+                first,
+                last,
+            }
+        })
+        .collect();
+    let sum: u64 = lifetimes.iter().map(|t| t.bytes).sum();
+    let max_live = lifetime::max_live(&lifetimes);
+    // The one lifetime planner (petite-pte's), largest first as EXIR's greedy planner.
+    let placement = lifetime::place(&lifetimes, Order::LargestFirst);
     let mut offsets: Vec<Option<u64>> = vec![None; n];
-    let mut placed: Vec<(u64, u64, usize, usize)> = Vec::new(); // (offset, end, first, last)
-    let mut total = 0u64;
-    let mut conflicts: Vec<(u64, u64)> = Vec::new();
-    for &s in &planned {
-        let (a, b) = life[s].expect("planned");
-        let sz = size(s);
-        conflicts.clear();
-        conflicts.extend(
-            placed
-                .iter()
-                .filter(|p| p.2 <= b && a <= p.3)
-                .map(|p| (p.0, p.1)),
-        );
-        conflicts.sort_unstable();
-        let mut off = 0u64;
-        for &(o, e) in &conflicts {
-            if o >= off + sz && sz > 0 {
-                break;
-            }
-            if sz == 0 {
-                break;
-            }
-            off = off.max(e);
-        }
+    for (&s, &off) in planned.iter().zip(&placement.offsets) {
         offsets[s] = Some(off);
-        placed.push((off, off + sz, a, b));
-        total = total.max(off + sz);
     }
+    let total = placement.end;
     MemoryPlan {
         offsets,
         lifetimes: life,
         stats: PlanStats {
             planned_bytes: total,
             sum_bytes: sum,
-            max_live_bytes: max_live as u64,
+            max_live_bytes: max_live,
             planned_tensors: planned.len(),
             calls: end,
         },

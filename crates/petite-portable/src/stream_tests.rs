@@ -10,6 +10,8 @@ use petite_weights::{MappedSafetensors, SafetensorsWriter, TensorSpec, TensorVie
 use proptest::prelude::*;
 
 use super::*;
+use crate::convert::{BAND, Layout, write_weight};
+use crate::mapping::write_mapping_with;
 
 // ---- the previous implementation (commit 3cb21e2), the oracle ---------------------------------
 

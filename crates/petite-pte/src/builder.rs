@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::lifetime::{Lifetime, Order};
 use crate::model::*;
 use crate::writer::{
     FillFn, Segment, SegmentData, WriteOptions, WriteSummary, write_pte, write_pte_streamed,
@@ -444,8 +445,8 @@ impl MethodBuilder {
     /// tensor is live from the first to the last instruction of the (single, straight-line)
     /// chain that names it — method inputs from the start, method outputs to the end, a tensor
     /// no instruction names for the whole method — and two tensors share bytes only if their
-    /// lifetimes are disjoint. First fit in order of first use, 16-byte aligned; the buffer
-    /// shrinks to the highest end. Call after the chain is complete. Refuses a method with
+    /// lifetimes are disjoint. First fit in order of first use, 16-byte aligned
+    /// ([`crate::lifetime::place`], [`Order::FirstUse`]); the buffer shrinks to the highest end. Call after the chain is complete. Refuses a method with
     /// jumps (lifetimes would not be intervals).
     pub fn reuse_buffer(&mut self, memory_id: u32) -> Result<()> {
         let plan = &mut self.plan;
@@ -519,32 +520,21 @@ impl MethodBuilder {
                 items.push((i, nbytes, live.get(&i).copied().unwrap_or((0, n + 1))));
             }
         }
-        items.sort_by_key(|&(i, _, (first, _))| (first, i));
-        let mut placed: Vec<(u64, u64, usize)> = Vec::new(); // (offset, end, last use)
-        let mut high = 0u64;
-        for (i, nbytes, (first, last)) in items {
-            let mut busy: Vec<(u64, u64)> = placed
-                .iter()
-                .filter(|&&(_, _, l)| l >= first)
-                .map(|&(o, e, _)| (o, e))
-                .collect();
-            busy.sort_unstable();
-            let mut offset = 0u64;
-            for (o, e) in busy {
-                if offset + nbytes <= o {
-                    break;
-                }
-                offset = offset.max(e.div_ceil(PLANNED_ALIGNMENT) * PLANNED_ALIGNMENT);
-            }
+        // The one lifetime planner, first fit in order of first use.
+        let lifetimes: Vec<Lifetime> = items
+            .iter()
+            .map(|&(_, bytes, (first, last))| Lifetime { bytes, first, last })
+            .collect();
+        let placement = crate::lifetime::place(&lifetimes, Order::FirstUse);
+        for (&(i, _, _), &offset) in items.iter().zip(&placement.offsets) {
             if let EValue::Tensor(t) = &mut plan.values[i] {
                 t.allocation_info = Some(AllocationDetails {
                     memory_id,
                     memory_offset: offset,
                 });
             }
-            placed.push((offset, offset + nbytes, last));
-            high = high.max(offset + nbytes);
         }
+        let high = placement.end;
         let k = memory_id as usize;
         if plan.non_const_buffer_sizes.len() <= k {
             plan.non_const_buffer_sizes.resize(k + 1, 0);

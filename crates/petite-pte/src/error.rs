@@ -69,6 +69,13 @@ pub enum Error {
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl From<petite_fs::Error> for Error {
+    fn from(e: petite_fs::Error) -> Self {
+        let petite_fs::Error::Io { path, op, source } = e;
+        Error::io(path, op, source)
+    }
+}
+
 impl Error {
     pub(crate) fn invalid(msg: impl Into<String>) -> Error {
         Error::Invalid(msg.into())

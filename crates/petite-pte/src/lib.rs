@@ -12,6 +12,8 @@
 //! * [`write_pte`] / [`write_pte_streamed`]: the flatbuffer plus the `eh00` header, segments
 //!   copied with `copy_file_range`, written to a temporary name and renamed into place.
 //! * [`PteFile::open`] / [`read_bytes`]: header, flatbuffers verifier, structural checks.
+//! * [`lifetime::place`]: the one lifetime memory planner (tensors whose lifetimes are disjoint
+//!   share bytes), used by [`MethodBuilder::reuse_buffer`] and petite-portable's methods.
 //! * [`summary::summarize`]: what `petite inspect` prints.
 //! * [`Error`]: every failure, typed.
 //!
@@ -23,6 +25,7 @@ pub mod decode;
 pub mod encode;
 mod error;
 pub mod header;
+pub mod lifetime;
 pub mod model;
 pub mod reader;
 pub mod summary;

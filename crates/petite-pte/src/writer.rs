@@ -4,7 +4,7 @@
 //! segment's bytes are never all in memory. The file is written under a temporary name in the
 //! destination directory and renamed into place only when complete.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
@@ -121,8 +121,6 @@ pub struct WriteSummary {
 /// Options of a write.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WriteOptions {
-    /// `fsync` the file before renaming it into place.
-    pub fsync: bool,
     /// Never use `copy_file_range` (exercises the fallback path).
     pub force_buffered_copy: bool,
 }
@@ -217,7 +215,11 @@ pub fn write_pte_streamed(
 ) -> Result<WriteSummary> {
     let path = path.as_ref();
     let (head, _program, base, data_size) = prepare(program, segments)?;
-    let tmp = TempFile::create(path)?;
+    if path.file_name().is_none() {
+        return Err(Error::Build(format!("{} has no file name", path.display())));
+    }
+    let tmp = petite_fs::AtomicFile::create(path)?;
+    let tmp_path = tmp.temp().to_path_buf();
     let mut summary = WriteSummary {
         file_len: 0,
         program_size: head.len() as u64,
@@ -226,9 +228,9 @@ pub fn write_pte_streamed(
         bytes_copied_in_kernel: 0,
         bytes_copied_buffered: 0,
     };
-    let out = &tmp.file;
+    let out = tmp.file();
     out.write_all_at(&head, 0)
-        .map_err(|e| Error::io(&tmp.path, "write program", e))?;
+        .map_err(|e| Error::io(&tmp_path, "write program", e))?;
     let mut pos = head.len() as u64;
     let layout = layout_segments(segments)?;
     let mut buf = Vec::new();
@@ -238,12 +240,12 @@ pub fn write_pte_streamed(
             continue;
         }
         let start = base + at.offset;
-        write_zeros(out, &tmp.path, pos, start - pos)?;
+        write_zeros(out, &tmp_path, pos, start - pos)?;
         pos = start;
         let mut w = SegWriter {
             index: i,
             out,
-            out_path: &tmp.path,
+            out_path: &tmp_path,
             opts,
             buf: &mut buf,
             fill: &mut *fill,
@@ -253,12 +255,9 @@ pub fn write_pte_streamed(
         pos += seg.data.len();
     }
     summary.file_len = pos;
-    // The file must be exactly this long (a pre-existing temp is impossible: created exclusively).
-    if opts.fsync {
-        out.sync_all()
-            .map_err(|e| Error::io(&tmp.path, "fsync", e))?;
-    }
-    tmp.commit(path)?;
+    // The file is exactly this long (its temporary name was created exclusively); the one
+    // durability rule (petite-fs: fsync, rename, fsync of the directory) puts it in place.
+    tmp.commit()?;
     Ok(summary)
 }
 
@@ -500,55 +499,4 @@ fn copy_region(
         }
     }
     Ok((in_kernel, done - buffered_start))
-}
-
-/// A file under a temporary name next to its destination, removed unless committed.
-struct TempFile {
-    path: PathBuf,
-    file: File,
-    committed: bool,
-}
-
-impl TempFile {
-    fn create(dest: &Path) -> Result<TempFile> {
-        let name = dest
-            .file_name()
-            .ok_or_else(|| Error::Build(format!("{} has no file name", dest.display())))?;
-        let dir = dest.parent().filter(|p| !p.as_os_str().is_empty());
-        let tmp_name = format!(
-            ".{}.petite-tmp-{}",
-            name.to_string_lossy(),
-            std::process::id()
-        );
-        let path = match dir {
-            Some(d) => d.join(tmp_name),
-            None => PathBuf::from(tmp_name),
-        };
-        // A stale temp from a crashed run with the same pid is ours to replace.
-        let _ = std::fs::remove_file(&path);
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(|e| Error::io(&path, "create temporary output", e))?;
-        Ok(TempFile {
-            path,
-            file,
-            committed: false,
-        })
-    }
-
-    fn commit(mut self, dest: &Path) -> Result<()> {
-        std::fs::rename(&self.path, dest).map_err(|e| Error::io(dest, "rename into place", e))?;
-        self.committed = true;
-        Ok(())
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
 }

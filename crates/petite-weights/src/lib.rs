@@ -195,6 +195,13 @@ fn tensor_suffix(t: &Option<String>) -> String {
     }
 }
 
+impl From<petite_fs::Error> for Error {
+    fn from(e: petite_fs::Error) -> Self {
+        let petite_fs::Error::Io { path, op, source } = e;
+        Error::io(&path, op, source)
+    }
+}
+
 impl Error {
     pub(crate) fn io(file: &std::path::Path, op: &'static str, source: std::io::Error) -> Self {
         Error::Io {

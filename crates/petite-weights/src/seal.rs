@@ -22,7 +22,6 @@
 //! cannot fault.
 
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -86,24 +85,11 @@ fn compute(f: &File) -> std::io::Result<String> {
 }
 
 /// Seals `data` (a finished file, usually still under its temporary name) as `target`: writes
-/// `target.seal` (temporary name, fsync, rename).
+/// `target.seal` (petite-fs: temporary name, fsync, rename, fsync of the directory).
 pub fn write_for(data: &Path, target: &Path) -> Result<()> {
     let f = File::open(data).map_err(|e| Error::io(data, "open to seal", e))?;
     let line = compute(&f).map_err(|e| Error::io(data, "read to seal", e))?;
-    let side = sidecar(target);
-    let mut tmp = side.as_os_str().to_owned();
-    tmp.push(".petite-tmp");
-    let tmp = PathBuf::from(tmp);
-    let res = (|| {
-        let mut o = File::create(&tmp)?;
-        o.write_all(line.as_bytes())?;
-        o.sync_all()?;
-        std::fs::rename(&tmp, &side)
-    })();
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(&side, "write seal", e));
-    }
+    petite_fs::write(sidecar(target), line.as_bytes())?;
     Ok(())
 }
 

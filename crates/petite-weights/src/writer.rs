@@ -72,7 +72,7 @@ struct Slot {
 pub struct SafetensorsWriter {
     out: PathBuf,
     tmp: PathBuf,
-    file: Option<File>,
+    file: Option<petite_fs::AtomicFile>,
     slots: Vec<Slot>,
     by_name: std::collections::HashMap<String, usize>,
     total_len: u64,
@@ -190,13 +190,11 @@ impl SafetensorsWriter {
             });
             off += len;
         }
-        let mut tmp_name = out
-            .file_name()
-            .ok_or_else(|| bad(None, "output path has no file name".into()))?
-            .to_os_string();
-        tmp_name.push(".petite-tmp");
-        let tmp = out.with_file_name(tmp_name);
-        let mut file = File::create(&tmp).map_err(|e| Error::io(&tmp, "create", e))?;
+        if out.file_name().is_none() {
+            return Err(bad(None, "output path has no file name".into()));
+        }
+        let file = petite_fs::AtomicFile::create(&out)?;
+        let tmp = file.temp().to_path_buf();
         let mut w = SafetensorsWriter {
             out,
             tmp: tmp.clone(),
@@ -207,8 +205,9 @@ impl SafetensorsWriter {
             data_start,
         };
         let res = (|| {
-            file.write_all(&(padded).to_le_bytes())?;
-            file.write_all(&json)
+            let mut f = file.file();
+            f.write_all(&(padded).to_le_bytes())?;
+            f.write_all(&json)
         })();
         w.file = Some(file);
         res.map_err(|e| Error::io(&tmp, "write header", e))?;
@@ -291,7 +290,7 @@ impl SafetensorsWriter {
                 ),
             });
         }
-        let file = self.file.as_ref().expect("file open until finish");
+        let file = self.file.as_ref().expect("file open until finish").file();
         file.write_all_at(bytes, s.offset + offset).map_err(|e| {
             // `bytes` may be a view of a mapped source that was truncated meanwhile.
             crate::fault::efault_on_mapped(&e, bytes)
@@ -314,7 +313,7 @@ impl SafetensorsWriter {
 
     /// The open temporary file (e.g. for `sync_file_range`/`posix_fadvise` on written ranges).
     pub fn file(&self) -> &File {
-        self.file.as_ref().expect("file open until finish")
+        self.file.as_ref().expect("file open until finish").file()
     }
 
     /// Checks that every tensor received exactly its byte count, fsyncs the file, renames it to
@@ -346,36 +345,19 @@ impl SafetensorsWriter {
         }
         let file = self.file.take().expect("file open until finish");
         // Padding tensors are holes (zeros); the length covers a trailing one.
-        file.set_len(self.total_len)
+        file.file()
+            .set_len(self.total_len)
             .map_err(|e| Error::io(&self.tmp, "set length", e))?;
-        file.sync_all()
-            .map_err(|e| Error::io(&self.tmp, "fsync", e))?;
-        drop(file);
-        if seal {
-            crate::seal::write_for(&self.tmp, &self.out)?;
-        }
-        std::fs::rename(&self.tmp, &self.out).map_err(|e| Error::io(&self.out, "rename", e))?;
-        if let Some(dir) = self.out.parent() {
-            let dir = if dir.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                dir
-            };
-            if let Ok(d) = File::open(dir) {
-                let _ = d.sync_all();
+        // The one durability rule (petite-fs); a cache file is sealed between the fsync and
+        // the rename.
+        let out = self.out.clone();
+        file.commit_with(|tmp| {
+            if seal {
+                crate::seal::write_for(tmp, &out)?;
             }
-        }
-        // Renamed: nothing left for Drop to delete.
-        self.tmp = PathBuf::new();
+            Ok::<(), Error>(())
+        })?;
         Ok(self.out.clone())
-    }
-}
-
-impl Drop for SafetensorsWriter {
-    fn drop(&mut self) {
-        if !self.tmp.as_os_str().is_empty() {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
     }
 }
 

@@ -312,7 +312,7 @@ fn runner_of(spec: &PolicySpec, dir: &Path) -> Result<Runner> {
     spec.runner.clone().ok_or_else(|| {
         Error::Usage(format!(
             "{}: no lerobot interface (exported from bare weights): export from the lerobot policy folder (config.json + model.safetensors) to run it with `petite act`",
-            dir.join(petite_pi05::policy::FILE).display()
+            dir.join(crate::layout::POLICY).display()
         ))
     })
 }
@@ -531,8 +531,10 @@ pub fn act(opts: &ActOptions) -> Result<ActResult> {
     cfg.validate()?;
     let (inputs, raw_state, text) = preprocess(opts, &cfg, &r)?;
     let onnx = crate::verify::is_onnx(dir);
-    let portable =
-        !onnx && crate::verify::is_portable(&petite_pte::PteFile::open(dir.join("prefix.pte"))?);
+    let portable = !onnx
+        && crate::verify::is_portable(&petite_pte::PteFile::open(
+            dir.join(crate::layout::PREFIX_PTE),
+        )?);
     if opts.device != crate::runtimes::Device::Cpu && (onnx || portable) {
         return Err(Error::Usage(format!(
             "--device {} runs petite's engine bundles only; this is a{} bundle (run it with --device cpu)",
@@ -598,7 +600,7 @@ pub fn act(opts: &ActOptions) -> Result<ActResult> {
 }
 
 /// Writes `action` f32 `[chunk, action_dim]` (and the prompt's tokens and mask, for checking)
-/// to `out` (temporary name, then rename), with `n_action_steps` and the export id as
+/// to `out` (petite-fs: temporary name, fsync, rename), with `n_action_steps` and the export id as
 /// metadata.
 pub fn write_result(out: &Path, r: &ActResult) -> Result<()> {
     use safetensors::tensor::TensorView;
@@ -628,9 +630,7 @@ pub fn write_result(out: &Path, r: &ActResult) -> Result<()> {
     .into();
     let bytes = safetensors::serialize(tensors, Some(meta))
         .map_err(|e| Error::Usage(format!("{}: {e}", out.display())))?;
-    let tmp = crate::guard::staged(out);
-    std::fs::write(&tmp, &bytes).map_err(|e| Error::io(&tmp, "write", e))?;
-    std::fs::rename(&tmp, out).map_err(|e| Error::io(out, "rename into place", e))
+    Ok(petite_fs::write(out, &bytes)?)
 }
 
 #[cfg(test)]

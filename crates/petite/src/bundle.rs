@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use petite_pi05::Pi05Config;
 use petite_pi05::inputs::CanonicalCheckpoint;
 use petite_pi05::lerobot::{ConfigKind, LerobotConfig, check_weights_against, open_folder};
-use petite_pi05::policy::{self, PolicySpec, Runner};
+use petite_pi05::policy::{PolicySpec, Runner};
 use petite_pte::PteFile;
 use petite_weights::WeightSource;
 
@@ -122,7 +122,7 @@ pub fn pte_export_id(pte: &PteFile) -> Result<Option<String>> {
 
 /// The export id of an ONNX export (`pi05.onnx.json`'s `export_id`).
 pub fn onnx_export_id(dir: &Path) -> Result<Option<String>> {
-    let spec = dir.join(crate::export::onnx::SPEC);
+    let spec = dir.join(crate::layout::ONNX_SPEC);
     let v = crate::report::read_json(&spec)?;
     Ok(v.get("export_id")
         .and_then(|x| x.as_str())
@@ -135,15 +135,15 @@ pub fn onnx_export_id(dir: &Path) -> Result<Option<String>> {
 pub fn check_bundle(dir: &Path) -> Result<Option<PolicySpec>> {
     let mut ids: Vec<(PathBuf, Option<String>)> = Vec::new();
     if crate::verify::is_onnx(dir) {
-        ids.push((dir.join(crate::export::onnx::SPEC), onnx_export_id(dir)?));
+        ids.push((dir.join(crate::layout::ONNX_SPEC), onnx_export_id(dir)?));
     } else {
-        for name in ["prefix.pte", "step.pte"] {
+        for name in crate::layout::PTES {
             let p = dir.join(name);
             let pte = PteFile::open(&p)?;
             ids.push((p, pte_export_id(&pte)?));
         }
     }
-    let policy_path = dir.join(policy::FILE);
+    let policy_path = dir.join(crate::layout::POLICY);
     let spec = if policy_path.is_file() {
         let s = PolicySpec::read(&policy_path)?;
         ids.push((policy_path, Some(s.export_id.clone())));

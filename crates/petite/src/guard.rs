@@ -13,14 +13,14 @@ use std::path::{Path, PathBuf};
 
 use petite_weights::{FileIdentity, MappedSafetensors, Role};
 
+use crate::layout;
 use crate::{Error, Result};
 
 /// The lock file in an output directory.
-pub const LOCK_FILE: &str = ".petite.lock";
-/// What temporary files of petite's writers have in their names (safetensors writer, engine
-/// blobs, seals: `<name>.petite-tmp`; `.pte` writer: `.<name>.petite-tmp-<pid>`; staged
-/// outputs: `.<name>.petite-tmp-staged`).
-const TMP_MARK: &str = ".petite-tmp";
+pub const LOCK_FILE: &str = layout::LOCK;
+/// What temporary files of petite's writers have in their names (every write through
+/// petite-fs: `<name>.petite-tmp`; staged outputs: `.<name>.petite-tmp-staged`).
+use petite_fs::TMP_MARK;
 /// The environment variable naming a test stop point (see [`stop_point`]).
 pub const STOP_ENV: &str = "PETITE_TEST_STOP_AT";
 
@@ -67,7 +67,7 @@ impl OutputDir {
         })();
         res.map_err(|e| Error::io(&path, "write", e))?;
         clear_temporaries(out);
-        for name in ["prefix.pte", "step.pte"] {
+        for name in layout::PTES {
             let p = out.join(name);
             if p.exists()
                 && let Err(e) = petite_pte::PteFile::open(&p)
@@ -77,7 +77,7 @@ impl OutputDir {
                     p.display()
                 );
                 let _ = std::fs::remove_file(&p);
-                let _ = std::fs::remove_file(crate::export::spec_path(&p));
+                let _ = std::fs::remove_file(layout::spec_path(&p));
             }
         }
         Ok(OutputDir { _lock: f })
@@ -103,7 +103,7 @@ fn holder_pid(f: &mut File) -> Option<u32> {
 /// Removes petite's temporary files under `out`, `out/cache` and `out/engines` (the caller
 /// holds the directory's lock, so no live writer owns one).
 fn clear_temporaries(out: &Path) {
-    for dir in [out.to_path_buf(), out.join("cache"), out.join("engines")] {
+    for dir in layout::temp_dirs(out) {
         let Ok(rd) = std::fs::read_dir(&dir) else {
             continue;
         };
@@ -177,16 +177,6 @@ pub fn damaged(path: &Path, what: &str, why: &str) {
     );
 }
 
-/// Where an output is written before [`publish`] gives it its final name:
-/// `DIR/.<name>.petite-tmp-staged`.
-pub fn staged(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}{TMP_MARK}-staged"))
-}
-
 /// Gives the staged outputs their final names (each `(staged, final)`, in order), once the
 /// watched inputs are checked unchanged and every staged `.pte` passes petite-pte's verifier;
 /// on any failure the staged files are removed and nothing is renamed.
@@ -211,10 +201,9 @@ pub fn publish(watch: &Watch, files: &[(PathBuf, PathBuf)]) -> Result<()> {
     for (s, f) in files {
         std::fs::rename(s, f).map_err(|e| Error::io(f, "rename", e))?;
     }
-    if let Some(dir) = files.first().and_then(|(_, f)| f.parent())
-        && let Ok(d) = File::open(dir)
-    {
-        let _ = d.sync_all();
+    // The renames on disk (the staged files were made durable by their writers).
+    if let Some(dir) = files.first().and_then(|(_, f)| f.parent()) {
+        petite_fs::sync_dir(dir)?;
     }
     Ok(())
 }

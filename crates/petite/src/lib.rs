@@ -9,6 +9,7 @@ pub mod cuda_run;
 pub mod engines;
 pub mod export;
 pub mod guard;
+pub mod layout;
 pub mod memory;
 pub mod report;
 pub mod runtimes;
@@ -129,6 +130,13 @@ impl Error {
             Error::Engine(e) => engine_changed(e),
             _ => false,
         }
+    }
+}
+
+impl From<petite_fs::Error> for Error {
+    fn from(e: petite_fs::Error) -> Self {
+        let petite_fs::Error::Io { path, op, source } = e;
+        Error::io(&path, op, source)
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One reading of `/proc/self/status` (bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -72,7 +72,7 @@ impl Peaks {
 }
 
 /// What one stage took.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StageRecord {
     /// Stage name (`convert`, `plan`, `engines`, `save`, ...).
     pub name: String,

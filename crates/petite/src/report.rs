@@ -1,38 +1,397 @@
-//! `report.json` (written next to the outputs, temporary name then rename) and the one-screen
-//! summary table printed at the end of an export.
+//! `report.json` (written next to the outputs through petite-fs: temporary name, fsync, rename)
+//! as serde structs — what every backend's report holds, its own part, the totals computed once
+//! ([`Totals::compute`], called by the export driver) — and the one-screen summary table printed
+//! at the end of an export. `petite verify` reads the report through the same [`Report`] and adds
+//! its result under `verify`.
 
-use std::io::Write;
 use std::path::Path;
+
+use petite_engine::BuildMemory;
+use serde::{Deserialize, Serialize};
 
 use crate::memory::{StageRecord, human};
 use crate::{Error, Result};
 
-/// Writes `value` as pretty JSON to `path` through a temporary name in the same directory.
-pub fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("report"),
-        std::process::id()
-    ));
-    let text = serde_json::to_string_pretty(value)?;
-    let res = (|| {
-        let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, "create", e))?;
-        f.write_all(text.as_bytes())
-            .and_then(|_| f.write_all(b"\n"))
-            .and_then(|_| f.sync_all())
-            .map_err(|e| Error::io(&tmp, "write", e))?;
-        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, "rename into place", e))
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res
+/// The file name of the report in an output directory.
+pub const FILE: &str = crate::layout::REPORT;
+
+/// `report.json`: the fields every backend's report starts with, the backend's own part
+/// (tagged by `backend`), the stages and the totals.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// The petite that wrote it.
+    pub petite_version: String,
+    /// What was exported.
+    pub checkpoint: CheckpointReport,
+    /// The config file given (`None`: the checkpoint's own or pi0.5's).
+    pub config: Option<String>,
+    /// `bf16` or `f32`.
+    pub dtype: String,
+    /// The backend (`backend`) and its part of the report.
+    #[serde(flatten)]
+    pub part: BackendPart,
+    /// Every stage's measurements, in order.
+    pub stages: Vec<StageRecord>,
+    /// The export's totals ([`Totals::compute`]).
+    pub totals: Totals,
+    /// `petite verify`'s result, once it ran on these files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<serde_json::Value>,
 }
 
-/// Reads a JSON file (an existing report to extend).
+/// The checkpoint an export read.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointReport {
+    /// As given on the command line.
+    pub path: String,
+    /// `lerobot`, `hub`, `hub (model. prefix)` or `unknown`.
+    pub layout: String,
+    /// Number of safetensors shards.
+    pub shards: usize,
+    /// The shard files.
+    pub files: Vec<String>,
+}
+
+/// A backend's part of the report, tagged by the backend's name.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "backend")]
+pub enum BackendPart {
+    /// `--backend reference`.
+    #[serde(rename = "reference")]
+    Reference(EnginePart),
+    /// `--backend tensorrt`.
+    #[serde(rename = "tensorrt")]
+    TensorRt(EnginePart),
+    /// `--backend portable`.
+    #[serde(rename = "portable")]
+    Portable(PortablePart),
+    /// `--backend onnx`.
+    #[serde(rename = "onnx")]
+    Onnx(OnnxPart),
+}
+
+impl BackendPart {
+    /// The backend's name (`reference`, `tensorrt`, `portable`, `onnx`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            BackendPart::Reference(_) => "reference",
+            BackendPart::TensorRt(_) => "tensorrt",
+            BackendPart::Portable(_) => "portable",
+            BackendPart::Onnx(_) => "onnx",
+        }
+    }
+}
+
+/// The mapping file of an engine or ONNX export.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MappingReport {
+    /// Where it is (engine exports: `None` before convert ran).
+    pub path: Option<String>,
+    /// Whether an earlier run's file was reused.
+    pub reused: bool,
+    /// Its size.
+    pub bytes: u64,
+    /// Tensors in it.
+    pub tensors: usize,
+    /// Seconds the conversion took (`None`: reused).
+    pub convert_seconds: Option<f64>,
+}
+
+/// The part of an engine backend (reference, TensorRT).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EnginePart {
+    /// Per-engine weight cap.
+    pub engine_cap: u64,
+    /// `--memory-budget`.
+    pub memory_budget: Option<u64>,
+    /// The export's peak-memory estimate.
+    pub memory_estimate: u64,
+    /// The builder (tool and version).
+    pub builder: String,
+    /// `host` or `device cuda:N`.
+    pub placement: String,
+    /// The builder's settings.
+    pub builder_settings: String,
+    /// The builder's memory model.
+    pub build_memory_model: BuildMemory,
+    /// The mapping file.
+    pub mapping: MappingReport,
+    /// The two programs.
+    pub programs: EnginePrograms,
+    /// Engine counts and bytes.
+    pub engines: EngineCounts,
+}
+
+/// `prefix.pte` and `step.pte` of an engine export.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EnginePrograms {
+    /// `prefix.pte`.
+    pub prefix: EngineProgram,
+    /// `step.pte`.
+    pub step: EngineProgram,
+}
+
+/// One `.pte` of an engine export.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EngineProgram {
+    /// Its path.
+    pub pte: String,
+    /// Its size.
+    pub bytes: u64,
+    /// Its engines, in plan order.
+    pub engines: Vec<EngineRecord>,
+    /// Weight bytes of its plan.
+    pub weight_bytes: u64,
+    /// `step.pte`: the timestep table's `[steps, row length]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestep_table: Option<[usize; 2]>,
+}
+
+/// One engine of an engine export.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EngineRecord {
+    /// Its file name.
+    pub name: String,
+    /// Weight bytes it reads.
+    pub weight_bytes: u64,
+    /// Of which bf16/f16.
+    pub weight_bytes_16bit: u64,
+    /// Of which f32 (and other dtypes).
+    pub weight_bytes_32bit: u64,
+    /// The builder's memory model for it.
+    pub build_memory_estimate: u64,
+    /// Its file's size.
+    pub file_bytes: u64,
+    /// Whether it alone exceeds the cap.
+    pub over_cap: bool,
+    /// Whether an earlier run's file was reused.
+    pub reused: bool,
+    /// Seconds to build (or check) it.
+    pub seconds: f64,
+    /// RSS after it.
+    pub rss_after: Option<u64>,
+    /// A child builder's peak RSS.
+    pub builder_peak_rss_bytes: Option<u64>,
+    /// A child builder's seconds.
+    pub build_s: Option<f64>,
+    /// A child builder's plan size.
+    pub plan_bytes: Option<u64>,
+    /// The compile specs stored with it.
+    pub compile_specs: serde_json::Value,
+}
+
+/// Engine counts of an engine export.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EngineCounts {
+    /// Built by this run.
+    pub built: usize,
+    /// Reused from an earlier run.
+    pub reused: usize,
+    /// Their files' bytes.
+    pub bytes: u64,
+    /// `--keep-engines`.
+    pub kept: bool,
+}
+
+/// The part of the portable backend.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PortablePart {
+    /// `--memory-budget`.
+    pub memory_budget: Option<u64>,
+    /// The export's peak-memory estimate.
+    pub memory_estimate: u64,
+    /// The portable mapping file.
+    pub mapping: PortableMapping,
+    /// The two programs.
+    pub programs: PortablePrograms,
+}
+
+/// The portable mapping file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PortableMapping {
+    /// Where it is.
+    pub path: String,
+    /// Whether an earlier run's file was reused.
+    pub reused: bool,
+    /// Its size.
+    pub bytes: u64,
+    /// Tensors in it.
+    pub tensors: usize,
+}
+
+/// `prefix.pte` and `step.pte` of a portable export.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PortablePrograms {
+    /// `prefix.pte`.
+    pub prefix: PortableProgram,
+    /// `step.pte`.
+    pub step: PortableProgram,
+    /// The timestep table's `[steps, row length]`.
+    pub timestep_table: [usize; 2],
+}
+
+/// One portable `.pte`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PortableProgram {
+    /// Its path.
+    pub pte: String,
+    /// Its size.
+    pub bytes: u64,
+    /// Weight bytes copied with `copy_file_range`.
+    pub bytes_copied_in_kernel: u64,
+    /// Its methods (petite-portable's `ExportReport`s).
+    pub methods: serde_json::Value,
+}
+
+/// The part of the ONNX backend.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OnnxPart {
+    /// `--memory-budget`.
+    pub memory_budget: Option<u64>,
+    /// The export's peak-memory estimate.
+    pub memory_estimate: u64,
+    /// The mapping file (published as the model's external data).
+    pub mapping: MappingReport,
+    /// The model and its data.
+    pub onnx: OnnxFiles,
+}
+
+/// `pi05.onnx` and `pi05.onnx.data`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OnnxFiles {
+    /// The model's path.
+    pub model: String,
+    /// Its size.
+    pub model_bytes: u64,
+    /// The external data's path.
+    pub data: String,
+    /// Its size.
+    pub data_bytes: Option<u64>,
+    /// Whether it was moved from `cache/`.
+    pub data_moved_from_cache: Option<bool>,
+    /// ONNX opset.
+    pub opset: i64,
+    /// ONNX IR version.
+    pub ir_version: i64,
+    /// Initializers (weights) in the model.
+    pub initializers: Option<usize>,
+    /// Their bytes.
+    pub weight_bytes: u64,
+    /// Initializers at page-aligned offsets.
+    pub initializers_page_aligned: Option<usize>,
+    /// Their bytes.
+    pub weight_bytes_page_aligned: Option<u64>,
+    /// Nodes of the policy program.
+    pub program_nodes: Option<usize>,
+    /// Denoising steps.
+    pub steps: usize,
+    /// The timestep table's `[steps, row length]`.
+    pub timestep_table: [usize; 2],
+}
+
+/// What a backend wrote, for [`Totals::compute`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Written {
+    /// Weight bytes the programs hold or read.
+    pub weight_bytes: u64,
+    /// Mapping-file bytes written by this run (0 when reused).
+    pub mapping: u64,
+    /// Bytes of the program files (`.pte`s, or the ONNX model).
+    pub programs: u64,
+    /// Whether the programs are `.pte`s (else an ONNX model).
+    pub pte: bool,
+    /// Engine files' bytes (engine backends).
+    pub engines: Option<u64>,
+    /// Weight bytes copied with `copy_file_range` (portable).
+    pub copied_in_kernel: Option<u64>,
+}
+
+/// The export's totals. Ratios are per weight byte; which ones a report has depends on what the
+/// backend writes (`.pte`s or a model, engine files or none).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Totals {
+    /// Wall seconds of the whole export.
+    pub seconds: f64,
+    /// Weight bytes the programs hold or read.
+    pub weight_bytes: u64,
+    /// Portable: weight bytes copied with `copy_file_range`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_bytes_copied_in_kernel: Option<u64>,
+    /// Bytes of the files this run wrote (mapping unless reused, programs, engines).
+    pub bytes_written_files: u64,
+    /// Storage bytes written (`/proc/self/io`), summed over stages.
+    pub bytes_written_storage: u64,
+    /// Storage bytes read, summed over stages.
+    pub bytes_read_storage: u64,
+    /// `.pte` backends: (mapping + `.pte`s) / weight bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_per_weight_byte_mapping_plus_pte: Option<f64>,
+    /// Engine backends: all files / weight bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_per_weight_byte_all_files: Option<f64>,
+    /// Portable: `.pte`s / weight bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_per_weight_byte_pte: Option<f64>,
+    /// ONNX: (mapping + model) / weight bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_per_weight_byte_mapping_plus_model: Option<f64>,
+    /// Peak RSS over the stages.
+    pub peak_rss: Option<u64>,
+    /// Peak `RssAnon` over the stages.
+    pub peak_anon: Option<u64>,
+}
+
+impl Totals {
+    /// The totals of an export from its stages, its wall time and what its backend wrote: the
+    /// one place they are computed.
+    pub fn compute(stages: &[StageRecord], seconds: f64, w: &Written) -> Totals {
+        let per = |b: u64| b as f64 / w.weight_bytes.max(1) as f64;
+        let files = w.mapping + w.programs + w.engines.unwrap_or(0);
+        let engines = w.engines.is_some();
+        Totals {
+            seconds,
+            weight_bytes: w.weight_bytes,
+            weight_bytes_copied_in_kernel: w.copied_in_kernel,
+            bytes_written_files: files,
+            bytes_written_storage: stages.iter().map(|s| s.bytes_written).sum(),
+            bytes_read_storage: stages.iter().map(|s| s.bytes_read).sum(),
+            written_per_weight_byte_mapping_plus_pte: w.pte.then(|| per(w.mapping + w.programs)),
+            written_per_weight_byte_all_files: engines.then(|| per(files)),
+            written_per_weight_byte_pte: (w.pte && !engines).then(|| per(w.programs)),
+            written_per_weight_byte_mapping_plus_model: (!w.pte)
+                .then(|| per(w.mapping + w.programs)),
+            peak_rss: stages.iter().map(|s| s.peak_rss).max(),
+            peak_anon: stages.iter().map(|s| s.peak_anon).max(),
+        }
+    }
+}
+
+impl Report {
+    /// Reads `report.json` at `path`; an unreadable or malformed file is an error naming it
+    /// and the cause.
+    pub fn read(path: &Path) -> Result<Report> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, "read", e))?;
+        serde_json::from_str(&text).map_err(|e| Error::BadJson {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Writes it to `path` (petite-fs: temporary name, fsync, rename).
+    pub fn write(&self, path: &Path) -> Result<()> {
+        write_json(path, self)
+    }
+}
+
+/// Writes `value` as pretty JSON (and a newline) to `path` through petite-fs (temporary name,
+/// fsync, rename, fsync of the directory).
+pub fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(value)?;
+    text.push('\n');
+    Ok(petite_fs::write(path, text.as_bytes())?)
+}
+
+/// Reads a JSON file (a spec next to a program).
 pub fn read_json(path: &Path) -> Result<serde_json::Value> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, "read", e))?;
     serde_json::from_str(&text).map_err(|e| Error::BadJson {

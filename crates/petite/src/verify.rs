@@ -429,7 +429,7 @@ pub fn run_pte(
 }
 
 /// `petite verify`: the export's actions against the f32 reference; the result is also written
-/// into `report.json` in the pte directory (created if missing).
+/// into the pte directory's `report.json` (not when it is missing: nothing to add it to).
 pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     // `--device cuda` where CUDA cannot run is refused before anything is read.
     let engines = crate::runtimes::runtime(REFERENCE_ID, opts.device)?;
@@ -437,20 +437,22 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     // Files of two exports are never run together.
     crate::bundle::check_bundle(&opts.pte_dir)?;
     // The export's report: its dtype picks the default bound, and the verify result is merged
-    // into it. Missing is fine (files copied without it); unreadable is an error, never `{}`.
-    let report = opts.pte_dir.join("report.json");
+    // into it. Missing is said in one line (files copied without it: the result is not
+    // recorded); unreadable is an error naming it, never replaced by an empty report.
+    let report = opts.pte_dir.join(crate::report::FILE);
     let prior = match std::fs::metadata(&report) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        _ => Some(crate::report::read_json(&report)?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!(
+                "petite: {}: not found (the export's dtype is unknown and this result is not recorded)",
+                report.display()
+            );
+            None
+        }
+        _ => Some(crate::report::Report::read(&report)?),
     };
     let (max_error, bound_source) = match opts.max_error {
         Some(e) => (e, "--max-error".to_string()),
-        None => default_bound(
-            prior
-                .as_ref()
-                .and_then(|j| j.get("dtype"))
-                .and_then(|d| d.as_str()),
-        ),
+        None => default_bound(prior.as_ref().map(|r| r.dtype.as_str())),
     };
     let resolved = crate::bundle::resolve(&opts.checkpoint, opts.config.as_deref(), false)?;
     let cfg = resolved.cfg.clone();
@@ -559,11 +561,10 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     });
     // Nothing is reported from a checkpoint that changed while it was read.
     ck.check_unchanged()?;
-    let mut full = prior.unwrap_or_else(|| json!({}));
-    if let Some(o) = full.as_object_mut() {
-        o.insert("verify".into(), j.clone());
+    if let Some(mut full) = prior {
+        full.verify = Some(j.clone());
+        full.write(&report)?;
     }
-    crate::report::write_json(&report, &full)?;
     let max_abs_error = compared?;
     let max_abs_reference = scale.map_err(|why| Error::Accuracy {
         what: "the f32 reference actions".into(),

@@ -53,7 +53,7 @@ pub fn run(a: &Args) -> Result<()> {
         "--release",
         "-q",
         "-p",
-        "petite-engine",
+        "petite",
         "--example",
         "build_engines",
     ])?;

@@ -47,7 +47,7 @@ pub fn run() -> Result<()> {
         "--release",
         "--quiet",
         "-p",
-        "petite-engine",
+        "petite",
         "--example",
         "onnx_cases",
         "--",

@@ -1,7 +1,7 @@
 """ONNX tier: every engine model passes onnx.checker (full check); the f32 twin, run by ONNX
 Runtime on CPU, matches the reference executor's outputs for that engine.
 
-usage: onnx_check.py CASES_DIR   (written by `cargo run -p petite-engine --example onnx_cases`)
+usage: onnx_check.py CASES_DIR   (written by `cargo run -p petite --example onnx_cases`)
 """
 import json
 import struct

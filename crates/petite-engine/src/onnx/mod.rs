@@ -11,6 +11,10 @@
 //! mostly lack bf16) compute what the engine computes; the conformance tier checks it against
 //! the reference executor.
 
+mod dense;
+mod elementwise;
+mod layout;
+mod norm;
 mod pb;
 
 use std::collections::BTreeMap;
@@ -378,471 +382,39 @@ impl Emitter<'_> {
         Ok(())
     }
 
+    /// Node `id` as ONNX nodes: sources here, every other op by its family (`dense`, `norm`,
+    /// `elementwise`, `layout`), as petite-reference's executor dispatches `eval`.
     fn emit(&mut self, id: NodeId) -> Result<()> {
-        let n = self.p.node(id);
-        let out_d = self.dtype(id);
-        let float = out_d.is_float();
-        match &n.op {
-            Op::Input { .. } => {}
-            Op::Weight { name, rows } => self.weight(id, &name.clone(), *rows)?,
-            Op::Constant { data } => self.constant(id, &data.clone())?,
-            Op::Linear | Op::MatMul | Op::Conv2d { .. } => {
-                // TensorRT: native dtype (bf16 GEMMs accumulate in f32). Twin: f32, rounded once.
-                let native = self.flavor == Flavor::TensorRt;
-                let get = |s: &mut Self, i: usize| {
-                    if native {
-                        s.input(id, i)
-                    } else {
-                        s.in_f32(id, i)
-                    }
-                };
-                let x = get(self, 0);
-                let w = get(self, 1);
-                let b = if n.inputs.len() > 2 {
-                    Some(get(self, 2))
-                } else {
-                    None
-                };
-                let y = match &n.op {
-                    Op::Linear if self.gemm_linear => {
-                        let xs = self.p.node(n.inputs[0]).tensor().map(|t| t.shape.clone());
-                        let ys = self.p.node(id).tensor().map(|t| t.shape.clone());
-                        let (Some(xs), Some(ys)) = (xs, ys) else {
-                            return Err(self.unsupported(id, "tuple operand"));
-                        };
-                        let k = *xs.last().unwrap_or(&1) as i64;
-                        let x2 = if xs.len() == 2 {
-                            x
-                        } else {
-                            let s = self.const_i64(&[-1, k]);
-                            self.op("Reshape", &[&x, &s], vec![])
-                        };
-                        let mut ins = vec![x2.as_str(), w.as_str()];
-                        if let Some(b) = &b {
-                            ins.push(b);
-                        }
-                        let g = self.op("Gemm", &ins, vec![("transB", Attr::I(1))]);
-                        if ys.len() == 2 {
-                            g
-                        } else {
-                            let s = self.const_i64(&dims(&ys));
-                            self.op("Reshape", &[&g, &s], vec![])
-                        }
-                    }
-                    Op::Linear => {
-                        let wt =
-                            self.op("Transpose", &[&w], vec![("perm", Attr::Ints(vec![1, 0]))]);
-                        let m = self.op("MatMul", &[&x, &wt], vec![]);
-                        match b {
-                            Some(b) => self.op("Add", &[&m, &b], vec![]),
-                            None => m,
-                        }
-                    }
-                    Op::MatMul => self.op("MatMul", &[&x, &w], vec![]),
-                    Op::Conv2d { stride, padding } => {
-                        let mut ins = vec![x.as_str(), w.as_str()];
-                        if let Some(b) = &b {
-                            ins.push(b);
-                        }
-                        let (s, p) = (*stride, *padding);
-                        self.op(
-                            "Conv",
-                            &ins,
-                            vec![
-                                ("strides", Attr::Ints(vec![s[0] as i64, s[1] as i64])),
-                                (
-                                    "pads",
-                                    Attr::Ints(vec![
-                                        p[0] as i64,
-                                        p[1] as i64,
-                                        p[0] as i64,
-                                        p[1] as i64,
-                                    ]),
-                                ),
-                            ],
-                        )
-                    }
-                    _ => unreachable!("matched above"),
-                };
-                if native {
-                    self.finish_native(id, &y);
-                } else {
-                    self.finish_f32(id, &y);
-                }
-            }
-            Op::LayerNorm { eps } => {
-                let (x, w, b) = (self.in_f32(id, 0), self.in_f32(id, 1), self.in_f32(id, 2));
-                let y = self.op(
-                    "LayerNormalization",
-                    &[&x, &w, &b],
-                    vec![("axis", Attr::I(-1)), ("epsilon", Attr::F(*eps as f32))],
-                );
-                self.finish_f32(id, &y);
-            }
-            Op::RmsNorm { eps } => {
-                let x = self.in_f32(id, 0);
-                let sq = self.op("Mul", &[&x, &x], vec![]);
-                let ms = self.op(
-                    "ReduceMean",
-                    &[&sq],
-                    vec![("axes", Attr::Ints(vec![-1])), ("keepdims", Attr::I(1))],
-                );
-                let e = self.const_f32(*eps as f32);
-                let a = self.op("Add", &[&ms, &e], vec![]);
-                let s = self.op("Sqrt", &[&a], vec![]);
-                let r = self.op("Reciprocal", &[&s], vec![]);
-                let mut y = self.op("Mul", &[&x, &r], vec![]);
-                if n.inputs.len() > 1 {
-                    let w = self.in_f32(id, 1);
-                    let one = self.const_f32(1.0);
-                    let w1 = self.op("Add", &[&w, &one], vec![]);
-                    y = self.op("Mul", &[&y, &w1], vec![]);
-                }
-                self.finish_f32(id, &y);
-            }
-            Op::Binary { kind } => {
-                let opn = match kind {
-                    BinaryOp::Add => "Add",
-                    BinaryOp::Sub => "Sub",
-                    BinaryOp::Mul => "Mul",
-                    BinaryOp::Div => "Div",
-                };
-                if float {
-                    let (a, b) = (self.in_f32(id, 0), self.in_f32(id, 1));
-                    let y = self.op(opn, &[&a, &b], vec![]);
-                    self.finish_f32(id, &y);
-                } else {
-                    let (a, b) = (self.input(id, 0), self.input(id, 1));
-                    let y = self.op(opn, &[&a, &b], vec![]);
-                    self.finish_native(id, &y);
-                }
-            }
-            Op::BinaryScalar {
-                kind,
-                scalar,
-                scalar_lhs,
-            } => {
-                let opn = match kind {
-                    BinaryOp::Add => "Add",
-                    BinaryOp::Sub => "Sub",
-                    BinaryOp::Mul => "Mul",
-                    BinaryOp::Div => "Div",
-                };
-                let (x, s) = if float {
-                    let s = *scalar as f32;
-                    let s = match out_d {
-                        Dtype::Bf16 => petite_dtype::round_through_bf16(s),
-                        Dtype::F16 => half::f16::from_f32(s).to_f32(),
-                        _ => s,
-                    };
-                    (self.in_f32(id, 0), self.const_f32(s))
-                } else {
-                    let raw: Vec<u8> = match out_d {
-                        Dtype::I64 => (*scalar as i64).to_le_bytes().to_vec(),
-                        Dtype::I32 => (*scalar as i32).to_le_bytes().to_vec(),
-                        Dtype::U8 => vec![*scalar as u8],
-                        _ => return Err(self.unsupported(id, "scalar op on bool")),
-                    };
-                    let c = self.init_raw(onnx_type(out_d), &[], &raw);
-                    (self.input(id, 0), c)
-                };
-                let y = if *scalar_lhs {
-                    self.op(opn, &[&s, &x], vec![])
-                } else {
-                    self.op(opn, &[&x, &s], vec![])
-                };
-                if float {
-                    self.finish_f32(id, &y);
-                } else {
-                    self.finish_native(id, &y);
-                }
-            }
-            Op::Compare { kind } => {
-                let d = self.dtype(n.inputs[0]);
-                let (mut a, mut b) = (self.input(id, 0), self.input(id, 1));
-                if d == Dtype::Bool || d == Dtype::U8 {
-                    a = self.cast(&a, INT32);
-                    b = self.cast(&b, INT32);
-                }
-                let y = match kind {
-                    CompareOp::Lt => self.op("Less", &[&a, &b], vec![]),
-                    CompareOp::Le => self.op("LessOrEqual", &[&a, &b], vec![]),
-                    CompareOp::Gt => self.op("Greater", &[&a, &b], vec![]),
-                    CompareOp::Ge => self.op("GreaterOrEqual", &[&a, &b], vec![]),
-                    CompareOp::Eq => self.op("Equal", &[&a, &b], vec![]),
-                    CompareOp::Ne => {
-                        let e = self.op("Equal", &[&a, &b], vec![]);
-                        self.op("Not", &[&e], vec![])
-                    }
-                };
-                self.finish_native(id, &y);
-            }
-            Op::Logical { kind } => {
-                let (a, b) = (self.input(id, 0), self.input(id, 1));
-                let opn = match kind {
-                    LogicalOp::And => "And",
-                    LogicalOp::Or => "Or",
-                };
-                let y = self.op(opn, &[&a, &b], vec![]);
-                self.finish_native(id, &y);
-            }
-            Op::Not => {
-                let a = self.input(id, 0);
-                let y = self.op("Not", &[&a], vec![]);
-                self.finish_native(id, &y);
-            }
-            Op::Unary { kind } => {
-                if !float {
-                    let a = self.input(id, 0);
-                    let y = self.op("Neg", &[&a], vec![]);
-                    self.finish_native(id, &y);
-                    return Ok(());
-                }
-                let x = self.in_f32(id, 0);
-                let y = match kind {
-                    UnaryOp::Neg => self.op("Neg", &[&x], vec![]),
-                    UnaryOp::Exp => self.op("Exp", &[&x], vec![]),
-                    UnaryOp::Sqrt => self.op("Sqrt", &[&x], vec![]),
-                    UnaryOp::Rsqrt => {
-                        let s = self.op("Sqrt", &[&x], vec![]);
-                        self.op("Reciprocal", &[&s], vec![])
-                    }
-                    UnaryOp::Sin => self.op("Sin", &[&x], vec![]),
-                    UnaryOp::Cos => self.op("Cos", &[&x], vec![]),
-                    UnaryOp::Tanh => self.op("Tanh", &[&x], vec![]),
-                    UnaryOp::Silu => {
-                        let s = self.op("Sigmoid", &[&x], vec![]);
-                        self.op("Mul", &[&x, &s], vec![])
-                    }
-                    UnaryOp::GeluTanh => {
-                        // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
-                        let x2 = self.op("Mul", &[&x, &x], vec![]);
-                        let x3 = self.op("Mul", &[&x2, &x], vec![]);
-                        let c = self.const_f32(0.044715);
-                        let t = self.op("Mul", &[&x3, &c], vec![]);
-                        let inner = self.op("Add", &[&x, &t], vec![]);
-                        let k = self.const_f32((2.0f64 / std::f64::consts::PI).sqrt() as f32);
-                        let u = self.op("Mul", &[&inner, &k], vec![]);
-                        let th = self.op("Tanh", &[&u], vec![]);
-                        let one = self.const_f32(1.0);
-                        let p1 = self.op("Add", &[&th, &one], vec![]);
-                        let half = self.const_f32(0.5);
-                        let hx = self.op("Mul", &[&x, &half], vec![]);
-                        self.op("Mul", &[&hx, &p1], vec![])
-                    }
-                };
-                self.finish_f32(id, &y);
-            }
-            Op::Softmax { axis } => {
-                let x = self.in_f32(id, 0);
-                let y = self.op("Softmax", &[&x], vec![("axis", Attr::I(*axis as i64))]);
-                self.finish_f32(id, &y);
-            }
-            Op::Rope => {
-                let x = self.in_f32(id, 0);
-                let cos = self.in_f32(id, 1);
-                let sin = self.in_f32(id, 2);
-                let t = self
-                    .p
-                    .node(n.inputs[0])
-                    .tensor()
-                    .cloned()
-                    .unwrap_or_else(|| petite_graph::TensorType::new(Dtype::F32, &[]));
-                let d = *t.shape.last().unwrap_or(&0);
-                let rank = t.shape.len() as i64;
-                let halves = self.const_i64(&[(d / 2) as i64, (d / 2) as i64]);
-                let (x1, x2) = (self.tmp(), self.tmp());
-                self.node(
-                    "Split",
-                    &[&x, &halves],
-                    &[&x1, &x2],
-                    vec![("axis", Attr::I(rank - 1))],
-                );
-                let nx2 = self.op("Neg", &[&x2], vec![]);
-                let rot = self.op("Concat", &[&nx2, &x1], vec![("axis", Attr::I(rank - 1))]);
-                let a = self.op("Mul", &[&x, &cos], vec![]);
-                let b = self.op("Mul", &[&rot, &sin], vec![]);
-                let y = self.op("Add", &[&a, &b], vec![]);
-                self.finish_f32(id, &y);
-            }
-            Op::Attention { scale } => {
-                let q = self.in_f32(id, 0);
-                let mut k = self.in_f32(id, 1);
-                let mut v = self.in_f32(id, 2);
-                let qs = self.p.node(n.inputs[0]).tensor().map(|t| t.shape.clone());
-                let ks = self.p.node(n.inputs[1]).tensor().map(|t| t.shape.clone());
-                let vs = self.p.node(n.inputs[2]).tensor().map(|t| t.shape.clone());
-                let (Some(qs), Some(ks), Some(vs)) = (qs, ks, vs) else {
-                    return Err(self.unsupported(id, "tuple operand"));
-                };
-                let (h, kvh) = (qs[1], ks[1]);
-                if h != kvh {
-                    // GQA: repeat each KV head H/KVH times (head h reads KV head h / (H/KVH)).
-                    let g = h / kvh;
-                    for (t, s) in [(&mut k, &ks), (&mut v, &vs)] {
-                        let ax = self.const_i64(&[2]);
-                        let u = self.op("Unsqueeze", &[t.as_str(), &ax], vec![]);
-                        let shape = self.const_i64(&[
-                            s[0] as i64,
-                            s[1] as i64,
-                            g as i64,
-                            s[2] as i64,
-                            s[3] as i64,
-                        ]);
-                        let e = self.op("Expand", &[&u, &shape], vec![]);
-                        let flat =
-                            self.const_i64(&[s[0] as i64, h as i64, s[2] as i64, s[3] as i64]);
-                        *t = self.op("Reshape", &[&e, &flat], vec![]);
-                    }
-                }
-                let kt = self.op(
-                    "Transpose",
-                    &[&k],
-                    vec![("perm", Attr::Ints(vec![0, 1, 3, 2]))],
-                );
-                let qk = self.op("MatMul", &[&q, &kt], vec![]);
-                let sc = self.const_f32(*scale as f32);
-                let mut logits = self.op("Mul", &[&qk, &sc], vec![]);
-                if n.inputs.len() > 3 {
-                    let m = self.in_f32(id, 3);
-                    logits = self.op("Add", &[&logits, &m], vec![]);
-                }
-                let p = self.op("Softmax", &[&logits], vec![("axis", Attr::I(-1))]);
-                let y = self.op("MatMul", &[&p, &v], vec![]);
-                self.finish_f32(id, &y);
-            }
-            Op::Embedding => {
-                let (t, i) = (self.input(id, 0), self.input(id, 1));
-                let y = self.op("Gather", &[&t, &i], vec![("axis", Attr::I(0))]);
-                self.finish_native(id, &y);
-            }
-            Op::Concat { axis } => {
-                let ins: Vec<String> = (0..n.inputs.len()).map(|i| self.input(id, i)).collect();
-                let refs: Vec<&str> = ins.iter().map(String::as_str).collect();
-                let y = self.op("Concat", &refs, vec![("axis", Attr::I(*axis as i64))]);
-                self.finish_native(id, &y);
-            }
-            Op::Slice {
-                axis,
-                start,
-                end,
-                step,
-            } => {
-                let x = self.input(id, 0);
-                let s = self.const_i64(&[*start as i64]);
-                let e = self.const_i64(&[*end as i64]);
-                let a = self.const_i64(&[*axis as i64]);
-                let st = self.const_i64(&[*step as i64]);
-                let y = self.op("Slice", &[&x, &s, &e, &a, &st], vec![]);
-                self.finish_native(id, &y);
-            }
-            Op::Reshape { shape } => {
-                let x = self.input(id, 0);
-                let s = self.const_i64(&dims(shape));
-                let y = self.op("Reshape", &[&x, &s], vec![]);
-                self.finish_native(id, &y);
-            }
-            Op::Permute { perm } => {
-                let x = self.input(id, 0);
-                let perm = perm.iter().map(|&p| p as i64).collect();
-                let y = self.op("Transpose", &[&x], vec![("perm", Attr::Ints(perm))]);
-                self.finish_native(id, &y);
-            }
-            Op::Expand { shape } => {
-                let x = self.input(id, 0);
-                let s = self.const_i64(&dims(shape));
-                let y = self.op("Expand", &[&x, &s], vec![]);
-                self.finish_native(id, &y);
-            }
-            Op::Cast { to } => {
-                let from = self.dtype(n.inputs[0]);
-                let x = self.input(id, 0);
-                if to.is_float() {
-                    let f = if self.ty(from) == FLOAT {
-                        x
-                    } else {
-                        self.cast(&x, FLOAT)
-                    };
-                    self.finish_f32(id, &f);
-                } else {
-                    let y = self.cast(&x, onnx_type(*to));
-                    self.finish_native(id, &y);
-                }
-            }
-            Op::CumSum { axis } => {
-                let mut x = self.input(id, 0);
-                let narrow = matches!(out_d, Dtype::U8 | Dtype::Bool);
-                if narrow {
-                    x = self.cast(&x, INT32);
-                }
-                let a = self.const_i64(&[*axis as i64]);
-                let mut y = self.op("CumSum", &[&x, &a], vec![]);
-                if float {
-                    // Twin: values are f32; cumsum in f32 then round.
-                    self.finish_f32(id, &y);
-                } else {
-                    if narrow {
-                        y = self.cast(&y, onnx_type(out_d));
-                    }
-                    self.finish_native(id, &y);
-                }
-            }
-            Op::Where => {
-                let c = self.input(id, 0);
-                let (a, b) = (self.input(id, 1), self.input(id, 2));
-                let y = self.op("Where", &[&c, &a, &b], vec![]);
-                self.finish_native(id, &y);
-            }
-            Op::Reduce {
-                kind,
-                axes,
-                keepdim,
-            } => {
-                let ax: Vec<i64> = axes.iter().map(|&a| a as i64).collect();
-                let kd = ("keepdims", Attr::I(i64::from(*keepdim)));
-                let x = if float {
-                    self.in_f32(id, 0)
-                } else {
-                    self.input(id, 0)
-                };
-                let y = match kind {
-                    ReduceOp::Sum => {
-                        let a = self.const_i64(&ax);
-                        self.op("ReduceSum", &[&x, &a], vec![kd])
-                    }
-                    ReduceOp::Mean => {
-                        self.op("ReduceMean", &[&x], vec![("axes", Attr::Ints(ax)), kd])
-                    }
-                    ReduceOp::Max => {
-                        self.op("ReduceMax", &[&x], vec![("axes", Attr::Ints(ax)), kd])
-                    }
-                };
-                if float {
-                    self.finish_f32(id, &y);
-                } else {
-                    self.finish_native(id, &y);
-                }
-            }
-            Op::Split { axis, sizes } => {
-                let x = self.input(id, 0);
-                let s = self.const_i64(&sizes.iter().map(|&v| v as i64).collect::<Vec<_>>());
-                let outs: Vec<String> = (0..sizes.len())
-                    .map(|i| format!("{}_{i}", self.names[id.index()]))
-                    .collect();
-                let refs: Vec<&str> = outs.iter().map(String::as_str).collect();
-                self.node(
-                    "Split",
-                    &[&x, &s],
-                    &refs,
-                    vec![("axis", Attr::I(*axis as i64))],
-                );
-            }
-            Op::GetItem { index } => {
-                let src = format!("{}_{index}", self.input(id, 0));
-                self.finish_native(id, &src);
-            }
+        let op = &self.p.node(id).op;
+        match op {
+            Op::Input { .. } => Ok(()),
+            Op::Weight { name, rows } => self.weight(id, &name.clone(), *rows),
+            Op::Constant { data } => self.constant(id, &data.clone()),
+            Op::Linear | Op::MatMul | Op::Conv2d { .. } => self.emit_dense(id, op),
+            Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Softmax { .. }
+            | Op::Rope
+            | Op::Attention { .. }
+            | Op::Embedding => self.emit_norm(id, op),
+            Op::Binary { .. }
+            | Op::BinaryScalar { .. }
+            | Op::Compare { .. }
+            | Op::Logical { .. }
+            | Op::Not
+            | Op::Unary { .. }
+            | Op::Cast { .. }
+            | Op::Where
+            | Op::CumSum { .. }
+            | Op::Reduce { .. } => self.emit_elementwise(id, op),
+            Op::Concat { .. }
+            | Op::Slice { .. }
+            | Op::Reshape { .. }
+            | Op::Permute { .. }
+            | Op::Expand { .. }
+            | Op::Split { .. }
+            | Op::GetItem { .. } => self.emit_layout(id, op),
         }
-        Ok(())
     }
 }
 
@@ -986,16 +558,7 @@ pub fn emit_to(
     Ok(n)
 }
 
-/// Writes `bytes` to `path` through a temporary name and a rename.
+/// Writes `bytes` to `path` (petite-fs: temporary name, fsync, rename, fsync of the directory).
 pub fn write_model(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut tmp = path.as_os_str().to_os_string();
-    tmp.push(".petite-tmp");
-    let tmp = std::path::PathBuf::from(tmp);
-    let res = std::fs::write(&tmp, bytes)
-        .map_err(|e| Error::io(&tmp, "write ONNX model", e))
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io(path, "rename", e)));
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res
+    Ok(petite_fs::write(path, bytes)?)
 }

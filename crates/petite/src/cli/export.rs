@@ -140,12 +140,12 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         let o = &r.report_json["onnx"];
         println!(
             "onnx: wrote {} ({} B protobuf, opset {}, {} initializers, {} B of weights in {}; report: {})",
-            a.out.join(petite::export::onnx::MODEL).display(),
+            a.out.join(petite::layout::ONNX_MODEL).display(),
             o["model_bytes"],
             o["opset"],
             o["initializers"],
             o["weight_bytes"],
-            petite::export::onnx::DATA,
+            petite::layout::ONNX_DATA,
             r.report.display()
         );
         return Ok(());

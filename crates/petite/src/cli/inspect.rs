@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use petite::layout;
 use petite_pte::summary::{Summary, TensorInfo, summarize};
 use serde_json::{Value, json};
 
@@ -30,10 +31,7 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     } else {
         dir
     };
-    if (name == "prefix.pte" || name == "step.pte")
-        && dir.join("prefix.pte").is_file()
-        && dir.join("step.pte").is_file()
-    {
+    if layout::PTES.contains(&name) && layout::PTES.iter().all(|p| dir.join(p).is_file()) {
         let policy = petite::bundle::check_bundle(dir)
             .with_context(|| format!("inspecting {}", a.file.display()))?;
         if let (Some(p), false) = (policy, a.json) {

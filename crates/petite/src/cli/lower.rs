@@ -74,10 +74,7 @@ pub fn run(a: LowerArgs) -> Result<()> {
     let r = petite_portable::export_portable(&prog, &weights, out)
         .with_context(|| format!("lowering to {}", out.display()))?;
     let json = out.with_extension("pte.json");
-    let tmp = out.with_extension("pte.json.tmp");
-    std::fs::write(&tmp, serde_json::to_string_pretty(&r)?)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &json).with_context(|| format!("renaming to {}", json.display()))?;
+    petite_fs::write(&json, serde_json::to_string_pretty(&r)?.as_bytes())?;
     let s = &r.plan;
     println!(
         "{}: {} bytes, {} kernel calls, {} operators; planned buffer {} B (largest live set {} B, all activations {} B); constants {} B",

@@ -58,13 +58,18 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         device: a.device,
     })
     .with_context(|| format!("verify of {}", a.pte_dir.display()))?;
+    let report = a.pte_dir.join(petite::layout::REPORT);
     println!(
-        "max abs action error: {:e} (bound {:e}: {}; max |reference action| {:.3}; recorded in {})",
+        "max abs action error: {:e} (bound {:e}: {}; max |reference action| {:.3}; {})",
         r.max_abs_error,
         r.max_error,
         r.bound_source,
         r.max_abs_reference,
-        a.pte_dir.join("report.json").display()
+        if report.is_file() {
+            format!("recorded in {}", report.display())
+        } else {
+            "not recorded: no report.json".to_string()
+        }
     );
     if !r.within_bound {
         anyhow::bail!(

@@ -11,7 +11,6 @@ use petite_partition::{PartitionOptions, Plan};
 use petite_pi05::Precision;
 use petite_pte::model::{DeviceType, ScalarType};
 use petite_pte::{DelegateSpec, MethodBuilder, Processed, ProgramBuilder, SegmentData};
-use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::mapping::{self, ExportWeights};
@@ -20,7 +19,11 @@ use super::{
     SaveTargets, Saved, Stages, TABLE_METHOD, Table, bar, interrupted, timestep_values,
 };
 use crate::engines::{self, Backend};
-use crate::memory::{StageRecord, human};
+use crate::memory::human;
+use crate::report::{
+    BackendPart, EngineCounts, EnginePart, EngineProgram, EnginePrograms, EngineRecord,
+    MappingReport, Written,
+};
 use crate::{Error, Result};
 
 /// The engine backends' export, from its plans to its report.
@@ -45,7 +48,7 @@ pub(super) struct EngineStages<'l> {
     table: Option<Table>,
     prefix_engines: Vec<BuiltEngine>,
     step_engines: Vec<BuiltEngine>,
-    records: [Vec<serde_json::Value>; 2],
+    records: [Vec<EngineRecord>; 2],
     pte_bytes: [u64; 2],
     pb: indicatif::ProgressBar,
 }
@@ -173,7 +176,7 @@ impl<'l> EngineStages<'l> {
     fn build(&self, tag: &str, plan: &Plan, program: &Program, identity: &str) -> Result<Built> {
         let weights = self.weights()?;
         let builder = self.builder.as_ref();
-        let dir = self.opts.out.join("engines");
+        let dir = self.opts.out.join(crate::layout::ENGINES);
         let settings = builder.settings();
         let name = |i: usize, sub: &Program| -> petite_engine::Result<String> {
             let mut h = Sha256::new();
@@ -224,22 +227,22 @@ impl<'l> EngineStages<'l> {
             .zip(&rep.engines)
             .map(|((r, e), built)| {
                 let wb = WeightBytes::of_engine(program, e);
-                json!({
-                    "name": r.name,
-                    "weight_bytes": e.weight_bytes,
-                    "weight_bytes_16bit": wb.half,
-                    "weight_bytes_32bit": wb.full,
-                    "build_memory_estimate": builder.memory().bytes(wb),
-                    "file_bytes": r.file_bytes,
-                    "over_cap": e.over_cap,
-                    "reused": r.reused,
-                    "seconds": r.seconds,
-                    "rss_after": r.rss_after.map(|s| s.total),
-                    "builder_peak_rss_bytes": r.stats.map(|s| s.builder_peak_rss_bytes),
-                    "build_s": r.stats.map(|s| s.build_s),
-                    "plan_bytes": r.stats.map(|s| s.plan_bytes),
-                    "compile_specs": engines::compile_specs_json(built),
-                })
+                EngineRecord {
+                    name: r.name.clone(),
+                    weight_bytes: e.weight_bytes,
+                    weight_bytes_16bit: wb.half,
+                    weight_bytes_32bit: wb.full,
+                    build_memory_estimate: builder.memory().bytes(wb),
+                    file_bytes: r.file_bytes,
+                    over_cap: e.over_cap,
+                    reused: r.reused,
+                    seconds: r.seconds,
+                    rss_after: r.rss_after.map(|s| s.total),
+                    builder_peak_rss_bytes: r.stats.map(|s| s.builder_peak_rss_bytes),
+                    build_s: r.stats.map(|s| s.build_s),
+                    plan_bytes: r.stats.map(|s| s.plan_bytes),
+                    compile_specs: engines::compile_specs_json(built),
+                }
             })
             .collect();
         Ok(Built {
@@ -253,7 +256,7 @@ impl<'l> EngineStages<'l> {
 /// One plan's engines and their `report.json` records.
 struct Built {
     engines: Vec<BuiltEngine>,
-    records: Vec<serde_json::Value>,
+    records: Vec<EngineRecord>,
     built: usize,
 }
 
@@ -263,7 +266,7 @@ impl Stages for EngineStages<'_> {
         let converted = if self.selection.is_empty() {
             None
         } else {
-            let cache = self.opts.out.join("cache");
+            let cache = self.opts.out.join(crate::layout::CACHE);
             Some(mapping::engine_mapping(
                 ck,
                 identity,
@@ -347,12 +350,12 @@ impl Stages for EngineStages<'_> {
             }
             // Only petite's own files live there (engines, TensorRT's ONNX models, logs, timing
             // cache, the mapping-file link).
-            let _ = std::fs::remove_dir_all(self.opts.out.join("engines"));
+            let _ = std::fs::remove_dir_all(self.opts.out.join(crate::layout::ENGINES));
         }
         Ok(())
     }
 
-    fn report(&self, save: &SaveTargets, stages: &[StageRecord], total: f64) -> Saved {
+    fn report(&self, save: &SaveTargets) -> Saved {
         let progs = &self.l.progs;
         let (prefix_plan, step_plan) = (&self.prefix_plan, &self.step_plan);
         let weight_bytes = prefix_plan.weight_bytes
@@ -368,56 +371,67 @@ impl Stages for EngineStages<'_> {
         let mapping_path = self.mapping().map(|m| m.path().display().to_string());
         let mapping_bytes = self.mapping().map_or(0, |m| m.mapped_len() as u64);
         let (mapping_reused, convert_seconds) = (self.mapping_reused, self.convert_seconds);
-        let mapping_written = if mapping_reused { 0 } else { mapping_bytes };
-        let written_logical = mapping_written + pte_bytes + engine_bytes;
         let built = self.built;
         let reused = self.records.iter().map(Vec::len).sum::<usize>() - built;
-        let rest = json!({
-            "engine_cap": self.engine_cap,
-            "memory_budget": self.memory_budget,
-            "memory_estimate": self.need,
-            "builder": self.builder.info().to_string(),
-            "placement": match self.device {
+        let part = EnginePart {
+            engine_cap: self.engine_cap,
+            memory_budget: self.memory_budget,
+            memory_estimate: self.need,
+            builder: self.builder.info().to_string(),
+            placement: match self.device {
                 None => "host".to_string(),
                 Some(d) => format!("device cuda:{d}"),
             },
-            "builder_settings": self.builder.settings(),
-            "build_memory_model": self.builder.memory(),
-            "mapping": {
-                "path": mapping_path,
-                "reused": mapping_reused,
-                "bytes": mapping_bytes,
-                "tensors": self.selection.len(),
-                "convert_seconds": convert_seconds,
+            builder_settings: self.builder.settings(),
+            build_memory_model: self.builder.memory(),
+            mapping: MappingReport {
+                path: mapping_path,
+                reused: mapping_reused,
+                bytes: mapping_bytes,
+                tensors: self.selection.len(),
+                convert_seconds,
             },
-            "programs": {
-                "prefix": {"pte": save.prefix_pte.display().to_string(), "bytes": self.pte_bytes[0],
-                            "engines": self.records[0], "weight_bytes": prefix_plan.weight_bytes},
-                "step": {"pte": save.step_pte.display().to_string(), "bytes": self.pte_bytes[1],
-                          "engines": self.records[1], "weight_bytes": step_plan.weight_bytes,
-                          "timestep_table": [self.l.cfg.steps, self.table.as_ref().map_or(0, |t| t.row_len)]},
+            programs: EnginePrograms {
+                prefix: EngineProgram {
+                    pte: save.prefix_pte.display().to_string(),
+                    bytes: self.pte_bytes[0],
+                    engines: self.records[0].clone(),
+                    weight_bytes: prefix_plan.weight_bytes,
+                    timestep_table: None,
+                },
+                step: EngineProgram {
+                    pte: save.step_pte.display().to_string(),
+                    bytes: self.pte_bytes[1],
+                    engines: self.records[1].clone(),
+                    weight_bytes: step_plan.weight_bytes,
+                    timestep_table: Some([
+                        self.l.cfg.steps,
+                        self.table.as_ref().map_or(0, |t| t.row_len),
+                    ]),
+                },
             },
-            "engines": {"built": built, "reused": reused, "bytes": engine_bytes,
-                         "kept": self.opts.keep_engines},
-            "stages": stages,
-            "totals": {
-                "seconds": total,
-                "weight_bytes": weight_bytes,
-                "bytes_written_files": written_logical,
-                "bytes_written_storage": stages.iter().map(|s| s.bytes_written).sum::<u64>(),
-                "bytes_read_storage": stages.iter().map(|s| s.bytes_read).sum::<u64>(),
-                "written_per_weight_byte_mapping_plus_pte":
-                    (mapping_written + pte_bytes) as f64 / weight_bytes.max(1) as f64,
-                "written_per_weight_byte_all_files":
-                    written_logical as f64 / weight_bytes.max(1) as f64,
-                "peak_rss": stages.iter().map(|s| s.peak_rss).max(),
-                "peak_anon": stages.iter().map(|s| s.peak_anon).max(),
+            engines: EngineCounts {
+                built,
+                reused,
+                bytes: engine_bytes,
+                kept: self.opts.keep_engines,
             },
-        });
+        };
         Saved {
             cfg: None,
             runner: None,
-            rest,
+            part: match self.opts.backend {
+                Backend::TensorRt => BackendPart::TensorRt(part),
+                _ => BackendPart::Reference(part),
+            },
+            written: Written {
+                weight_bytes,
+                mapping: if mapping_reused { 0 } else { mapping_bytes },
+                programs: pte_bytes,
+                pte: true,
+                engines: Some(engine_bytes),
+                copied_in_kernel: None,
+            },
             engines_reused: reused,
             engines_built: built,
         }

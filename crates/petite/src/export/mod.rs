@@ -40,12 +40,14 @@ use petite_pi05::{Pi05Config, Precision, build_all};
 use petite_pte::WriteOptions;
 use petite_reference::Executor;
 use petite_weights::{MappedSafetensors, WeightSource};
-use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::engines::{Backend, BackendOptions};
 use crate::guard::{self, OutputDir, Watch};
+use crate::layout;
+pub use crate::layout::spec_path;
 use crate::memory::{Recorder, StageRecord, status};
+use crate::report::{BackendPart, Report, Totals, Written};
 use crate::{Error, Result};
 
 /// Method name of the main method of each `.pte`.
@@ -259,24 +261,35 @@ fn timestep_values(
     })
 }
 
-/// `report.json`'s content: the fields every backend's report starts with (version, what was
-/// exported from what, backend, dtype), then the backend's own `rest`, in its order.
-fn report_json(
+/// `report.json`: the fields every backend's report starts with (version, what was exported
+/// from what, dtype), the backend's own part, the stages and the totals — computed here, once,
+/// for every backend.
+fn report(
     opts: &ExportOptions,
-    checkpoint: serde_json::Value,
-    rest: serde_json::Value,
-) -> serde_json::Value {
-    let mut report = json!({
-        "petite_version": env!("CARGO_PKG_VERSION"),
-        "checkpoint": checkpoint,
-        "config": opts.config.as_ref().map(|p| p.display().to_string()),
-        "backend": opts.backend.name(),
-        "dtype": match opts.precision { Precision::Bf16 => "bf16", Precision::F32 => "f32" },
-    });
-    if let (Some(m), serde_json::Value::Object(rest)) = (report.as_object_mut(), rest) {
-        m.extend(rest);
+    checkpoint: crate::report::CheckpointReport,
+    saved: &Saved,
+    stages: Vec<StageRecord>,
+    seconds: f64,
+) -> Report {
+    let totals = Totals::compute(&stages, seconds, &saved.written);
+    Report {
+        petite_version: env!("CARGO_PKG_VERSION").into(),
+        checkpoint,
+        config: opts.config.as_ref().map(|p| p.display().to_string()),
+        dtype: dtype_name(opts.precision).into(),
+        part: saved.part.clone(),
+        stages,
+        totals,
+        verify: None,
     }
-    report
+}
+
+/// `bf16` or `f32`, as `report.json` and `policy.json` record it.
+fn dtype_name(p: Precision) -> &'static str {
+    match p {
+        Precision::Bf16 => "bf16",
+        Precision::F32 => "f32",
+    }
 }
 
 /// What stage `save` of every backend starts with: a progress bar of one tick per program,
@@ -299,12 +312,9 @@ impl SaveTargets {
     fn new(opts: &ExportOptions, export_id: String) -> Self {
         SaveTargets {
             pb: bar(opts.progress, 2, "save"),
-            wopts: WriteOptions {
-                fsync: true,
-                ..WriteOptions::default()
-            },
-            prefix_pte: opts.out.join("prefix.pte"),
-            step_pte: opts.out.join("step.pte"),
+            wopts: WriteOptions::default(),
+            prefix_pte: opts.out.join(layout::PREFIX_PTE),
+            step_pte: opts.out.join(layout::STEP_PTE),
             ptes: opts.backend != Backend::Onnx,
             extra: Default::default(),
             export_id,
@@ -321,7 +331,7 @@ impl SaveTargets {
     /// Where a stage writes `path` (a `.pte` or its spec) before [`SaveTargets::finish`]
     /// publishes it ([`guard::publish`]).
     fn staged(&self, path: &Path) -> PathBuf {
-        guard::staged(path)
+        layout::staged(path)
     }
 
     /// Publishes the staged programs (and portable specs) under their final names once the
@@ -331,7 +341,7 @@ impl SaveTargets {
         self,
         opts: &ExportOptions,
         watch: &Watch,
-        report: serde_json::Value,
+        report: Report,
         table: String,
         saved: &Saved,
     ) -> Result<ExportResult> {
@@ -347,29 +357,25 @@ impl SaveTargets {
         }
         files.extend(self.extra.take());
         guard::publish(watch, &files)?;
-        let report_path = opts.out.join("report.json");
-        crate::report::write_json(&report_path, &report)?;
+        let report_path = opts.out.join(crate::report::FILE);
+        report.write(&report_path)?;
         // Last: a bundle with a policy.json is complete, and its id names the programs' export.
         let spec = petite_pi05::policy::PolicySpec {
             format: petite_pi05::policy::FORMAT.into(),
             export_id: self.export_id.clone(),
             backend: opts.backend.name().into(),
-            dtype: match opts.precision {
-                Precision::Bf16 => "bf16",
-                Precision::F32 => "f32",
-            }
-            .into(),
+            dtype: dtype_name(opts.precision).into(),
             model: saved_cfg(saved).clone(),
             runner: saved.runner.clone(),
         };
-        let policy_path = opts.out.join(petite_pi05::policy::FILE);
+        let policy_path = opts.out.join(layout::POLICY);
         crate::report::write_json(&policy_path, &serde_json::to_value(&spec)?)?;
         Ok(ExportResult {
             prefix_pte: self.prefix_pte,
             step_pte: self.step_pte,
             report: report_path,
             files: files.into_iter().map(|(_, f)| f).collect(),
-            report_json: report,
+            report_json: serde_json::to_value(&report)?,
             table,
             engines_reused: saved.engines_reused,
             engines_built: saved.engines_built,
@@ -386,7 +392,7 @@ struct Loaded {
     ck_files: Vec<PathBuf>,
     /// RSS of the process before any stage's work: what a budget starts from.
     base: u64,
-    checkpoint_desc: serde_json::Value,
+    checkpoint_desc: crate::report::CheckpointReport,
     /// The lerobot folder's runner metadata, when the checkpoint is one.
     runner: Option<petite_pi05::policy::Runner>,
     /// What identifies the export's inputs beside the weights' content (config, backend,
@@ -401,13 +407,15 @@ fn saved_cfg(s: &Saved) -> &Pi05Config {
         .unwrap_or_else(|| DEFAULT.get_or_init(Pi05Config::default))
 }
 
-/// What a backend's stages give the report: its part of `report.json` and the engine counts.
+/// What a backend's stages give the report: its part of `report.json`, what it wrote (for the
+/// totals) and the engine counts.
 struct Saved {
     /// The model config (for `policy.json`), filled in by [`export`].
     cfg: Option<Pi05Config>,
     /// lerobot's runner metadata, filled in by [`export`].
     runner: Option<petite_pi05::policy::Runner>,
-    rest: serde_json::Value,
+    part: BackendPart,
+    written: Written,
     engines_reused: usize,
     engines_built: usize,
 }
@@ -437,8 +445,9 @@ trait Stages {
     /// save: `prefix.pte` and `step.pte` (durably, under the staged names of
     /// [`SaveTargets::staged`]; [`SaveTargets::finish`] publishes them).
     fn save(&mut self, save: &SaveTargets) -> Result<()>;
-    /// The backend's part of `report.json`, with the stages' measurements.
-    fn report(&self, save: &SaveTargets, stages: &[StageRecord], total: f64) -> Saved;
+    /// The backend's part of `report.json` and what it wrote (the driver adds the stages and
+    /// computes the totals).
+    fn report(&self, save: &SaveTargets) -> Saved;
 }
 
 /// The load stage's shared part: config, checkpoint layout and contents, programs, and the
@@ -459,15 +468,7 @@ fn load(opts: &ExportOptions) -> Result<Loaded> {
         [&progs.timestep_table, &progs.prefix, &progs.step],
     )?;
     let ck_files = ck.files();
-    for out_name in [
-        "prefix.pte",
-        "step.pte",
-        "report.json",
-        onnx::MODEL,
-        onnx::DATA,
-        onnx::SPEC,
-        petite_pi05::policy::FILE,
-    ] {
+    for out_name in layout::OUTPUTS {
         let o = opts.out.join(out_name);
         if let Ok(oc) = o.canonicalize()
             && ck_files
@@ -489,12 +490,12 @@ fn load(opts: &ExportOptions) -> Result<Loaded> {
         }
         None => "unknown".to_string(),
     };
-    let checkpoint_desc = json!({
-        "path": opts.checkpoint.display().to_string(),
-        "layout": layout_name,
-        "shards": shards,
-        "files": ck_files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
-    });
+    let checkpoint_desc = crate::report::CheckpointReport {
+        path: opts.checkpoint.display().to_string(),
+        layout: layout_name,
+        shards,
+        files: ck_files.iter().map(|f| f.display().to_string()).collect(),
+    };
     let runner = resolved.lerobot.map(|(_, r)| r);
     let id_material = format!(
         "{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{}",
@@ -583,12 +584,18 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
 
     let recorded = rec.stages();
     let total = rec.elapsed();
-    let mut saved = stages.report(&save, &recorded, total);
+    let mut saved = stages.report(&save);
     saved.cfg = Some(loaded.cfg.clone());
     saved.runner = loaded.runner.clone();
     drop(stages);
     let table_text = crate::report::table(&recorded, total);
-    let report = report_json(opts, loaded.checkpoint_desc.clone(), saved.rest.clone());
+    let report = report(
+        opts,
+        loaded.checkpoint_desc.clone(),
+        &saved,
+        recorded,
+        total,
+    );
     save.finish(opts, &watch, report, table_text, &saved)
 }
 
@@ -606,12 +613,4 @@ fn export_id(material: &str, mapping: Option<&MappedSafetensors>) -> Result<Stri
         h.update(&text);
     }
     Ok(hex::encode(&h.finalize()[..16]))
-}
-
-/// File next to a portable `.pte` describing its methods' inputs, outputs and memory plans
-/// (what a driver needs to feed it; `petite verify` and the conformance driver read it).
-pub fn spec_path(pte: &Path) -> PathBuf {
-    let mut s = pte.as_os_str().to_owned();
-    s.push(".json");
-    PathBuf::from(s)
 }

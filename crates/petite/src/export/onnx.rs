@@ -30,15 +30,11 @@ use serde_json::json;
 
 use super::mapping;
 use super::{CONVERT_BYTES, ExportOptions, Loaded, SaveTargets, Saved, Stages, Table};
-use crate::memory::{StageRecord, human};
+use crate::memory::human;
+use crate::report::{self, BackendPart, MappingReport, OnnxFiles, OnnxPart};
 use crate::{Error, Result};
 
-/// The model file under `--out`.
-pub const MODEL: &str = "pi05.onnx";
-/// Its external data (the mapping file, moved out of the cache when published).
-pub const DATA: &str = "pi05.onnx.data";
-/// Its interface description.
-pub const SPEC: &str = "pi05.onnx.json";
+pub use crate::layout::{ONNX_DATA as DATA, ONNX_MODEL as MODEL, ONNX_SPEC as SPEC};
 /// The graph's name.
 const GRAPH: &str = "pi05";
 
@@ -230,7 +226,7 @@ impl<'l> OnnxStages<'l> {
 
 impl Stages for OnnxStages<'_> {
     fn convert(&mut self, identity: &str) -> Result<bool> {
-        let cache = self.opts.out.join("cache");
+        let cache = self.opts.out.join(crate::layout::CACHE);
         // An earlier export's `pi05.onnx.data` is this backend's mapping file, moved out of
         // the cache when it was published: reused in place when it is current.
         let data = self.opts.out.join(DATA);
@@ -268,21 +264,19 @@ impl Stages for OnnxStages<'_> {
         let c = self.mapping.as_ref().ok_or_else(Self::out_of_order)?;
         let policy = self.policy.as_ref().ok_or_else(Self::out_of_order)?;
         let locs = onnx::locations(c.file.header());
-        // The model: streamed as it is encoded and fsynced under its staged name (published
-        // by finish).
+        // The model: streamed as it is encoded, put durably under its staged name (petite-fs;
+        // published by finish).
         let model = out.join(MODEL);
         let staged_model = save.staged(&model);
         let model_bytes = {
             use std::io::Write;
-            let f = std::fs::File::create(&staged_model)
-                .map_err(|e| Error::io(&staged_model, "create", e))?;
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            let mut f = petite_fs::AtomicFile::create(&staged_model)?;
+            let tmp = f.temp().to_path_buf();
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f.file_mut());
             let n = onnx::emit_to(policy, &locs, DATA, &emit_options(), &mut w)?;
-            w.flush()
-                .map_err(|e| Error::io(&staged_model, "write", e))?;
-            w.get_ref()
-                .sync_all()
-                .map_err(|e| Error::io(&staged_model, "fsync", e))?;
+            w.flush().map_err(|e| Error::io(&tmp, "write", e))?;
+            drop(w);
+            f.commit()?;
             n
         };
         save.pb.inc(1);
@@ -366,60 +360,58 @@ impl Stages for OnnxStages<'_> {
         Ok(())
     }
 
-    fn report(&self, _save: &SaveTargets, stages: &[StageRecord], total: f64) -> Saved {
+    fn report(&self, _save: &SaveTargets) -> Saved {
         let out = &self.opts.out;
         let (reused, seconds, bytes) = match &self.mapping {
             Some(c) => (c.reused, c.seconds, c.file.mapped_len() as u64),
             None => (false, None, 0),
         };
         let w = self.written.as_ref();
-        let mapping_written = if reused { 0 } else { bytes };
         let model_bytes = w.map_or(0, |w| w.model_bytes);
         let weight_bytes = w.map_or(0, |w| w.weight_bytes);
-        let rest = json!({
-            "memory_budget": self.opts.memory_budget,
-            "memory_estimate": self.need,
-            "mapping": {
+        let part = OnnxPart {
+            memory_budget: self.opts.memory_budget,
+            memory_estimate: self.need,
+            mapping: MappingReport {
                 // Published as the model's external data (moved there from the cache).
-                "path": out.join(DATA).display().to_string(),
-                "reused": reused,
-                "bytes": bytes,
-                "tensors": self.selection.len(),
-                "convert_seconds": seconds,
+                path: Some(out.join(DATA).display().to_string()),
+                reused,
+                bytes,
+                tensors: self.selection.len(),
+                convert_seconds: seconds,
             },
-            "onnx": {
-                "model": out.join(MODEL).display().to_string(),
-                "model_bytes": model_bytes,
-                "data": out.join(DATA).display().to_string(),
-                "data_bytes": w.map(|w| w.data_bytes),
-                "data_moved_from_cache": w.map(|w| w.data_moved),
-                "opset": onnx::OPSET,
-                "ir_version": onnx::IR_VERSION,
-                "initializers": w.map(|w| w.initializers),
-                "weight_bytes": weight_bytes,
-                "initializers_page_aligned": w.map(|w| w.page_aligned),
-                "weight_bytes_page_aligned": w.map(|w| w.page_aligned_bytes),
-                "program_nodes": w.map(|w| w.nodes),
-                "steps": self.l.cfg.steps,
-                "timestep_table": [self.l.cfg.steps, self.table.as_ref().map_or(0, |t| t.row_len)],
+            onnx: OnnxFiles {
+                model: out.join(MODEL).display().to_string(),
+                model_bytes,
+                data: out.join(DATA).display().to_string(),
+                data_bytes: w.map(|w| w.data_bytes),
+                data_moved_from_cache: w.map(|w| w.data_moved),
+                opset: onnx::OPSET,
+                ir_version: onnx::IR_VERSION,
+                initializers: w.map(|w| w.initializers),
+                weight_bytes,
+                initializers_page_aligned: w.map(|w| w.page_aligned),
+                weight_bytes_page_aligned: w.map(|w| w.page_aligned_bytes),
+                program_nodes: w.map(|w| w.nodes),
+                steps: self.l.cfg.steps,
+                timestep_table: [
+                    self.l.cfg.steps,
+                    self.table.as_ref().map_or(0, |t| t.row_len),
+                ],
             },
-            "stages": stages,
-            "totals": {
-                "seconds": total,
-                "weight_bytes": weight_bytes,
-                "bytes_written_files": mapping_written + model_bytes,
-                "bytes_written_storage": stages.iter().map(|s| s.bytes_written).sum::<u64>(),
-                "bytes_read_storage": stages.iter().map(|s| s.bytes_read).sum::<u64>(),
-                "written_per_weight_byte_mapping_plus_model":
-                    (mapping_written + model_bytes) as f64 / weight_bytes.max(1) as f64,
-                "peak_rss": stages.iter().map(|s| s.peak_rss).max(),
-                "peak_anon": stages.iter().map(|s| s.peak_anon).max(),
-            },
-        });
+        };
         Saved {
             cfg: None,
             runner: None,
-            rest,
+            part: BackendPart::Onnx(part),
+            written: report::Written {
+                weight_bytes,
+                mapping: if reused { 0 } else { bytes },
+                programs: model_bytes,
+                pte: false,
+                engines: None,
+                copied_in_kernel: None,
+            },
             engines_reused: 0,
             engines_built: 0,
         }

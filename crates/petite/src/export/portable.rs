@@ -22,7 +22,10 @@ use super::{
     ExportOptions, Loaded, METHOD, PORTABLE_CONVERT_BYTES, SaveTargets, Saved, Stages,
     TABLE_METHOD, Table, bar, spec_path, timestep_values,
 };
-use crate::memory::{StageRecord, human};
+use crate::memory::human;
+use crate::report::{
+    BackendPart, PortableMapping, PortablePart, PortableProgram, PortablePrograms, Written,
+};
 use crate::{Error, Result};
 
 /// The portable backend's export, from its lowered programs to its report.
@@ -112,7 +115,7 @@ impl Stages for PortableStages<'_> {
             h.update(format!("{}|{:?}|", w.key, w.shape).as_bytes());
         }
         let key = hex::encode(h.finalize());
-        let cache = self.opts.out.join("cache");
+        let cache = self.opts.out.join(crate::layout::CACHE);
         let path = mapping::path(&cache, &key);
         let reuse = mapping::current(&path, &key, self.table.iter().map(|w| w.key.as_str()));
         self.mapping_reused = reuse.is_some();
@@ -198,7 +201,7 @@ impl Stages for PortableStages<'_> {
         Ok(())
     }
 
-    fn report(&self, save: &SaveTargets, stages: &[StageRecord], total: f64) -> Saved {
+    fn report(&self, save: &SaveTargets) -> Saved {
         let weight_bytes: u64 = self.table.iter().map(|w| w.nbytes()).sum();
         let mapping_bytes = std::fs::metadata(&self.mapping_path).map_or(0, |m| m.len());
         let empty = (0, 0, vec![]);
@@ -206,52 +209,45 @@ impl Stages for PortableStages<'_> {
             .written
             .as_ref()
             .map_or([&empty, &empty], |[a, b]| [a, b]);
-        let pte_bytes = prefix.0 + step.0;
-        let mapping_written = if self.mapping_reused {
-            0
-        } else {
-            mapping_bytes
-        };
-        let in_kernel = prefix.1 + step.1;
-        let program_json = |pte: &Path, (bytes, copied, reps): &(u64, u64, Vec<ExportReport>)| {
-            json!({"pte": pte.display().to_string(), "bytes": bytes,
-               "bytes_copied_in_kernel": copied,
-               "methods": reps})
-        };
+        let program =
+            |pte: &Path, (bytes, copied, reps): &(u64, u64, Vec<ExportReport>)| PortableProgram {
+                pte: pte.display().to_string(),
+                bytes: *bytes,
+                bytes_copied_in_kernel: *copied,
+                methods: serde_json::to_value(reps).unwrap_or_default(),
+            };
         let row_len = self.timestep.as_ref().map_or(0, |(t, _, _)| t.row_len);
-        let rest = json!({
-            "memory_budget": self.opts.memory_budget,
-            "memory_estimate": self.need,
-            "mapping": {
-                "path": self.mapping_path.display().to_string(),
-                "reused": self.mapping_reused,
-                "bytes": mapping_bytes,
-                "tensors": self.table.len(),
+        let part = PortablePart {
+            memory_budget: self.opts.memory_budget,
+            memory_estimate: self.need,
+            mapping: PortableMapping {
+                path: self.mapping_path.display().to_string(),
+                reused: self.mapping_reused,
+                bytes: mapping_bytes,
+                tensors: self.table.len(),
             },
-            "programs": {
-                "prefix": program_json(&save.prefix_pte, prefix),
-                "step": program_json(&save.step_pte, step),
-                "timestep_table": [self.l.cfg.steps, row_len],
+            programs: PortablePrograms {
+                prefix: program(&save.prefix_pte, prefix),
+                step: program(&save.step_pte, step),
+                timestep_table: [self.l.cfg.steps, row_len],
             },
-            "stages": stages,
-            "totals": {
-                "seconds": total,
-                "weight_bytes": weight_bytes,
-                "weight_bytes_copied_in_kernel": in_kernel,
-                "bytes_written_files": mapping_written + pte_bytes,
-                "bytes_written_storage": stages.iter().map(|s| s.bytes_written).sum::<u64>(),
-                "bytes_read_storage": stages.iter().map(|s| s.bytes_read).sum::<u64>(),
-                "written_per_weight_byte_mapping_plus_pte":
-                    (mapping_written + pte_bytes) as f64 / weight_bytes.max(1) as f64,
-                "written_per_weight_byte_pte": pte_bytes as f64 / weight_bytes.max(1) as f64,
-                "peak_rss": stages.iter().map(|s| s.peak_rss).max(),
-                "peak_anon": stages.iter().map(|s| s.peak_anon).max(),
-            },
-        });
+        };
         Saved {
             cfg: None,
             runner: None,
-            rest,
+            part: BackendPart::Portable(part),
+            written: Written {
+                weight_bytes,
+                mapping: if self.mapping_reused {
+                    0
+                } else {
+                    mapping_bytes
+                },
+                programs: prefix.0 + step.0,
+                pte: true,
+                engines: None,
+                copied_in_kernel: Some(prefix.1 + step.1),
+            },
             engines_reused: 0,
             engines_built: 0,
         }

@@ -2,7 +2,7 @@
 //! pi0.5 configs (f32 and bf16 programs, prefix and step), every planned engine as an ONNX model
 //! in both flavours, with its inputs and the reference executor's outputs for that engine.
 //!
-//! `cargo run -p petite-engine --example onnx_cases -- OUT_DIR`
+//! `cargo run -p petite --example onnx_cases -- OUT_DIR`
 
 use std::collections::BTreeMap;
 use std::io::Write;
