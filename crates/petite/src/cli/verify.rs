@@ -9,9 +9,10 @@ use petite::verify::{VerifyOptions, verify};
 /// Arguments of `petite verify`.
 #[derive(Args, Debug)]
 pub struct VerifyArgs {
-    /// Directory holding prefix.pte and step.pte, or pi05.onnx (`--backend onnx`).
-    #[arg(long)]
-    pub pte_dir: PathBuf,
+    /// The export directory: prefix.pte and step.pte (engine and portable exports) or
+    /// pi05.onnx (`--backend onnx`). `--pte-dir` is the former name, still accepted.
+    #[arg(long, alias = "pte-dir")]
+    pub dir: PathBuf,
     /// The original checkpoint (for the f32 reference).
     #[arg(long)]
     pub checkpoint: PathBuf,
@@ -48,7 +49,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     // One line, before anything is read.
     petite::runtimes::check_device(a.device)?;
     let r = verify(&VerifyOptions {
-        pte_dir: a.pte_dir.clone(),
+        dir: a.dir.clone(),
         checkpoint: a.checkpoint,
         config: a.config,
         inputs: a.inputs,
@@ -57,14 +58,14 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         max_error: a.max_error,
         device: a.device,
     })
-    .with_context(|| format!("verify of {}", a.pte_dir.display()))?;
+    .with_context(|| format!("verify of {}", a.dir.display()))?;
     println!(
         "max abs action error: {:e} (bound {:e}: {}; max |reference action| {:.3}; recorded in {})",
         r.max_abs_error,
         r.max_error,
         r.bound_source,
         r.max_abs_reference,
-        a.pte_dir.join("report.json").display()
+        a.dir.join("report.json").display()
     );
     if !r.within_bound {
         anyhow::bail!(
