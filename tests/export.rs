@@ -338,6 +338,7 @@ fn verify_refuses_a_mismatched_config_and_missing_pte() {
     let run = |cfg: &Path, dir: &Path| {
         petite()
             .arg("verify")
+            // The former name of `--dir`, kept as a hidden alias so old scripts work.
             .arg("--pte-dir")
             .arg(dir)
             .arg("--checkpoint")
@@ -355,6 +356,20 @@ fn verify_refuses_a_mismatched_config_and_missing_pte() {
     // Seeded inputs (no --inputs) work too.
     let o = run(&c.join("config.json"), &s.0);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // --python does not apply to an engine bundle (its engines run here): refused in one line,
+    // exit 1, as every flag that does not apply.
+    let o = verify_cmd(&c, &s.0)
+        .args(["--python", "/nonexistent/python"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let line = common::error_line(&err);
+    assert!(
+        line.contains("--python does not apply to an engine bundle")
+            && line.contains("drop --python"),
+        "{line}"
+    );
 }
 
 /// A Hub-layout copy of a golden checkpoint split over two shards with an index: detected,
@@ -846,6 +861,20 @@ fn weight_streaming_budget_builds_streamable_engines_and_writes_the_compile_spec
             .all(|d| d == &only_device)
     );
 
+    // verify opens each delegate's engines by its backend id through the runtime registry: no
+    // runtime runs TensorRT's here, refused in one line naming the file and what is registered.
+    let o = verify_cmd(&c, &out2).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let line = common::error_line(&err);
+    for needle in [
+        "prefix.pte",
+        "no runtime runs `TensorRTBackend` engines on cpu",
+        "registered: `PetiteReference` on cpu",
+    ] {
+        assert!(line.contains(needle), "{line}");
+    }
+
     // Not a TensorRT export: refused.
     let out3 = s.0.join("out3");
     let mut cmd = export_cmd(&c, &out3, &["--weight-streaming-budget", "64MiB"]);
@@ -906,7 +935,7 @@ fn device_placement_is_refused_where_nothing_runs_on_a_device() {
 /// backend does not export, is refused by a backend it does not apply to in one line
 /// (`petite: error: FLAG does not apply to --backend B: drop FLAG (it applies to --backend ...
 /// only)`), exit 1, before any work: the checkpoint named does not exist, and it is not what
-/// the error is about. Old names keep working: `verify --pte-dir` is `--dir`.
+/// the error is about.
 #[test]
 fn inapplicable_flags_are_refused_in_one_line_before_any_work() {
     let s = Scratch::new("inapplicable");

@@ -217,7 +217,8 @@ pub struct BundleRunner {
 
 impl BundleRunner {
     /// Every check before a run, each refusal one line: a bundle that cannot run on `device`
-    /// (portable and ONNX bundles run on the CPU only), an interface that does not fit `cfg`
+    /// (portable and ONNX bundles run on the CPU only), a `python` given for an engine bundle
+    /// (it does not apply: the flag rule of `petite export`), an interface that does not fit `cfg`
     /// (the `.pte.json`/`pi05.onnx.json` descriptions), and a runtime Python that is missing
     /// (`python`, else the runtime's environment variable, else the workspace venv).
     pub fn prepare(
@@ -239,6 +240,12 @@ impl BundleRunner {
             )));
         }
         let python = match kind {
+            BundleKind::Engines if python.is_some() => {
+                return Err(Error::Usage(
+                    "--python does not apply to an engine bundle (its engines run here, in no Python): drop --python (it applies to portable and ONNX bundles only)"
+                        .into(),
+                ));
+            }
             BundleKind::Engines => None,
             BundleKind::Portable => {
                 crate::verify::check_specs(dir, cfg)?;

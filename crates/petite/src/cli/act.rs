@@ -32,7 +32,7 @@ pub struct ActArgs {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Python for a portable bundle (executorch-numpy-runtime) or an ONNX one (onnxruntime);
-    /// as `petite verify --python`.
+    /// as `petite verify --python` (refused for an engine bundle).
     #[arg(long)]
     pub python: Option<PathBuf>,
     /// Where a bundle of petite's engines runs: `cpu` (the reference executor) or `cuda` (GPU 0

@@ -30,6 +30,7 @@ pub struct VerifyArgs {
     /// $PETITE_PYTHON, else the workspace's target/venv-pte built by `cargo xtask conformance`);
     /// for an ONNX export (`--backend onnx`: pi05.onnx, no .pte) a Python with onnxruntime and
     /// numpy, which runs it in ONNX Runtime (default: $PETITE_ORT_PYTHON, else target/venv-ort).
+    /// Refused for an engine export, whose engines run here.
     #[arg(long)]
     pub python: Option<PathBuf>,
     /// Fail (exit 1) when the max abs action error exceeds this. Default: by the export's dtype
