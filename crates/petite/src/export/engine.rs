@@ -53,7 +53,8 @@ impl<'l> EngineStages<'l> {
     /// The load stage's backend part: the builder found and probed, the budget and cap, the
     /// plans, and every check that can refuse before a file is written.
     pub(super) fn plan(l: &'l Loaded, opts: &'l ExportOptions) -> Result<Self> {
-        // The backend's precisions and flags were checked by `ExportOptions::check`. Finds and probes the backend's tool: a missing builder is refused before any work.
+        // The backend's dtypes and flags were checked by `ExportOptions::check`. Finds and
+        // probes the backend's tool: a missing builder is refused before any work.
         let builder = opts.backend.builder(&opts.backend_options)?;
         let device = match (opts.placement, builder.device()) {
             (Some(Placement::Host), _) | (None, None) => None,

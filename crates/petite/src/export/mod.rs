@@ -132,9 +132,7 @@ impl ExportOptions {
             state_padded: false,
         }
     }
-}
 
-impl ExportOptions {
     /// The backend-specific flags these options set, each as the command line spells it.
     pub fn flags(&self) -> Vec<(Flag, String)> {
         let mut used = Vec::new();
