@@ -79,7 +79,9 @@ fn bf16_export_within_bound_f32_export_exact_on_every_golden() {
         let inputs = Inputs::from_file(c.join("inputs.safetensors"), &cfg).unwrap();
         let ck = open_checkpoint(c.join("model.safetensors")).unwrap();
         let whole = petite_pi05::run::run_model(&cfg, &ck, &inputs, Precision::Bf16).unwrap();
-        let pte = petite::verify::run_pte(&bf, &cfg, &inputs, &*cpu()).unwrap();
+        let pte = petite::verify::run_pte(&bf, &cfg, &inputs, petite::runtimes::Device::Cpu)
+            .unwrap()
+            .actions;
         assert_eq!(
             pte, whole.actions,
             "{name}: bf16 .pte vs whole bf16 program"
@@ -336,6 +338,7 @@ fn verify_refuses_a_mismatched_config_and_missing_pte() {
     let run = |cfg: &Path, dir: &Path| {
         petite()
             .arg("verify")
+            // The former name of `--dir`, kept as a hidden alias so old scripts work.
             .arg("--pte-dir")
             .arg(dir)
             .arg("--checkpoint")
@@ -353,6 +356,20 @@ fn verify_refuses_a_mismatched_config_and_missing_pte() {
     // Seeded inputs (no --inputs) work too.
     let o = run(&c.join("config.json"), &s.0);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // --python does not apply to an engine bundle (its engines run here): refused in one line,
+    // exit 1, as every flag that does not apply.
+    let o = verify_cmd(&c, &s.0)
+        .args(["--python", "/nonexistent/python"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let line = common::error_line(&err);
+    assert!(
+        line.contains("--python does not apply to an engine bundle")
+            && line.contains("drop --python"),
+        "{line}"
+    );
 }
 
 /// A Hub-layout copy of a golden checkpoint split over two shards with an index: detected,
@@ -421,8 +438,12 @@ fn sharded_hub_layout_exports_the_same_model() {
     let cfg = Pi05Config::from_json_file(c.join("config.json")).unwrap();
     let inputs = Inputs::from_file(c.join("inputs.safetensors"), &cfg).unwrap();
     assert_eq!(
-        petite::verify::run_pte(&a, &cfg, &inputs, &*cpu()).unwrap(),
-        petite::verify::run_pte(&b, &cfg, &inputs, &*cpu()).unwrap()
+        petite::verify::run_pte(&a, &cfg, &inputs, petite::runtimes::Device::Cpu)
+            .unwrap()
+            .actions,
+        petite::verify::run_pte(&b, &cfg, &inputs, petite::runtimes::Device::Cpu)
+            .unwrap()
+            .actions
     );
 }
 
@@ -840,37 +861,131 @@ fn weight_streaming_budget_builds_streamable_engines_and_writes_the_compile_spec
             .all(|d| d == &only_device)
     );
 
+    // verify opens each delegate's engines by its backend id through the runtime registry: no
+    // runtime runs TensorRT's here, refused in one line naming the file and what is registered.
+    let o = verify_cmd(&c, &out2).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let line = common::error_line(&err);
+    for needle in [
+        "prefix.pte",
+        "no runtime runs `TensorRTBackend` engines on cpu",
+        "registered: `PetiteReference` on cpu",
+    ] {
+        assert!(line.contains(needle), "{line}");
+    }
+
     // Not a TensorRT export: refused.
     let out3 = s.0.join("out3");
     let mut cmd = export_cmd(&c, &out3, &["--weight-streaming-budget", "64MiB"]);
-    refused(&mut cmd, &out3, &["apply to --backend tensorrt only"]);
+    refused(
+        &mut cmd,
+        &out3,
+        &[
+            "--weight-streaming-budget does not apply to --backend reference",
+            "applies to --backend tensorrt only",
+        ],
+    );
 }
 
-/// `--placement device` where the engines run on the CPU (reference) or there are no engines
-/// (portable): refused in one line before any work, nothing created.
+/// `--placement device` where the engines run on the CPU (reference): refused by the builder
+/// (it has no device); where there are no engines (portable, onnx) `--placement` does not apply
+/// at all, `host` included. Each in one line before any work, nothing created.
 #[test]
 fn device_placement_is_refused_where_nothing_runs_on_a_device() {
     let s = Scratch::new("placement");
     let c = case("two_cams_mqa");
-    for backend in ["reference", "portable"] {
-        let out = s.0.join(backend);
+    let cases: [(&str, &str, &[&str]); 3] = [
+        (
+            "reference",
+            "device",
+            &["--placement device", "no device", "use --backend tensorrt"],
+        ),
+        (
+            "portable",
+            "device",
+            &[
+                "--placement device does not apply to --backend portable",
+                "drop --placement",
+            ],
+        ),
+        (
+            "portable",
+            "host",
+            &[
+                "--placement host does not apply to --backend portable",
+                "applies to --backend reference|tensorrt only",
+            ],
+        ),
+    ];
+    for (backend, placement, needles) in cases {
+        let out = s.0.join(format!("{backend}-{placement}"));
         let mut cmd = common::export_cmd(&c, &out);
-        cmd.args(["--backend", backend, "--placement", "device"]);
-        let err = refused(&mut cmd, &out, &[]);
-        // The cause is one line saying what to do (under anyhow's "Caused by").
-        let last = err.trim().lines().last().unwrap();
-        for needle in ["--placement device", "no device", "use --backend tensorrt"] {
-            assert!(last.contains(needle), "{err}");
-        }
+        cmd.args(["--backend", backend, "--placement", placement]);
+        refused(&mut cmd, &out, needles);
         assert!(!out.exists(), "{backend}: nothing created");
     }
-    // Host placement is what those backends do anyway: accepted.
+    // Host placement is what the reference backend does anyway: accepted.
     ok(export_cmd(&c, &s.0.join("host"), &["--placement", "host"])
         .output()
         .unwrap());
 }
 
-/// The CPU reference engines' runtime, as `petite verify` gets it from the registry.
-fn cpu() -> Box<dyn petite::runtimes::Runtime> {
-    petite::runtimes::runtime(petite::engines::REFERENCE_ID, petite::runtimes::Device::Cpu).unwrap()
+/// The one rule for flags that do not apply: every backend-specific flag, and a `--dtype` the
+/// backend does not export, is refused by a backend it does not apply to in one line
+/// (`petite: error: FLAG does not apply to --backend B: drop FLAG (it applies to --backend ...
+/// only)`), exit 1, before any work: the checkpoint named does not exist, and it is not what
+/// the error is about.
+#[test]
+fn inapplicable_flags_are_refused_in_one_line_before_any_work() {
+    let s = Scratch::new("inapplicable");
+    let missing = s.0.join("no-such-checkpoint");
+    let trt: &[&[&str]] = &[
+        &["--trtexec", "/nonexistent/trtexec"],
+        &["--trt-python", "/nonexistent/python"],
+        &["--trt-target", "sm86"],
+        &["--weight-streaming-budget", "64MiB"],
+    ];
+    let engines: &[&[&str]] = &[
+        &["--keep-engines"],
+        &["--engine-cap", "1MiB"],
+        &["--placement", "host"],
+        &["--placement", "device"],
+    ];
+    let mut cases: Vec<(&str, &[&str])> = Vec::new();
+    for backend in ["portable", "onnx"] {
+        cases.extend(engines.iter().chain(trt).map(|f| (backend, *f)));
+    }
+    cases.extend(trt.iter().map(|f| ("reference", *f)));
+    cases.push(("tensorrt", &["--dtype", "f32"]));
+    for (backend, flag) in cases {
+        let out = s.0.join("out");
+        let o = petite()
+            .arg("export")
+            .arg("--checkpoint")
+            .arg(&missing)
+            .arg("--out")
+            .arg(&out)
+            .args(["--backend", backend])
+            .args(flag)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert_eq!(o.status.code(), Some(1), "{backend} {flag:?}: {err}");
+        let line = common::error_line(&err);
+        let given = flag.join(" ");
+        let head = if flag[0] == "--placement" || flag[0] == "--dtype" {
+            given.clone()
+        } else {
+            flag[0].to_string()
+        };
+        assert!(
+            line.starts_with(&format!(
+                "petite: error: {head} does not apply to --backend {backend}"
+            )),
+            "{backend} {flag:?}: {line}"
+        );
+        assert!(!line.contains("no-such-checkpoint"), "{line}");
+        assert!(!out.exists(), "{backend} {flag:?}: nothing created");
+    }
 }

@@ -65,7 +65,7 @@ pub fn export_cmd(c: &Path, out: &Path) -> Command {
 pub fn verify_cmd(c: &Path, dir: &Path) -> Command {
     let mut cmd = petite();
     cmd.arg("verify")
-        .arg("--pte-dir")
+        .arg("--dir")
         .arg(dir)
         .arg("--checkpoint")
         .arg(c.join("model.safetensors"))

@@ -129,7 +129,7 @@ pub fn run(a: &Args) -> Result<()> {
         let mut verify = Command::new(&petite);
         verify
             .arg("verify")
-            .arg("--pte-dir")
+            .arg("--dir")
             .arg(&out)
             .arg("--checkpoint")
             .arg(&checkpoint);

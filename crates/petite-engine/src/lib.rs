@@ -5,7 +5,8 @@
 //! - [`EngineBuilder`]: the seam. Builds one planned engine into a file under an engine
 //!   directory and returns what a `.pte` writer needs ([`BuiltEngine`]: backend id, I/O
 //!   bindings, and the delegate payload as a [`FileRegion`], never a `Vec` of the engine).
-//! - [`EngineRuntime`]: runs a built engine, for backends that can run on this machine.
+//! - [`EngineRuntime`]: runs a built engine, for backends that can run on this machine, on
+//!   [`HostTensor`]s (dtype, shape, bytes: no executor's own type).
 //! - [`reference`](mod@reference): the engine file is a safetensors file (the subgraph as JSON in
 //!   `__metadata__`, its weights in the declared dtype, page-aligned), executed by
 //!   petite-reference with its weights mapped from the file.
@@ -18,6 +19,7 @@
 
 mod build;
 pub mod gpu;
+mod host;
 pub mod onnx;
 pub mod reference;
 mod sys;
@@ -30,9 +32,9 @@ pub use build::{
     BuildOptions, BuildReport, DamagedNotice, EngineNamer, EngineReport, RssFigures, build_plan,
     engine_name, last_uses, release_weights,
 };
+pub use host::HostTensor;
 pub use petite_graph::Dtype;
 use petite_graph::{Program, ValueId};
-use petite_reference::Tensor;
 use petite_weights::WeightSource;
 use serde::{Deserialize, Serialize};
 
@@ -89,14 +91,6 @@ pub enum Error {
         /// Why.
         reason: String,
     },
-    /// No TensorRT builder (`trtexec` or TensorRT-RTX) is available on this machine.
-    #[error("TensorRT is not available: {what}. {hint}")]
-    TensorRtMissing {
-        /// What was looked for and not found.
-        what: String,
-        /// How to point petite at it.
-        hint: String,
-    },
     /// A setting or call order the backend cannot honour (says what to do instead).
     #[error("{0}")]
     Usage(String),
@@ -107,22 +101,9 @@ pub enum Error {
         /// The first engine not built.
         index: usize,
     },
-    /// The TensorRT build ran and failed (non-zero exit, killed, or no plan written).
-    #[error("TensorRT build failed ({status}); last output:\n{log_tail}")]
-    TensorRtBuild {
-        /// Exit status or signal.
-        status: String,
-        /// The end of the builder's output.
-        log_tail: String,
-    },
-    /// A delegate blob does not follow the `TR01` layout.
-    #[error("TR01 blob {path}: {reason}")]
-    Blob {
-        /// The blob file.
-        path: String,
-        /// Expected vs found.
-        reason: String,
-    },
+    /// The TensorRT backend failed (its own errors: [`tensorrt::TensorRtError`]).
+    #[error(transparent)]
+    TensorRt(#[from] tensorrt::TensorRtError),
     /// The plan does not fit the program.
     #[error(transparent)]
     Partition(#[from] petite_partition::Error),
@@ -430,15 +411,16 @@ pub fn reuse_engine(builder: &dyn EngineBuilder, path: &Path, job: &EngineJob<'_
     }
 }
 
-/// Runs a built engine (for backends that can run on this machine).
+/// Runs a built engine (for backends that can run on this machine), on [`HostTensor`]s: the
+/// seam belongs to no executor, each runtime converts at its edge.
 pub trait EngineRuntime {
-    /// The engine's bindings.
+    /// The engine's input bindings.
     fn inputs(&self) -> &[IoBinding];
     /// The engine's output bindings.
     fn outputs(&self) -> &[IoBinding];
     /// Runs once: `inputs` holds exactly the input bindings by name; returns every output by
     /// name.
-    fn run(&self, inputs: BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>>;
+    fn run(&self, inputs: BTreeMap<String, HostTensor>) -> Result<BTreeMap<String, HostTensor>>;
 }
 
 /// A [`BuiltEngine`] for `job` whose payload is the whole of `file` (what reuse checks return).
@@ -504,8 +486,8 @@ pub fn bindings(program: &Program) -> (Vec<IoBinding>, Vec<IoBinding>) {
 pub fn run_engines<R: EngineRuntime>(
     engines: &[BuiltEngine],
     open: impl Fn(&BuiltEngine) -> Result<R>,
-    mut values: BTreeMap<ValueId, Tensor>,
-) -> Result<BTreeMap<ValueId, Tensor>> {
+    mut values: BTreeMap<ValueId, HostTensor>,
+) -> Result<BTreeMap<ValueId, HostTensor>> {
     for e in engines {
         let rt = open(e).map_err(|err| err.in_engine(e.index, &e.name))?;
         let mut ins = BTreeMap::new();

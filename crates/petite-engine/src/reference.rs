@@ -20,7 +20,7 @@ use petite_weights::{MappedSafetensors, RowSlices, SafetensorsWriter, TensorSpec
 
 use crate::{
     BuildMemory, BuilderInfo, BuiltEngine, EngineBuilder, EngineJob, EngineRuntime, Error,
-    IoBinding, Result,
+    HostTensor, IoBinding, Result,
 };
 
 /// Backend id of reference engines.
@@ -427,9 +427,14 @@ impl EngineRuntime for ReferenceEngine {
         &self.outputs
     }
 
-    fn run(&self, inputs: BTreeMap<String, Tensor>) -> Result<BTreeMap<String, Tensor>> {
-        Ok(Executor::new(&self.program, &self.file)?
+    fn run(&self, inputs: BTreeMap<String, HostTensor>) -> Result<BTreeMap<String, HostTensor>> {
+        let inputs = inputs
+            .into_iter()
+            .map(|(n, t)| Ok((n, t.to_reference()?)))
+            .collect::<Result<BTreeMap<String, Tensor>>>()?;
+        let outs = Executor::new(&self.program, &self.file)?
             .release_weights(self.release)
-            .run(inputs)?)
+            .run(inputs)?;
+        Ok(outs.into_iter().map(|(n, t)| (n, t.into())).collect())
     }
 }

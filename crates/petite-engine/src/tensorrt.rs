@@ -367,7 +367,7 @@ fn resolved(path: &Path) -> PathBuf {
 fn from_env(var: &str, probe: fn(&Path) -> Result<Tool>) -> Option<Result<Tool>> {
     let p = std::env::var_os(var)?;
     Some(probe(Path::new(&p)).map_err(|e| match e {
-        Error::TensorRtMissing { what, .. } => missing(format!("${var}: {what}")),
+        Error::TensorRt(TensorRtError::Missing { what, .. }) => missing(format!("${var}: {what}")),
         other => other,
     }))
 }
@@ -391,8 +391,37 @@ fn trtexec_on_path() -> Option<PathBuf> {
         .find(|c| c.is_file())
 }
 
+/// Errors only the TensorRT backend raises (wrapped by [`Error::TensorRt`]).
+#[derive(Debug, thiserror::Error)]
+pub enum TensorRtError {
+    /// No TensorRT builder (`trtexec` or TensorRT-RTX) is available on this machine.
+    #[error("TensorRT is not available: {what}. {hint}")]
+    Missing {
+        /// What was looked for and not found.
+        what: String,
+        /// How to point petite at it.
+        hint: String,
+    },
+    /// The TensorRT build ran and failed (non-zero exit, killed, or no plan written).
+    #[error("TensorRT build failed ({status}); last output:\n{log_tail}")]
+    Build {
+        /// Exit status or signal.
+        status: String,
+        /// The end of the builder's output.
+        log_tail: String,
+    },
+    /// A delegate blob does not follow the `TR01` layout.
+    #[error("TR01 blob {path}: {reason}")]
+    Blob {
+        /// The blob file.
+        path: String,
+        /// Expected vs found.
+        reason: String,
+    },
+}
+
 fn missing(what: String) -> Error {
-    Error::TensorRtMissing {
+    Error::TensorRt(TensorRtError::Missing {
         what,
         hint: format!(
             "Either install TensorRT-RTX (`python3.12 -m venv V && V/bin/pip install \"{RTX_REQUIREMENT}\"`, \
@@ -400,7 +429,7 @@ fn missing(what: String) -> Error {
              target/venv-trt), or install TensorRT >= 10 (its bin/ has trtexec) and pass --trtexec PATH \
              or set {TRTEXEC_ENV}; the `reference` and `portable` backends need no TensorRT"
         ),
-    }
+    })
 }
 
 /// Builds TensorRT engines with a [`Tool`] in a child process per engine.
@@ -524,10 +553,10 @@ impl TensorRtBuilder {
             let _ = std::fs::remove_file(&plan_tmp);
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let tail: Vec<&str> = text.lines().rev().take(20).collect();
-            Error::TensorRtBuild {
+            Error::TensorRt(TensorRtError::Build {
                 status,
                 log_tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
-            }
+            })
         };
         if !run.status.success() {
             use std::os::unix::process::ExitStatusExt;
@@ -798,9 +827,11 @@ pub mod blob {
     /// Writes `out` = header + `metadata` + padding + the plan file's bytes (copied file to file,
     /// never held), through a temporary name.
     pub fn write(out: &Path, metadata: &str, plan: &Path) -> Result<Header> {
-        let bad = |reason: String| Error::Blob {
-            path: out.display().to_string(),
-            reason,
+        let bad = |reason: String| {
+            Error::TensorRt(TensorRtError::Blob {
+                path: out.display().to_string(),
+                reason,
+            })
         };
         let mut pf = File::open(plan).map_err(|e| Error::io(plan, "open plan", e))?;
         let engine_size = pf.metadata().map_err(|e| Error::io(plan, "stat", e))?.len();
@@ -846,9 +877,11 @@ pub mod blob {
     /// (`metadata_offset >= 32`, `metadata_offset + size <= engine_offset`, `engine_offset % 16
     /// == 0`, `engine_offset + engine_size <= len`). Returns the header and the JSON text.
     pub fn read(path: &Path) -> Result<(Header, String)> {
-        let bad = |reason: String| Error::Blob {
-            path: path.display().to_string(),
-            reason,
+        let bad = |reason: String| {
+            Error::TensorRt(TensorRtError::Blob {
+                path: path.display().to_string(),
+                reason,
+            })
         };
         let mut f = File::open(path).map_err(|e| Error::io(path, "open", e))?;
         let total_len = f.metadata().map_err(|e| Error::io(path, "stat", e))?.len();

@@ -5,7 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use petite_engine::tensorrt::{BACKEND_ID, TensorRtBuilder, Tool, ToolSearch, blob};
+use petite_engine::tensorrt::{BACKEND_ID, TensorRtBuilder, TensorRtError, Tool, ToolSearch, blob};
 use petite_engine::{BuildOptions, EngineBuilder, Error, build_plan};
 use petite_partition::{PartitionOptions, plan};
 use petite_weights::MappedSafetensors;
@@ -172,7 +172,10 @@ fn a_missing_or_wrong_builder_is_refused_naming_it_and_saying_how_to_get_one() {
     };
     // An explicit trtexec that is not there.
     let err = Tool::find(&search(Some(dir.path().join("no-trtexec")), None)).unwrap_err();
-    assert!(matches!(err, Error::TensorRtMissing { .. }), "{err}");
+    assert!(
+        matches!(err, Error::TensorRt(TensorRtError::Missing { .. })),
+        "{err}"
+    );
     let msg = err.to_string();
     assert!(msg.contains("no-trtexec"), "{msg}");
     assert!(

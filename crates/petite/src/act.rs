@@ -25,7 +25,7 @@ const EPS: f32 = 1e-8;
 #[derive(Debug, Clone)]
 pub struct ActOptions {
     /// The export (`prefix.pte` + `step.pte`, or `pi05.onnx`, and `policy.json`).
-    pub pte_dir: PathBuf,
+    pub dir: PathBuf,
     /// The observation safetensors (lerobot's keys).
     pub observation: PathBuf,
     /// The task (else the observation's metadata `task`).
@@ -61,7 +61,7 @@ pub struct ActResult {
     /// The prompt as tokenized.
     pub prompt: String,
     /// Which runtime ran the programs.
-    pub runtime: &'static str,
+    pub runtime: String,
     /// The export id of the bundle.
     pub export_id: String,
 }
@@ -518,8 +518,8 @@ fn preprocess(
 /// programs with whichever runtime the bundle needs, and post-processes the actions.
 pub fn act(opts: &ActOptions) -> Result<ActResult> {
     // `--device cuda` where CUDA cannot run is refused before anything is read.
-    let engines = crate::runtimes::runtime(crate::engines::REFERENCE_ID, opts.device)?;
-    let dir = &opts.pte_dir;
+    crate::runtimes::check_device(opts.device)?;
+    let dir = &opts.dir;
     let spec = crate::bundle::check_bundle(dir)?.ok_or_else(|| {
         Error::Usage(format!(
             "{}: no policy.json: export from the lerobot policy folder with this petite",
@@ -530,35 +530,10 @@ pub fn act(opts: &ActOptions) -> Result<ActResult> {
     let cfg = spec.model.clone();
     cfg.validate()?;
     let (inputs, raw_state, text) = preprocess(opts, &cfg, &r)?;
-    let onnx = crate::verify::is_onnx(dir);
-    let portable = !onnx
-        && crate::verify::is_portable(&petite_pte::PteFile::open(
-            dir.join(crate::layout::PREFIX_PTE),
-        )?);
-    if opts.device != crate::runtimes::Device::Cpu && (onnx || portable) {
-        return Err(Error::Usage(format!(
-            "--device {} runs petite's engine bundles only; this is a{} bundle (run it with --device cpu)",
-            opts.device.name(),
-            if onnx { "n ONNX" } else { " portable" }
-        )));
-    }
-    let (raw, runtime) = if onnx {
-        let py = crate::verify::find_ort_python(opts.python.as_deref())?;
-        let (a, _) = crate::verify::run_onnx(dir, &cfg, &inputs, None, &py)?;
-        (a, "onnxruntime (separate process)")
-    } else if portable {
-        let py = crate::verify::find_python(opts.python.as_deref())?;
-        let (a, _) = crate::verify::run_portable(dir, &cfg, &inputs, None, &py)?;
-        (a, "executorch-numpy-runtime (separate process)")
-    } else {
-        (
-            crate::verify::run_pte(dir, &cfg, &inputs, engines.as_ref())?,
-            match opts.device {
-                crate::runtimes::Device::Cpu => "petite reference engines (cpu)",
-                crate::runtimes::Device::Cuda => "petite reference engines (cuda, petite-cuda)",
-            },
-        )
-    };
+    let bundle =
+        crate::bundle::BundleRunner::prepare(dir, &cfg, opts.python.as_deref(), opts.device)?;
+    let (raw, ran) = bundle.run(&cfg, &inputs, None)?;
+    let runtime = ran["runtime"].as_str().unwrap_or_default().to_string();
     if raw.len() != cfg.chunk * cfg.action_dim {
         return Err(Error::Usage(format!(
             "{}: the programs gave {} action values, expected {}",

@@ -168,3 +168,140 @@ pub fn check_bundle(dir: &Path) -> Result<Option<PolicySpec>> {
     }
     Ok(spec)
 }
+
+/// Which programs an export directory holds, i.e. which runtime runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BundleKind {
+    /// `prefix.pte` + `step.pte` of delegate calls: engines, run here by the runtimes
+    /// [`crate::runtimes`] registers for their backend ids.
+    Engines,
+    /// `prefix.pte` + `step.pte` of portable kernel calls: run in ExecuTorch's runtime.
+    Portable,
+    /// `pi05.onnx`: run in ONNX Runtime.
+    Onnx,
+}
+
+impl BundleKind {
+    /// What `dir` holds.
+    pub fn of(dir: &Path) -> Result<Self> {
+        if crate::verify::is_onnx(dir) {
+            return Ok(BundleKind::Onnx);
+        }
+        let pte = PteFile::open(dir.join("prefix.pte"))?;
+        Ok(if crate::verify::is_portable(&pte) {
+            BundleKind::Portable
+        } else {
+            BundleKind::Engines
+        })
+    }
+
+    /// The name `report.json` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BundleKind::Engines => "engines",
+            BundleKind::Portable => "portable",
+            BundleKind::Onnx => "onnx",
+        }
+    }
+}
+
+/// An export directory checked and ready to run, the one way `petite verify` and `petite act`
+/// run a bundle: what it holds, and the Python of the runtime it runs in, when not here.
+#[derive(Debug, Clone)]
+pub struct BundleRunner {
+    dir: PathBuf,
+    kind: BundleKind,
+    python: Option<PathBuf>,
+    device: crate::runtimes::Device,
+}
+
+impl BundleRunner {
+    /// Every check before a run, each refusal one line: a bundle that cannot run on `device`
+    /// (portable and ONNX bundles run on the CPU only), a `python` given for an engine bundle
+    /// (it does not apply: the flag rule of `petite export`), an interface that does not fit `cfg`
+    /// (the `.pte.json`/`pi05.onnx.json` descriptions), and a runtime Python that is missing
+    /// (`python`, else the runtime's environment variable, else the workspace venv).
+    pub fn prepare(
+        dir: &Path,
+        cfg: &Pi05Config,
+        python: Option<&Path>,
+        device: crate::runtimes::Device,
+    ) -> Result<Self> {
+        let kind = BundleKind::of(dir)?;
+        if device != crate::runtimes::Device::Cpu && kind != BundleKind::Engines {
+            return Err(Error::Usage(format!(
+                "--device {} runs petite's engine bundles only; this is a{} bundle (run it with --device cpu)",
+                device.name(),
+                if kind == BundleKind::Onnx {
+                    "n ONNX"
+                } else {
+                    " portable"
+                }
+            )));
+        }
+        let python = match kind {
+            BundleKind::Engines if python.is_some() => {
+                return Err(Error::Usage(
+                    "--python does not apply to an engine bundle (its engines run here, in no Python): drop --python (it applies to portable and ONNX bundles only)"
+                        .into(),
+                ));
+            }
+            BundleKind::Engines => None,
+            BundleKind::Portable => {
+                crate::verify::check_specs(dir, cfg)?;
+                Some(crate::verify::find_python(python)?)
+            }
+            BundleKind::Onnx => {
+                crate::verify::check_onnx_spec(dir, cfg)?;
+                Some(crate::verify::find_ort_python(python)?)
+            }
+        };
+        Ok(BundleRunner {
+            dir: dir.to_path_buf(),
+            kind,
+            python,
+            device,
+        })
+    }
+
+    /// What the directory holds.
+    pub fn kind(&self) -> BundleKind {
+        self.kind
+    }
+
+    /// Runs the bundle on `inputs` (`inputs_file`: the same inputs as a file, when there is
+    /// one, for the drivers); returns the actions and what ran them, as `report.json` records
+    /// it (`runtime`, and the driver's line or the device).
+    pub fn run(
+        &self,
+        cfg: &Pi05Config,
+        inputs: &petite_pi05::inputs::Inputs,
+        inputs_file: Option<&Path>,
+    ) -> Result<(Vec<f32>, serde_json::Value)> {
+        use serde_json::json;
+        let dir = &self.dir;
+        Ok(match (self.kind, &self.python) {
+            (BundleKind::Onnx, Some(py)) => {
+                let (a, j) = crate::verify::run_onnx(dir, cfg, inputs, inputs_file, py)?;
+                (
+                    a,
+                    json!({"runtime": "onnxruntime (separate process)", "driver": j}),
+                )
+            }
+            (BundleKind::Portable, Some(py)) => {
+                let (a, j) = crate::verify::run_portable(dir, cfg, inputs, inputs_file, py)?;
+                (
+                    a,
+                    json!({"runtime": "executorch-numpy-runtime (separate process)", "driver": j}),
+                )
+            }
+            _ => {
+                let r = crate::verify::run_pte(dir, cfg, inputs, self.device)?;
+                (
+                    r.actions,
+                    json!({"runtime": r.runtimes.join(", "), "device": self.device.name()}),
+                )
+            }
+        })
+    }
+}

@@ -1,45 +1,13 @@
-//! The export's one registration point for engine backends: which backends exist and how each
-//! one's [`EngineBuilder`] is made. Everything else about a backend (reuse check, settings,
-//! build-memory model, file names, which weights it reads from the mapping file) is asked of
-//! the builder itself, so a new backend is its crate plus one arm in [`Backend::builder`].
+//! What the export needs of built engines (their compile specs and payloads as the `.pte` and
+//! `report.json` store them) and the workspace venv lookup of every Python child. Which
+//! backends exist, and what each one supports, is [`crate::backends`].
 
 use std::path::PathBuf;
 
-use petite_engine::reference::{self, ReferenceBuilder};
-use petite_engine::tensorrt::{Tool, ToolKind, ToolSearch};
-use petite_engine::{BuiltEngine, EngineBuilder};
+use petite_engine::BuiltEngine;
+use petite_engine::reference;
 
-use crate::{Error, Result};
-
-/// An engine backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Backend {
-    /// petite's CPU reference engines (runs here; what the tests and verify use).
-    Reference,
-    /// TensorRT engines: ONNX per engine, built by trtexec or TensorRT-RTX in a child process.
-    #[value(name = "tensorrt")]
-    TensorRt,
-    /// No engines: every op as an ExecuTorch portable kernel call (petite-portable), runnable by
-    /// any ExecuTorch runtime on any CPU. The export takes its own path ([`crate::export`]).
-    Portable,
-    /// No engines: the whole policy as one ONNX model (`pi05.onnx` + external data) for ONNX
-    /// Runtime, TensorRT (`trtexec --onnx`) or any ONNX tool ([`crate::export`]).
-    Onnx,
-}
-
-/// Backend settings from the command line (only TensorRT has any).
-#[derive(Debug, Clone, Default)]
-pub struct BackendOptions {
-    /// `--trtexec PATH`.
-    pub trtexec: Option<PathBuf>,
-    /// `--trt-python PY`.
-    pub trt_python: Option<PathBuf>,
-    /// `--trt-target smXY` (TensorRT-RTX; default: the GPU present, else `sm86`).
-    pub trt_target: Option<String>,
-    /// `--weight-streaming-budget SIZE`: weight-streamable engines, each given this many bytes
-    /// of GPU weight memory at run time (the delegate's `weight_streaming_budget` compile spec).
-    pub weight_streaming_budget: Option<u64>,
-}
+pub use crate::backends::{Backend, BackendOptions};
 
 /// The venv `cargo xtask` builds for TensorRT-RTX, when this binary runs from a workspace's
 /// `target/` ([`workspace_venv_python`]); `None` for a copied or installed binary.
@@ -63,67 +31,6 @@ pub fn workspace_venv_python(venv: &str) -> Option<PathBuf> {
         .find(|a| a.file_name().is_some_and(|n| n == "target"))
         .map(|t| t.join(venv).join("bin/python"))
         .filter(|p| p.exists())
-}
-
-impl Backend {
-    /// The command-line name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Reference => "reference",
-            Backend::TensorRt => "tensorrt",
-            Backend::Portable => "portable",
-            Backend::Onnx => "onnx",
-        }
-    }
-
-    /// The builder of this backend, its tool found and probed (so a missing or broken builder
-    /// is refused before any work). The portable backend builds no engines.
-    pub fn builder(self, o: &BackendOptions) -> Result<Box<dyn EngineBuilder>> {
-        if let (Some(_), false) = (o.weight_streaming_budget, self == Backend::TensorRt) {
-            return Err(Error::Usage(format!(
-                "--weight-streaming-budget applies to --backend tensorrt only (got --backend {})",
-                self.name()
-            )));
-        }
-        match self {
-            Backend::Reference => Ok(Box::new(ReferenceBuilder::default())),
-            Backend::TensorRt => {
-                let tool = Tool::find(&ToolSearch {
-                    trtexec: o.trtexec.clone(),
-                    trt_python: o.trt_python.clone(),
-                    default_python: default_trt_python(),
-                })?;
-                let target = match (&o.trt_target, tool.kind) {
-                    (Some(t), ToolKind::Trtexec) => {
-                        return Err(Error::Usage(format!(
-                            "--trt-target {t}: {} builds for the GPU it runs on; --trt-target is for TensorRT-RTX",
-                            tool.info
-                        )));
-                    }
-                    (Some(t), ToolKind::Rtx) => {
-                        tool.check_target(t)?;
-                        Some(t.clone())
-                    }
-                    (None, ToolKind::Rtx) => Some(petite_engine::gpu::default_rtx_target(&tool)),
-                    (None, ToolKind::Trtexec) => None,
-                };
-                let mut b = petite_engine::tensorrt::TensorRtBuilder::new(tool);
-                if let Some(t) = target {
-                    b.target = t;
-                }
-                if let Some(budget) = o.weight_streaming_budget {
-                    petite_engine::tensorrt::weight_streaming_spec(budget)?;
-                    b.weight_streaming = true;
-                    b.weight_streaming_budget = Some(budget);
-                }
-                Ok(Box::new(b))
-            }
-            Backend::Portable | Backend::Onnx => Err(Error::Usage(format!(
-                "the {} backend builds no engines",
-                self.name()
-            ))),
-        }
-    }
 }
 
 /// The delegate compile specs of engine `e`, as the `.pte` stores them.

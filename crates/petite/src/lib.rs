@@ -4,6 +4,7 @@
 #![deny(missing_docs)]
 
 pub mod act;
+pub mod backends;
 pub mod bundle;
 pub mod cuda_run;
 pub mod engines;

@@ -27,7 +27,9 @@ pub struct Report {
     pub config: Option<String>,
     /// `bf16` or `f32`.
     pub dtype: String,
-    /// The backend (`backend`) and its part of the report.
+    /// The backend's name (`reference`, `tensorrt`, `portable`, `onnx`).
+    pub backend: String,
+    /// The backend's part of the report.
     #[serde(flatten)]
     pub part: BackendPart,
     /// Every stage's measurements, in order.
@@ -52,34 +54,17 @@ pub struct CheckpointReport {
     pub files: Vec<String>,
 }
 
-/// A backend's part of the report, tagged by the backend's name.
+/// A backend's part of the report, by what the backend writes (its name is
+/// [`Report::backend`], so a new engine backend needs no variant here).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "backend")]
+#[serde(untagged)]
 pub enum BackendPart {
-    /// `--backend reference`.
-    #[serde(rename = "reference")]
-    Reference(EnginePart),
-    /// `--backend tensorrt`.
-    #[serde(rename = "tensorrt")]
-    TensorRt(EnginePart),
+    /// An engine backend (reference, TensorRT): engines inside `.pte` delegates.
+    Engines(EnginePart),
     /// `--backend portable`.
-    #[serde(rename = "portable")]
     Portable(PortablePart),
     /// `--backend onnx`.
-    #[serde(rename = "onnx")]
     Onnx(OnnxPart),
-}
-
-impl BackendPart {
-    /// The backend's name (`reference`, `tensorrt`, `portable`, `onnx`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            BackendPart::Reference(_) => "reference",
-            BackendPart::TensorRt(_) => "tensorrt",
-            BackendPart::Portable(_) => "portable",
-            BackendPart::Onnx(_) => "onnx",
-        }
-    }
 }
 
 /// The mapping file of an engine or ONNX export.

@@ -221,7 +221,7 @@ fn export<'a>(cmd: &'a mut Command, case_dir: &Path, dir: &Path) -> &'a mut Comm
 /// `petite verify` of the export in `dir` against the golden's inputs.
 fn verify<'a>(cmd: &'a mut Command, case_dir: &Path, dir: &Path) -> &'a mut Command {
     cmd.arg("verify")
-        .arg("--pte-dir")
+        .arg("--dir")
         .arg(dir)
         .arg("--config")
         .arg(case_dir.join("config.json"))

@@ -164,7 +164,7 @@ fn one_case(petite: &Path, scratch: &Path, case: &str, rows: &mut Vec<String>) -
                         "--max-error",
                         &bound.to_string(),
                     ])
-                    .arg("--pte-dir")
+                    .arg("--dir")
                     .arg(&pte)
                     .arg("--config")
                     .arg(dir.join("config.json"))

@@ -95,7 +95,7 @@ pub fn run() -> Result<()> {
             if dtype == "f32" {
                 util::petite(&[
                     "verify",
-                    "--pte-dir",
+                    "--dir",
                     &out_s,
                     "--config",
                     &cfg,

@@ -56,7 +56,7 @@ pub fn run() -> Result<()> {
                 let acted = dir.join(format!("{backend}-act.safetensors"));
                 let mut act = Command::new(&petite);
                 act.arg("act")
-                    .arg("--pte-dir")
+                    .arg("--dir")
                     .arg(&bundle)
                     .arg("--observation")
                     .arg(dir.join("observation.safetensors"))

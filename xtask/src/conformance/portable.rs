@@ -148,7 +148,7 @@ pub fn run(full: bool) -> Result<()> {
         }
         util::petite(&[
             "verify",
-            "--pte-dir",
+            "--dir",
             &dir.to_string_lossy(),
             "--config",
             &case_dir.join("config.json").to_string_lossy(),

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use petite_engine::reference::ReferenceEngine;
-use petite_engine::{BuiltEngine, run_engines};
+use petite_engine::{BuiltEngine, HostTensor, run_engines};
 use petite_graph::{Builder, Dtype, Program, ValueId};
 use petite_pi05::Pi05Config;
 use petite_pi05::names::Layout;
@@ -85,16 +85,15 @@ pub fn run_built(
     engines: &[BuiltEngine],
     inputs: &BTreeMap<String, Tensor>,
 ) -> BTreeMap<String, Tensor> {
-    let vals = run_engines(
-        engines,
-        |e| ReferenceEngine::open(&e.file),
-        by_value(program, inputs),
-    )
-    .unwrap();
+    let host = by_value(program, inputs)
+        .into_iter()
+        .map(|(v, t)| (v, HostTensor::from(t)))
+        .collect();
+    let vals = run_engines(engines, |e| ReferenceEngine::open(&e.file), host).unwrap();
     program
         .outputs
         .iter()
-        .map(|o| (o.name.clone(), vals[&o.value].clone()))
+        .map(|o| (o.name.clone(), vals[&o.value].to_reference().unwrap()))
         .collect()
 }
 

@@ -9,9 +9,10 @@ use petite::act::{ActOptions, act, write_result};
 /// Arguments of `petite act`.
 #[derive(Args, Debug)]
 pub struct ActArgs {
-    /// The export: prefix.pte + step.pte (or pi05.onnx) and policy.json.
-    #[arg(long)]
-    pub pte_dir: PathBuf,
+    /// The export directory: prefix.pte + step.pte (or pi05.onnx) and policy.json.
+    /// `--pte-dir` is the former name, still accepted.
+    #[arg(long, alias = "pte-dir")]
+    pub dir: PathBuf,
     /// Observation safetensors with lerobot's keys: observation.images.<key> (float32 [3,H,W]
     /// in [0,1] or uint8 [H,W,3]; a camera left out is masked), observation.state (f32
     /// [state_dim]), optionally noise (f32 [chunk, max_action_dim]).
@@ -31,7 +32,7 @@ pub struct ActArgs {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Python for a portable bundle (executorch-numpy-runtime) or an ONNX one (onnxruntime);
-    /// as `petite verify --python`.
+    /// as `petite verify --python` (refused for an engine bundle).
     #[arg(long)]
     pub python: Option<PathBuf>,
     /// Where a bundle of petite's engines runs: `cpu` (the reference executor) or `cuda` (GPU 0
@@ -50,7 +51,7 @@ pub fn run(a: ActArgs) -> anyhow::Result<()> {
     // One line, before anything is read.
     petite::runtimes::check_device(a.device)?;
     let r = act(&ActOptions {
-        pte_dir: a.pte_dir.clone(),
+        dir: a.dir.clone(),
         observation: a.observation.clone(),
         task: a.task,
         tokenizer: a.tokenizer,
@@ -59,7 +60,7 @@ pub fn run(a: ActArgs) -> anyhow::Result<()> {
         python: a.python,
         device: a.device,
     })
-    .with_context(|| format!("act with {}", a.pte_dir.display()))?;
+    .with_context(|| format!("act with {}", a.dir.display()))?;
     write_result(&a.out, &r).with_context(|| format!("writing {}", a.out.display()))?;
     println!(
         "wrote {}: action [{}, {}] (execute the first {}); {} prompt tokens; ran on {}",

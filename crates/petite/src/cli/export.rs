@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use petite::engines::{Backend, BackendOptions};
+use petite::backends::{Backend, BackendOptions, Output};
 use petite::export::{ExportOptions, export};
 use petite::memory::parse_size;
 
@@ -33,10 +33,10 @@ pub struct ExportArgs {
     /// pi05.onnx.data (its external data: the mapping file), pi05.onnx.json, report.json.
     #[arg(long)]
     pub out: PathBuf,
-    /// Backend: reference | tensorrt (engines as delegates) | portable (no engines: every op an
-    /// ExecuTorch portable kernel call, runs in any ExecuTorch runtime; check with `petite verify`)
-    /// | onnx (the whole policy as one ONNX model, OUT/pi05.onnx + pi05.onnx.data + pi05.onnx.json,
-    /// for ONNX Runtime (f32) or TensorRT; check with `petite verify`).
+    /// Backend (default: reference, which runs here and needs no other software). Each
+    /// backend refuses, in one line before any work, a --dtype it does not export and every flag
+    /// below marked for other backends. portable and onnx exports are checked with `petite
+    /// verify`; onnx writes OUT/pi05.onnx + pi05.onnx.data + pi05.onnx.json.
     #[arg(long, value_enum, default_value = "reference")]
     pub backend: Backend,
     /// tensorrt: TensorRT's trtexec (JetPack: /usr/src/tensorrt/bin/trtexec); else
@@ -57,8 +57,8 @@ pub struct ExportArgs {
     /// reads per engine; at least one layer's weights).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub weight_streaming_budget: Option<u64>,
-    /// Weight bytes per engine, e.g. 512MiB (default: from --memory-budget, else 512MiB; not
-    /// with --backend portable).
+    /// reference, tensorrt: weight bytes per engine, e.g. 512MiB (default: from
+    /// --memory-budget, else 512MiB).
     #[arg(long, value_parser = parse_size)]
     pub engine_cap: Option<u64>,
     /// Memory budget of the whole export, e.g. 8GiB: picks the engine cap from the backend's
@@ -66,17 +66,20 @@ pub struct ExportArgs {
     /// (tensorrt on an integrated GPU, e.g. a Jetson: default the memory available now).
     #[arg(long, value_parser = parse_size)]
     pub memory_budget: Option<u64>,
-    /// Numerics: bf16 (lerobot's bfloat16 mode) or f32. With --backend portable the kernels
+    /// Numerics: bf16 (lerobot's bfloat16 mode) or f32. Default bf16: what a deployed policy
+    /// runs, half the memory (tensorrt exports bf16 only). With --backend portable the kernels
     /// compute in the weights' dtype (bf16 matmuls round inside the kernel; see README).
     #[arg(long, value_enum, default_value = "bf16")]
     pub dtype: super::PrecisionArg,
-    /// Where the delegates' inputs and outputs live: device (as ExecuTorch plans a device
+    /// reference, tensorrt: where the delegates' inputs and outputs live: device (as ExecuTorch plans a device
     /// delegate: values between engines in a CUDA buffer, host↔device copies only at the
     /// method's inputs and outputs; what Torch-TensorRT's runtime on a Jetson needs) or host
-    /// (one CPU buffer, no copies). Default: device for tensorrt, host otherwise.
+    /// (one CPU buffer, no copies). Default: where the backend's engines run (device for
+    /// tensorrt, host for reference).
     #[arg(long, value_enum)]
     pub placement: Option<petite::export::Placement>,
-    /// Keep the engine files under OUT/engines after writing the .pte files.
+    /// reference, tensorrt: keep the engine files under OUT/engines after writing the .pte
+    /// files (default: removed).
     #[arg(long)]
     pub keep_engines: bool,
     /// Sleep this many milliseconds after each engine (testing interruption).
@@ -96,15 +99,6 @@ pub enum StatePrompt {
 /// Runs `petite export`.
 pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     let state_padded = a.state_prompt == StatePrompt::Padded;
-    // The interface, resolved and printed before any work (the export resolves it again).
-    let resolved = petite::bundle::resolve(&a.checkpoint, a.config.as_deref(), state_padded)
-        .with_context(|| format!("export of {}", a.checkpoint.display()))?;
-    if let Some(d) = resolved.describe() {
-        println!("{d}");
-    }
-    for w in resolved.warnings() {
-        eprintln!("warning: {w}");
-    }
     let mut o = ExportOptions::new(&a.checkpoint, a.config.as_deref(), &a.out);
     o.state_padded = state_padded;
     o.backend = a.backend;
@@ -114,17 +108,6 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         trt_target: a.trt_target.clone(),
         weight_streaming_budget: a.weight_streaming_budget,
     };
-    if a.backend != Backend::TensorRt
-        && (a.trtexec.is_some()
-            || a.trt_python.is_some()
-            || a.trt_target.is_some()
-            || a.weight_streaming_budget.is_some())
-    {
-        anyhow::bail!(
-            "--trtexec, --trt-python, --trt-target and --weight-streaming-budget apply to --backend tensorrt only (got --backend {})",
-            a.backend.name()
-        );
-    }
     o.engine_cap = a.engine_cap;
     o.memory_budget = a.memory_budget;
     o.precision = a.dtype.into();
@@ -134,9 +117,21 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     o.pause_after_engine = a
         .pause_after_engine_ms
         .map(std::time::Duration::from_millis);
+    // A --dtype or flag that does not apply to the backend: one line, before anything is read.
+    o.check()?;
+    // The interface, resolved and printed before any work (the export resolves it again).
+    let resolved = petite::bundle::resolve(&a.checkpoint, a.config.as_deref(), state_padded)
+        .with_context(|| format!("export of {}", a.checkpoint.display()))?;
+    if let Some(d) = resolved.describe() {
+        println!("{d}");
+    }
+    for w in resolved.warnings() {
+        eprintln!("warning: {w}");
+    }
     let r = export(&o).with_context(|| format!("export of {}", a.checkpoint.display()))?;
     print!("{}", r.table);
-    if a.backend == Backend::Onnx {
+    let output = a.backend.spec().output();
+    if output == Output::Onnx {
         let o = &r.report_json["onnx"];
         println!(
             "onnx: wrote {} ({} B protobuf, opset {}, {} initializers, {} B of weights in {}; report: {})",
@@ -150,7 +145,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    if a.backend == Backend::Portable {
+    if output == Output::Portable {
         let m =
             |p: &str| r.report_json["programs"][p]["methods"][0]["plan"]["planned_bytes"].clone();
         println!(

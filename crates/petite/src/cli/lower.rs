@@ -30,6 +30,8 @@ pub struct LowerArgs {
     #[arg(long, value_enum)]
     program: Which,
     /// Numeric mode (weights and activations in that dtype; portable kernels compute in it).
+    /// Default f32: `lower` checks one program against the f32 reference (`petite export
+    /// --backend portable` is the deployable path, and defaults to bf16).
     #[arg(long, value_enum, default_value = "f32", alias = "precision")]
     dtype: super::PrecisionArg,
     /// Output `.pte` (a `.pte.json` description is written next to it).

@@ -10,7 +10,10 @@ pub mod plan;
 pub mod verify;
 
 /// The numeric mode of the pi0.5 programs, as every command spells it (`--dtype`); `convert`
-/// has its own set (storage dtypes bf16/f16, not program modes).
+/// has its own set (storage dtypes bf16/f16, not program modes). The one rule for its default,
+/// stated in each command's `--help`: commands that make what is deployed (`export`, `plan`)
+/// default to bf16, lerobot's deployed mode; commands that compute or check against the
+/// reference (`pi05 run`, `lower`) default to f32, the parity mode.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrecisionArg {
     /// lerobot's bfloat16 mode (bf16 weights and matmuls; what lerobot keeps f32 stays f32).

@@ -103,7 +103,9 @@ pub struct RunArgs {
     /// Output safetensors holding `actions` f32 [chunk, action_dim].
     #[arg(long)]
     out: std::path::PathBuf,
-    /// Numerics: `f32`, or `bf16` (lerobot's bfloat16 mode).
+    /// Numerics: `f32`, or `bf16` (lerobot's bfloat16 mode). Default f32: this is the
+    /// reference every export is verified against (`petite export` defaults to bf16, the
+    /// deployed mode).
     #[arg(long, value_enum, default_value = "f32")]
     dtype: super::PrecisionArg,
     /// Where to run: `cpu` (the reference executor) or `cuda` (GPU 0 through petite-cuda:

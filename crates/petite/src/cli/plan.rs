@@ -47,7 +47,8 @@ pub struct PlanArgs {
     /// Crossing bytes one more engine is worth (trades engine count for cheap cuts).
     #[arg(long, default_value_t = DEFAULT_ENGINE_OVERHEAD, value_parser = parse_size)]
     pub engine_overhead: u64,
-    /// Numeric mode.
+    /// Numeric mode: bf16 or f32. Default bf16, as `petite export`'s: a plan shows what an
+    /// export of the same settings builds.
     #[arg(long, value_enum, default_value = "bf16", alias = "precision")]
     pub dtype: super::PrecisionArg,
     /// Prefix only: largest row shard of the token embedding (a larger table is read as row

@@ -9,9 +9,10 @@ use petite::verify::{VerifyOptions, verify};
 /// Arguments of `petite verify`.
 #[derive(Args, Debug)]
 pub struct VerifyArgs {
-    /// Directory holding prefix.pte and step.pte, or pi05.onnx (`--backend onnx`).
-    #[arg(long)]
-    pub pte_dir: PathBuf,
+    /// The export directory: prefix.pte and step.pte (engine and portable exports) or
+    /// pi05.onnx (`--backend onnx`). `--pte-dir` is the former name, still accepted.
+    #[arg(long, alias = "pte-dir")]
+    pub dir: PathBuf,
     /// The original checkpoint (for the f32 reference).
     #[arg(long)]
     pub checkpoint: PathBuf,
@@ -29,6 +30,7 @@ pub struct VerifyArgs {
     /// $PETITE_PYTHON, else the workspace's target/venv-pte built by `cargo xtask conformance`);
     /// for an ONNX export (`--backend onnx`: pi05.onnx, no .pte) a Python with onnxruntime and
     /// numpy, which runs it in ONNX Runtime (default: $PETITE_ORT_PYTHON, else target/venv-ort).
+    /// Refused for an engine export, whose engines run here.
     #[arg(long)]
     pub python: Option<PathBuf>,
     /// Fail (exit 1) when the max abs action error exceeds this. Default: by the export's dtype
@@ -48,7 +50,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     // One line, before anything is read.
     petite::runtimes::check_device(a.device)?;
     let r = verify(&VerifyOptions {
-        pte_dir: a.pte_dir.clone(),
+        dir: a.dir.clone(),
         checkpoint: a.checkpoint,
         config: a.config,
         inputs: a.inputs,
@@ -57,8 +59,8 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         max_error: a.max_error,
         device: a.device,
     })
-    .with_context(|| format!("verify of {}", a.pte_dir.display()))?;
-    let report = a.pte_dir.join(petite::layout::REPORT);
+    .with_context(|| format!("verify of {}", a.dir.display()))?;
+    let report = a.dir.join(petite::layout::REPORT);
     println!(
         "max abs action error: {:e} (bound {:e}: {}; max |reference action| {:.3}; {})",
         r.max_abs_error,

@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use petite_engine::{BuildOptions, BuiltEngine, EngineBuilder, EngineReport, WeightBytes};
 use petite_graph::{Program, ValueId};
 use petite_partition::{PartitionOptions, Plan};
-use petite_pi05::Precision;
 use petite_pte::model::{DeviceType, ScalarType};
 use petite_pte::{DelegateSpec, MethodBuilder, Processed, ProgramBuilder, SegmentData};
 use sha2::{Digest, Sha256};
@@ -18,7 +17,7 @@ use super::{
     CONVERT_BYTES, DEFAULT_ENGINE_CAP, ENGINE_ALIGNMENT, ExportOptions, Loaded, METHOD, Placement,
     SaveTargets, Saved, Stages, TABLE_METHOD, Table, bar, interrupted, timestep_values,
 };
-use crate::engines::{self, Backend};
+use crate::engines;
 use crate::memory::human;
 use crate::report::{
     BackendPart, EngineCounts, EnginePart, EngineProgram, EnginePrograms, EngineRecord,
@@ -57,13 +56,8 @@ impl<'l> EngineStages<'l> {
     /// The load stage's backend part: the builder found and probed, the budget and cap, the
     /// plans, and every check that can refuse before a file is written.
     pub(super) fn plan(l: &'l Loaded, opts: &'l ExportOptions) -> Result<Self> {
-        if opts.backend == Backend::TensorRt && opts.precision != Precision::Bf16 {
-            return Err(Error::Usage(
-                "--backend tensorrt exports bf16 programs only (lerobot's bf16 mode); use --dtype bf16"
-                    .into(),
-            ));
-        }
-        // Finds and probes the backend's tool: a missing builder is refused before any work.
+        // The backend's dtypes and flags were checked by `ExportOptions::check`. Finds and
+        // probes the backend's tool: a missing builder is refused before any work.
         let builder = opts.backend.builder(&opts.backend_options)?;
         let device = match (opts.placement, builder.device()) {
             (Some(Placement::Host), _) | (None, None) => None,
@@ -76,20 +70,11 @@ impl<'l> EngineStages<'l> {
             }
         };
         let memory = builder.memory();
-        // On an integrated GPU (Jetson) the export shares the device's one memory pool: with no
-        // cap or budget given, the budget is what is available now.
+        // With no cap or budget given, the backend's default budget (TensorRT on an integrated
+        // GPU, e.g. a Jetson, which shares one memory pool with the export: what is available).
         let mut memory_budget = opts.memory_budget;
-        if opts.backend == Backend::TensorRt && opts.engine_cap.is_none() && memory_budget.is_none()
-        {
-            let gpu = petite_engine::gpu::probe();
-            if let Some(b) = petite_engine::gpu::default_memory_budget(gpu.as_ref()) {
-                eprintln!(
-                    "petite: integrated GPU ({}): memory budget {} (MemAvailable); pass --memory-budget or --engine-cap to choose",
-                    gpu.map(|g| g.name).unwrap_or_default(),
-                    human(b)
-                );
-                memory_budget = Some(b);
-            }
+        if opts.engine_cap.is_none() && memory_budget.is_none() {
+            memory_budget = opts.backend.spec().default_memory_budget();
         }
         let base = l.base;
         let engine_cap = match (opts.engine_cap, memory_budget) {
@@ -420,10 +405,7 @@ impl Stages for EngineStages<'_> {
         Saved {
             cfg: None,
             runner: None,
-            part: match self.opts.backend {
-                Backend::TensorRt => BackendPart::TensorRt(part),
-                _ => BackendPart::Reference(part),
-            },
+            part: BackendPart::Engines(part),
             written: Written {
                 weight_bytes,
                 mapping: if mapping_reused { 0 } else { mapping_bytes },

@@ -42,7 +42,7 @@ use petite_reference::Executor;
 use petite_weights::{MappedSafetensors, WeightSource};
 use sha2::{Digest, Sha256};
 
-use crate::engines::{Backend, BackendOptions};
+use crate::backends::{Backend, BackendOptions, Flag, Output};
 use crate::guard::{self, OutputDir, Watch};
 use crate::layout;
 pub use crate::layout::spec_path;
@@ -121,7 +121,7 @@ impl ExportOptions {
             checkpoint: checkpoint.to_path_buf(),
             config: config.map(Path::to_path_buf),
             out: out.to_path_buf(),
-            backend: Backend::Reference,
+            backend: Backend::DEFAULT,
             backend_options: BackendOptions::default(),
             engine_cap: None,
             memory_budget: None,
@@ -133,6 +133,38 @@ impl ExportOptions {
             placement: None,
             state_padded: false,
         }
+    }
+
+    /// The backend-specific flags these options set, each as the command line spells it.
+    pub fn flags(&self) -> Vec<(Flag, String)> {
+        let mut used = Vec::new();
+        if self.engine_cap.is_some() {
+            used.push((Flag::EngineCap, Flag::EngineCap.name().to_string()));
+        }
+        if self.keep_engines {
+            used.push((Flag::KeepEngines, Flag::KeepEngines.name().to_string()));
+        }
+        if let Some(p) = self.placement {
+            let v = match p {
+                Placement::Host => "host",
+                Placement::Device => "device",
+            };
+            used.push((Flag::Placement, format!("--placement {v}")));
+        }
+        used.extend(
+            self.backend_options
+                .flags()
+                .into_iter()
+                .map(|f| (f, f.name().to_string())),
+        );
+        used
+    }
+
+    /// Refuses, in one line, a `--dtype` the backend does not export and any flag that does
+    /// not apply to it ([`Backend::check`], the one rule). [`export`] runs it first; the
+    /// command line runs it before anything is read.
+    pub fn check(&self) -> Result<()> {
+        self.backend.check(self.precision, &self.flags())
     }
 }
 
@@ -277,6 +309,7 @@ fn report(
         checkpoint,
         config: opts.config.as_ref().map(|p| p.display().to_string()),
         dtype: dtype_name(opts.precision).into(),
+        backend: opts.backend.name().into(),
         part: saved.part.clone(),
         stages,
         totals,
@@ -315,7 +348,7 @@ impl SaveTargets {
             wopts: WriteOptions::default(),
             prefix_pte: opts.out.join(layout::PREFIX_PTE),
             step_pte: opts.out.join(layout::STEP_PTE),
-            ptes: opts.backend != Backend::Onnx,
+            ptes: opts.backend.spec().output() != Output::Onnx,
             extra: Default::default(),
             export_id,
         }
@@ -535,16 +568,15 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     if opts.handle_ctrl_c {
         install_sigint();
     }
+    opts.check()?;
     let rec = Recorder::start(Duration::from_millis(10));
 
     let st = rec.begin("load");
     let loaded = load(opts)?;
-    let mut stages: Box<dyn Stages + '_> = match opts.backend {
-        Backend::Portable => Box::new(portable::PortableStages::plan(&loaded, opts)?),
-        Backend::Onnx => Box::new(onnx::OnnxStages::plan(&loaded, opts)?),
-        Backend::Reference | Backend::TensorRt => {
-            Box::new(engine::EngineStages::plan(&loaded, opts)?)
-        }
+    let mut stages: Box<dyn Stages + '_> = match opts.backend.spec().output() {
+        Output::Portable => Box::new(portable::PortableStages::plan(&loaded, opts)?),
+        Output::Onnx => Box::new(onnx::OnnxStages::plan(&loaded, opts)?),
+        Output::Engines => Box::new(engine::EngineStages::plan(&loaded, opts)?),
     };
     // One writer per output directory, taken before the first write (guard).
     let _out = OutputDir::claim(&opts.out)?;

@@ -166,22 +166,6 @@ impl<'l> OnnxStages<'l> {
     /// policy (with a zero table) so an op or weight the encoder refuses is named before any
     /// file is written.
     pub(super) fn plan(l: &'l Loaded, opts: &'l ExportOptions) -> Result<Self> {
-        if opts.engine_cap.is_some() {
-            return Err(Error::Usage(
-                "--engine-cap does not apply to --backend onnx (it writes one model, no engines)"
-                    .into(),
-            ));
-        }
-        if let Some(p) = opts.placement {
-            return Err(Error::Usage(format!(
-                "--placement {}: --backend onnx writes no .pte, so there are no delegate values \
-                 to place (the runtime that runs pi05.onnx places its own); drop --placement",
-                match p {
-                    super::Placement::Host => "host",
-                    super::Placement::Device => "device",
-                }
-            )));
-        }
         let need = l.base + CONVERT_BYTES;
         if let Some(b) = opts.memory_budget
             && need > b

@@ -61,16 +61,6 @@ impl<'l> PortableStages<'l> {
                 human(need)
             )));
         }
-        if opts.engine_cap.is_some() {
-            return Err(Error::Usage(
-                "--engine-cap does not apply to --backend portable (it builds no engines)".into(),
-            ));
-        }
-        if opts.placement == Some(super::Placement::Device) {
-            return Err(Error::Usage(
-                "--placement device: --backend portable runs every op as a CPU kernel, so there is no device to place values on; use --backend tensorrt, or drop --placement".into(),
-            ));
-        }
         let lower = |what: &str, p: &Program| {
             petite_portable::lower(p).map_err(|e| {
                 Error::Usage(format!(

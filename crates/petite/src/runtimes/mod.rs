@@ -1,14 +1,16 @@
 //! The one registration point for engine runtimes: which delegate backend runs on which device,
-//! and how its engines are opened from a `.pte` segment. `petite verify` asks [`runtime`] for
-//! the delegate's backend id and the `--device` given; a new runtime is its module plus one
-//! line in [`RUNTIMES`].
+//! and how its engines are opened from a `.pte` segment. `petite verify` and `petite act` ask
+//! [`runtime`] for each delegate's backend id and the `--device` given, and pass values as
+//! [`HostTensor`](petite_engine::HostTensor)s. A new runtime is its module here (a
+//! [`Runtime`] whose engines implement [`EngineRuntime`]), its `mod` line and one line in
+//! [`RUNTIMES`].
 
-use std::collections::BTreeMap;
+mod cpu_reference;
+mod cuda_reference;
+
 use std::path::Path;
 
-use petite_engine::reference::ReferenceEngine;
-use petite_engine::{EngineRuntime, IoBinding};
-use petite_reference::Tensor;
+use petite_engine::EngineRuntime;
 
 use crate::engines::REFERENCE_ID;
 use crate::{Error, Result};
@@ -71,10 +73,8 @@ type Make = fn() -> Result<Box<dyn Runtime>>;
 
 /// Every runtime: (delegate backend id, device, constructor). One line a runtime.
 pub const RUNTIMES: &[(&str, Device, Make)] = &[
-    (REFERENCE_ID, Device::Cpu, || Ok(Box::new(CpuReference))),
-    (REFERENCE_ID, Device::Cuda, || {
-        Ok(Box::new(CudaReference(open_cuda()?)))
-    }),
+    (REFERENCE_ID, Device::Cpu, cpu_reference::make),
+    (REFERENCE_ID, Device::Cuda, cuda_reference::make),
 ];
 
 /// The runtime for `backend_id` engines on `device`; an error naming what runs where when none
@@ -96,85 +96,6 @@ pub fn runtime(backend_id: &str, device: Device) -> Result<Box<dyn Runtime>> {
                 known.join(", ")
             )))
         }
-    }
-}
-
-/// Reference engines on the CPU: mapped in place from the `.pte`, run by petite-reference.
-struct CpuReference;
-
-impl Runtime for CpuReference {
-    fn device(&self) -> Device {
-        Device::Cpu
-    }
-    fn describe(&self) -> String {
-        "petite reference engines".into()
-    }
-    fn open<'s>(
-        &'s self,
-        path: &Path,
-        offset: u64,
-        len: u64,
-        release: bool,
-    ) -> Result<Box<dyn EngineRuntime + 's>> {
-        let e = ReferenceEngine::open_region(path, offset, len)?;
-        Ok(Box::new(e.releasing_weights(release)))
-    }
-}
-
-/// Reference engines on the GPU: the engine's subgraph, its weights uploaded once from the
-/// mapped `.pte` (the mapping is dropped once they are on the device), run by petite-cuda.
-struct CudaReference(petite_cuda::Device);
-
-struct CudaEngine<'d> {
-    program: petite_cuda::DeviceProgram<'d>,
-    inputs: Vec<IoBinding>,
-    outputs: Vec<IoBinding>,
-}
-
-impl Runtime for CudaReference {
-    fn device(&self) -> Device {
-        Device::Cuda
-    }
-    fn describe(&self) -> String {
-        let i = self.0.info();
-        format!(
-            "petite reference engines on CUDA (petite-cuda; {}, compute capability {}.{})",
-            i.name, i.compute_capability.0, i.compute_capability.1
-        )
-    }
-    fn open<'s>(
-        &'s self,
-        path: &Path,
-        offset: u64,
-        len: u64,
-        _release: bool,
-    ) -> Result<Box<dyn EngineRuntime + 's>> {
-        let e = ReferenceEngine::open_region(path, offset, len)?;
-        let program = petite_cuda::DeviceProgram::load(&self.0, e.program(), e.file(), true)
-            .map_err(|err| Error::Usage(format!("{}: {err}", path.display())))?;
-        let (inputs, outputs) = petite_engine::bindings(e.program());
-        Ok(Box::new(CudaEngine {
-            program,
-            inputs,
-            outputs,
-        }))
-    }
-}
-
-impl EngineRuntime for CudaEngine<'_> {
-    fn inputs(&self) -> &[IoBinding] {
-        &self.inputs
-    }
-    fn outputs(&self) -> &[IoBinding] {
-        &self.outputs
-    }
-    fn run(
-        &self,
-        inputs: BTreeMap<String, Tensor>,
-    ) -> petite_engine::Result<BTreeMap<String, Tensor>> {
-        self.program
-            .run(inputs)
-            .map_err(|e| petite_engine::Error::Usage(format!("petite-cuda: {e}")))
     }
 }
 
