@@ -143,40 +143,91 @@ fn device_info() -> Result<DeviceInfo> {
     })
 }
 
-/// The compiled module per architecture (`compute_90`), kept for the process: NVRTC runs once.
-fn ptx_for(arch: &str) -> Result<(Ptx, f64)> {
-    compile_cached(arch, &module_source(), "petite_kernels.cu")
+/// The kernels module for compute capability `cc`, kept for the process: NVRTC runs once.
+fn ptx_for(cc: (i32, i32)) -> Result<(Ptx, f64)> {
+    compile_cached(cc, &module_source(), "petite_kernels.cu")
 }
 
-/// Compiles `source` for `arch` with petite's arithmetic options, once per process per source
-/// (reference engines of one shape share their fused kernels).
-fn compile_cached(arch: &str, source: &str, name: &str) -> Result<(Ptx, f64)> {
-    static CACHE: OnceLock<Mutex<HashMap<(String, String), Ptx>>> = OnceLock::new();
+/// Compiles `source` for the device of compute capability `cc` with petite's arithmetic
+/// options, once per process per source (reference engines of one shape share their fused
+/// kernels). Machine code (CUBIN for `sm_XY`) when NVRTC knows the architecture, so the driver
+/// has nothing to JIT at load (a first-run cost of seconds for many fused modules); else PTX
+/// for `compute_XY`, which the driver compiles.
+fn compile_cached(cc: (i32, i32), source: &str, name: &str) -> Result<(Ptx, f64)> {
+    /// Compiled images by (compute capability, source).
+    type Images = HashMap<((i32, i32), String), Ptx>;
+    static CACHE: OnceLock<Mutex<Images>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let key = (arch.to_string(), source.to_string());
+    let key = (cc, source.to_string());
     if let Some(p) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok((p.clone(), 0.0));
     }
     let t0 = std::time::Instant::now();
-    let arch_static: &'static str = Box::leak(arch.to_string().into_boxed_str());
-    let opts = CompileOptions {
-        // Exact f32 division and square root, no flush to zero, no contraction into FMAs: the
-        // reference executor's arithmetic, op for op.
-        ftz: Some(false),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        fmad: Some(false),
-        arch: Some(arch_static),
-        name: Some(name.into()),
-        ..Default::default()
+    let image = match compile_cubin(cc, source, name) {
+        Ok(bin) => Ptx::from_binary(bin),
+        Err(_) => {
+            let arch: &'static str =
+                Box::leak(format!("compute_{}{}", cc.0, cc.1).into_boxed_str());
+            let opts = CompileOptions {
+                // Exact f32 division and square root, no flush to zero, no contraction into
+                // FMAs: the reference executor's arithmetic, op for op.
+                ftz: Some(false),
+                prec_div: Some(true),
+                prec_sqrt: Some(true),
+                fmad: Some(false),
+                arch: Some(arch),
+                name: Some(name.into()),
+                ..Default::default()
+            };
+            cudarc::nvrtc::compile_ptx_with_opts(source, opts)
+                .map_err(|e| Error::Compile(e.to_string()))?
+        }
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
-        .map_err(|e| Error::Compile(e.to_string()))?;
     cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(key, ptx.clone());
-    Ok((ptx, t0.elapsed().as_secs_f64()))
+        .insert(key, image.clone());
+    Ok((image, t0.elapsed().as_secs_f64()))
+}
+
+/// NVRTC straight to machine code for `sm_XY` (the same options as the PTX path).
+fn compile_cubin(cc: (i32, i32), source: &str, name: &str) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    let src = std::ffi::CString::new(source).map_err(|e| Error::Compile(e.to_string()))?;
+    let nm = std::ffi::CString::new(name).map_err(|e| Error::Compile(e.to_string()))?;
+    let prog =
+        result::create_program(&src, Some(&nm)).map_err(|e| Error::Compile(e.to_string()))?;
+    let opts = vec![
+        "--ftz=false".to_string(),
+        "--prec-div=true".to_string(),
+        "--prec-sqrt=true".to_string(),
+        "--fmad=false".to_string(),
+        format!("--gpu-architecture=sm_{}{}", cc.0, cc.1),
+    ];
+    // SAFETY: `prog` is a live program created above and destroyed once below; the size
+    // query precedes a buffer of that size.
+    let out = unsafe {
+        let r = result::compile_program(prog, &opts)
+            .map_err(|e| Error::Compile(e.to_string()))
+            .and_then(|()| {
+                let mut n: usize = 0;
+                sys::nvrtcGetCUBINSize(prog, &mut n)
+                    .result()
+                    .map_err(|e| Error::Compile(format!("CUBIN size: {e}")))?;
+                let mut buf = vec![0u8; n];
+                sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast())
+                    .result()
+                    .map_err(|e| Error::Compile(format!("CUBIN: {e}")))?;
+                Ok(buf)
+            });
+        let _ = result::destroy_program(prog);
+        r
+    };
+    match out {
+        Ok(b) if !b.is_empty() => Ok(b),
+        Ok(_) => Err(Error::Compile("empty CUBIN".into())),
+        Err(e) => Err(e),
+    }
 }
 
 /// A value on the device: a byte buffer shared by the values that alias it (reshapes), its
@@ -307,8 +358,7 @@ impl Device {
             .result()
             .map_err(blas("set workspace"))?;
         }
-        let (maj, min) = info.compute_capability;
-        let (ptx, compile_seconds) = ptx_for(&format!("compute_{maj}{min}"))?;
+        let (ptx, compile_seconds) = ptx_for(info.compute_capability)?;
         let module = ctx
             .load_module(ptx)
             .map_err(driver("load the kernels' PTX"))?;
@@ -514,9 +564,7 @@ impl Device {
         source: &str,
         names: &[String],
     ) -> Result<(Vec<CudaFunction>, f64)> {
-        let (maj, min) = self.info.compute_capability;
-        let (ptx, secs) =
-            compile_cached(&format!("compute_{maj}{min}"), source, "petite_fused.cu")?;
+        let (ptx, secs) = compile_cached(self.info.compute_capability, source, "petite_fused.cu")?;
         let module = self
             .ctx
             .load_module(ptx)
