@@ -264,6 +264,17 @@ impl DevTensor {
         self.numel() * self.dtype.size()
     }
     /// The same bytes with another shape of as many elements.
+    /// The `shape` value starting `byte_off` bytes into this one's buffer (a part of a
+    /// batched weight or GEMM output).
+    pub(crate) fn view(&self, byte_off: usize, shape: &[usize]) -> DevTensor {
+        DevTensor {
+            buf: self.buf.clone(),
+            off: self.off + byte_off,
+            dtype: self.dtype,
+            shape: shape.to_vec(),
+        }
+    }
+
     pub(crate) fn reshaped(&self, shape: &[usize]) -> DevTensor {
         DevTensor {
             buf: self.buf.clone(),
@@ -498,6 +509,29 @@ impl Device {
             dtype,
             shape: shape.to_vec(),
         })
+    }
+
+    /// Copies little-endian element bytes into `dst` (a value or a part of one; waits for the
+    /// copy).
+    pub(crate) fn upload_into(&self, dst: &DevTensor, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != dst.bytes() {
+            return Err(Error::Plan(format!(
+                "{} bytes for {}{:?}",
+                bytes.len(),
+                dst.dtype().name(),
+                dst.shape()
+            )));
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `dst` lies inside a live buffer of this device (its offset and size were
+        // checked when the view was made); the host slice outlives the synchronous wait below.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(self.ptr(dst), bytes, self.stream.cu_stream())
+        }
+        .map_err(driver("copy to the device"))?;
+        self.synchronize()
     }
 
     /// Copies little-endian element bytes to a new device value (waits for the copy).

@@ -1,7 +1,7 @@
 //! [`DeviceProgram`]: one petite-graph program with its weights on the device, run node by node
 //! on the device's stream.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use cudarc::driver::PushKernelArg;
 use petite_graph::{Dtype, NodeId, Op, Program, ReduceOp, ShapeDisplay, TensorType, ValueType};
@@ -9,7 +9,7 @@ use petite_reference::Tensor;
 use petite_weights::WeightSource;
 
 use crate::device::{DevTensor, Device};
-use crate::fuse::{Fusion, Role};
+use crate::fuse::{Fusion, Role, Siblings};
 use crate::plan::{
     ConvParams, EwParams, Gemm, MatOperand, NormParams, Operand, RopeParams, SoftmaxParams,
     attention_gemms, contiguous_strides,
@@ -37,6 +37,12 @@ pub struct DeviceProgram<'d> {
     reads: Vec<Vec<NodeId>>,
     /// Seconds NVRTC spent on the fused kernels (0 when cached).
     fuse_compile_seconds: f64,
+    /// Linears whose GEMMs run as one strided batch ([`crate::fuse::siblings`]).
+    siblings: Vec<Siblings>,
+    /// Linear → its sibling group.
+    sibling_of: HashMap<NodeId, usize>,
+    /// Each sibling group's weights `[G, N, K]` and biases `[G, N]`, side by side.
+    merged: Vec<(DevTensor, Option<DevTensor>)>,
 }
 
 enum Slot {
@@ -173,6 +179,45 @@ impl<'d> DeviceProgram<'d> {
         };
         let mut sources: Vec<Option<DevTensor>> = vec![None; program.len()];
         let mut weight_bytes = 0u64;
+        let siblings = if fusing() {
+            crate::fuse::siblings(program, &live)
+        } else {
+            Vec::new()
+        };
+        let mut sibling_of = HashMap::new();
+        // Weight or bias node → the part of its group's buffer it is uploaded into.
+        let mut part_of: HashMap<NodeId, DevTensor> = HashMap::new();
+        let mut merged = Vec::with_capacity(siblings.len());
+        for (g, sg) in siblings.iter().enumerate() {
+            let part = |v: NodeId| -> Result<(Dtype, Vec<usize>)> {
+                let t = program
+                    .node(v)
+                    .tensor()
+                    .ok_or_else(|| err("tuple weight"))?;
+                Ok((t.dtype, t.shape.clone()))
+            };
+            let stack =
+                |vs: &[NodeId], part_of: &mut HashMap<NodeId, DevTensor>| -> Result<DevTensor> {
+                    let (dt, shape) = part(vs[0])?;
+                    let mut all = vec![vs.len()];
+                    all.extend_from_slice(&shape);
+                    let buf = dev.alloc(dt, &all)?;
+                    let bytes = shape.iter().product::<usize>() * dt.size();
+                    for (i, &v) in vs.iter().enumerate() {
+                        part_of.insert(v, buf.view(i * bytes, &shape));
+                    }
+                    Ok(buf)
+                };
+            let wm = stack(&sg.weights, &mut part_of)?;
+            let bm = match &sg.biases {
+                Some(bs) => Some(stack(bs, &mut part_of)?),
+                None => None,
+            };
+            merged.push((wm, bm));
+            for &l in &sg.linears {
+                sibling_of.insert(l, g);
+            }
+        }
         for w in program.weights() {
             if !live[w.node.index()] {
                 continue;
@@ -192,7 +237,13 @@ impl<'d> DeviceProgram<'d> {
             })?;
             let data = convert(bytes, stored, w.dtype)
                 .map_err(|e| err(format!("weight {:?}: {e}", w.name)))?;
-            let t = dev.upload_bytes(w.dtype, &w.shape, &data)?;
+            let t = match part_of.remove(&w.node) {
+                Some(dst) => {
+                    dev.upload_into(&dst, &data)?;
+                    dst
+                }
+                None => dev.upload_bytes(w.dtype, &w.shape, &data)?,
+            };
             weight_bytes += t.bytes() as u64;
             sources[w.node.index()] = Some(t);
             if release {
@@ -223,6 +274,9 @@ impl<'d> DeviceProgram<'d> {
             fused,
             reads,
             fuse_compile_seconds,
+            siblings,
+            sibling_of,
+            merged,
         })
     }
 
@@ -326,6 +380,19 @@ impl<'d> DeviceProgram<'d> {
                         .clone()
                         .ok_or_else(|| self.node_err(id, err("source not uploaded")))?;
                     slots[id.index()] = Slot::T(t);
+                }
+                Op::Linear if self.sibling_of.contains_key(&id) => {
+                    // The first of its group computes every sibling's output.
+                    if !matches!(slots[id.index()], Slot::T(_)) {
+                        let g = self.sibling_of[&id];
+                        let outs = self
+                            .run_siblings(g, &slots)
+                            .map_err(|e| self.node_err(id, e))?;
+                        for (l, t) in self.siblings[g].linears.iter().zip(outs) {
+                            slots[l.index()] = Slot::T(t);
+                        }
+                    }
+                    self.check_type(id, &slots[id.index()])?;
                 }
                 _ => {
                     let out = match self.fusion.role[id.index()] {
@@ -645,6 +712,57 @@ impl<'d> DeviceProgram<'d> {
                 }
             }
         }))
+    }
+
+    /// Sibling group `g`'s linears as one strided-batched GEMM over their side-by-side
+    /// weights (the shared input read at batch stride 0), then each part's bias as
+    /// [`DeviceProgram::linear`] adds it; returns each linear's output, a part of one buffer.
+    fn run_siblings(&self, g: usize, slots: &[Slot]) -> Result<Vec<DevTensor>> {
+        let dev = self.dev;
+        let sg = &self.siblings[g];
+        let first = self.program.node(sg.linears[0]);
+        let x = match &slots[first.inputs[0].index()] {
+            Slot::T(t) => t,
+            _ => return Err(err("sibling input is not available")),
+        };
+        let out_ty = first.tensor().ok_or_else(|| err("tuple linear"))?;
+        let (wm, bm) = &self.merged[g];
+        let (parts, n, k) = (wm.shape()[0], wm.shape()[1], wm.shape()[2]);
+        let rows = x.numel() / k.max(1);
+        let dt = out_ty.dtype;
+        let mut all = vec![parts];
+        all.extend_from_slice(&out_ty.shape);
+        let out = dev.alloc(dt, &all)?;
+        let per = rows * n;
+        let gm = Gemm::linear(rows, k, n)?.batched(parts, (n * k) as i64, 0, per as i64)?;
+        let acc = if dt == Dtype::F32 || bm.is_none() {
+            out.clone()
+        } else {
+            dev.alloc(Dtype::F32, &all)?
+        };
+        if k == 0 {
+            dev.memset_zero(&acc)?;
+        } else {
+            dev.gemm(
+                &gm,
+                dev.ptr(wm),
+                dev.ptr(x),
+                x.dtype(),
+                dev.ptr(&acc),
+                acc.dtype(),
+            )?;
+        }
+        let views: Vec<DevTensor> = (0..parts)
+            .map(|i| out.view(i * per * dt.size(), &out_ty.shape))
+            .collect();
+        if let Some(b) = bm {
+            for (i, o) in views.iter().enumerate() {
+                let a = acc.view(i * per * acc.dtype().size(), &out_ty.shape);
+                let bi = b.view(i * n * b.dtype().size(), &[n]);
+                self.bias(&a, Some(&bi), rows, n, o)?;
+            }
+        }
+        Ok(views)
     }
 
     /// One launch of fused group `g`'s kernel, writing root `id`'s value.
