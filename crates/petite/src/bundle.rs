@@ -187,7 +187,7 @@ impl BundleKind {
         if crate::verify::is_onnx(dir) {
             return Ok(BundleKind::Onnx);
         }
-        let pte = PteFile::open(dir.join("prefix.pte"))?;
+        let pte = PteFile::open(dir.join(crate::layout::PREFIX_PTE))?;
         Ok(if crate::verify::is_portable(&pte) {
             BundleKind::Portable
         } else {

@@ -45,7 +45,7 @@ use sha2::{Digest, Sha256};
 use crate::backends::{Backend, BackendOptions, Flag, Output};
 use crate::guard::{self, OutputDir, Watch};
 use crate::layout;
-pub use crate::layout::spec_path;
+use crate::layout::spec_path;
 use crate::memory::{Recorder, StageRecord, status};
 use crate::report::{BackendPart, Report, Totals, Written};
 use crate::{Error, Result};

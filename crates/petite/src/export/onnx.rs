@@ -34,7 +34,7 @@ use crate::memory::human;
 use crate::report::{self, BackendPart, MappingReport, OnnxFiles, OnnxPart};
 use crate::{Error, Result};
 
-pub use crate::layout::{ONNX_DATA as DATA, ONNX_MODEL as MODEL, ONNX_SPEC as SPEC};
+use crate::layout::{ONNX_DATA as DATA, ONNX_MODEL as MODEL, ONNX_SPEC as SPEC};
 /// The graph's name.
 const GRAPH: &str = "pi05";
 

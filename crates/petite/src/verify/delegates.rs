@@ -245,8 +245,8 @@ pub fn run_pte(
     inputs: &Inputs,
     device: Device,
 ) -> Result<PteRun> {
-    let prefix_path = pte_dir.join("prefix.pte");
-    let step_path = pte_dir.join("step.pte");
+    let prefix_path = pte_dir.join(crate::layout::PREFIX_PTE);
+    let step_path = pte_dir.join(crate::layout::STEP_PTE);
     let prefix_pte = PteFile::open(&prefix_path)?;
     let step_pte = PteFile::open(&step_path)?;
     // Identities before the engines are mapped: the actions below came from these files only

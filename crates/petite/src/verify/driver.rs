@@ -40,9 +40,9 @@ pub fn run_onnx(
     python: &Path,
 ) -> Result<(Vec<f32>, serde_json::Value)> {
     check_onnx_spec(dir, cfg)?;
-    let model = dir.join(crate::export::onnx::MODEL);
+    let model = dir.join(crate::layout::ONNX_MODEL);
     // The model's files are the files that ran only if they are the same at the end.
-    let ids: Vec<(PathBuf, FileIdentity)> = [crate::export::onnx::MODEL, crate::export::onnx::DATA]
+    let ids: Vec<(PathBuf, FileIdentity)> = [crate::layout::ONNX_MODEL, crate::layout::ONNX_DATA]
         .iter()
         .map(|n| {
             let p = dir.join(n);
@@ -179,7 +179,10 @@ pub fn run_portable(
     python: &Path,
 ) -> Result<(Vec<f32>, serde_json::Value)> {
     check_specs(pte_dir, cfg)?;
-    let (prefix, step) = (pte_dir.join("prefix.pte"), pte_dir.join("step.pte"));
+    let (prefix, step) = (
+        pte_dir.join(crate::layout::PREFIX_PTE),
+        pte_dir.join(crate::layout::STEP_PTE),
+    );
     DriverRun {
         scripts: &[
             ("run_pi05_portable.py", DRIVER_PY),

@@ -16,7 +16,7 @@ use crate::export::METHOD;
 
 /// Whether `dir` holds an ONNX export (`pi05.onnx`) and no `prefix.pte`.
 pub fn is_onnx(dir: &Path) -> bool {
-    dir.join(crate::export::onnx::MODEL).exists() && !dir.join("prefix.pte").exists()
+    dir.join(crate::layout::ONNX_MODEL).exists() && !dir.join(crate::layout::PREFIX_PTE).exists()
 }
 
 /// Checks `pi05.onnx.json` (the interface `petite export --backend onnx` writes) against `cfg`
@@ -25,8 +25,8 @@ pub fn is_onnx(dir: &Path) -> bool {
 /// `NOT_IMPLEMENTED ... Gemm(13)`), and every input and the output must have the shapes the
 /// config gives, each mismatch one line naming the tensor.
 pub fn check_onnx_spec(dir: &Path, cfg: &Pi05Config) -> Result<()> {
-    let spec_path = dir.join(crate::export::onnx::SPEC);
-    let model = dir.join(crate::export::onnx::MODEL);
+    let spec_path = dir.join(crate::layout::ONNX_SPEC);
+    let model = dir.join(crate::layout::ONNX_MODEL);
     if !spec_path.exists() {
         return Err(bad(
             &spec_path,
