@@ -20,6 +20,7 @@ use std::fmt::Write as _;
 
 use petite_graph::{Dtype, NodeId, Op, Program};
 
+use crate::plan::contiguous_strides;
 use crate::source::{EwOp, fused_prelude};
 use crate::{Error, Result};
 
@@ -83,7 +84,7 @@ pub fn reshape_strides(old: &[usize], st: &[i64], new: &[usize]) -> Option<Vec<i
         return None;
     }
     if numel == 0 || old.is_empty() {
-        return Some(contiguous(new));
+        return Some(contiguous_strides(new));
     }
     let mut out = vec![0i64; new.len()];
     let mut vd = new.len() as isize - 1;
@@ -136,7 +137,7 @@ fn operand_view(
         return None;
     }
     let mut shape = p.node(x).tensor()?.shape.clone();
-    let mut strides = contiguous(&shape);
+    let mut strides = contiguous_strides(&shape);
     for &v in chain.iter().rev() {
         match &p.node(v).op {
             Op::Reshape { shape: to } => {
@@ -460,16 +461,6 @@ fn f32_lit(x: f32) -> String {
     format!("__uint_as_float({:#010x}u)", x.to_bits())
 }
 
-fn contiguous(shape: &[usize]) -> Vec<i64> {
-    let mut st = vec![0i64; shape.len()];
-    let mut acc = 1i64;
-    for d in (0..shape.len()).rev() {
-        st[d] = acc;
-        acc *= shape[d] as i64;
-    }
-    st
-}
-
 /// Coordinates of an input broadcast (numpy, right-aligned) to coordinates `c` of the output.
 fn broadcast(c: &[String], in_shape: &[usize]) -> Vec<String> {
     let off = c.len() - in_shape.len();
@@ -578,7 +569,7 @@ impl Gen<'_> {
                     self.leaves.len() - 1
                 }
             };
-            let st = contiguous(&t.shape);
+            let st = contiguous_strides(&t.shape);
             let mut idx = String::from("0");
             for (d, cd) in c.iter().enumerate() {
                 if cd != "0" && t.shape[d] != 1 {
@@ -741,7 +732,7 @@ impl Gen<'_> {
                     .ok_or_else(|| gen_err(id, p, "tuple input"))?
                     .shape
                     .clone();
-                let ost = contiguous(shape);
+                let ost = contiguous_strides(shape);
                 let mut lin = String::from("0");
                 for (d, cd) in c.iter().enumerate() {
                     if cd != "0" && shape[d] != 1 {
@@ -749,7 +740,7 @@ impl Gen<'_> {
                     }
                 }
                 let l = self.emit("i64", lin);
-                let ist = contiguous(&xs);
+                let ist = contiguous_strides(&xs);
                 let ic: Vec<String> = xs
                     .iter()
                     .enumerate()

@@ -419,23 +419,10 @@ impl Gemm {
         })
     }
 
-    /// Row-major `c[m, n] = a[m, k] · b[k, n]`: column-major `cᵀ = bᵀ · aᵀ`, so cuBLAS's A is
-    /// b and its B is a, neither transposed.
+    /// Row-major `c[m, n] = a[m, k] · b[k, n]` of dense operands: [`matmul_gemm`] of two
+    /// row-major matrices (neither transposed).
     pub fn matmul(m: usize, k: usize, n: usize) -> Result<Self> {
-        Ok(Gemm {
-            trans_a: false,
-            trans_b: false,
-            m: i32_of(n, "n")?,
-            n: i32_of(m, "m")?,
-            k: i32_of(k, "k")?,
-            lda: i32_of(n.max(1), "n")?,
-            ldb: i32_of(k.max(1), "k")?,
-            ldc: i32_of(n.max(1), "n")?,
-            stride_a: 0,
-            stride_b: 0,
-            stride_c: 0,
-            batch: 1,
-        })
+        matmul_gemm(&MatOperand::dense(&[m, k])?, &MatOperand::dense(&[k, n])?)
     }
 
     /// Batched over `batch`, cuBLAS operand strides (A, B, C in cuBLAS's order).

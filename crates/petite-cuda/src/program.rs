@@ -37,6 +37,8 @@ pub struct DeviceProgram<'d> {
     reads: Vec<Vec<NodeId>>,
     /// Seconds NVRTC spent on the fused kernels (0 when cached).
     fuse_compile_seconds: f64,
+    /// Per-node timing ([`profiling`]), read once at load, not every run.
+    profile: bool,
     /// Linears whose GEMMs run as one strided batch ([`crate::fuse::siblings`]).
     siblings: Vec<Siblings>,
     /// Linear → its sibling group.
@@ -274,6 +276,7 @@ impl<'d> DeviceProgram<'d> {
             fused,
             reads,
             fuse_compile_seconds,
+            profile: profiling(),
             siblings,
             sibling_of,
             merged,
@@ -359,7 +362,7 @@ impl<'d> DeviceProgram<'d> {
             None
         };
         let mut remaining = self.uses.clone();
-        let profile = profiling();
+        let profile = self.profile;
         let mut marks: Vec<(NodeId, crate::device::Mark, crate::device::Mark)> = Vec::new();
         for &id in &self.order {
             if !self.live[id.index()]

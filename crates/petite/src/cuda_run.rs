@@ -90,14 +90,9 @@ impl<'d> CudaPolicy<'d> {
         // The step's weights are read every step: the host copy is not needed once uploaded.
         let prefix = DeviceProgram::load(dev, &progs.prefix, weights, false).map_err(cuda)?;
         let step = DeviceProgram::load(dev, &progs.step, weights, false).map_err(cuda)?;
-        let flops = [
-            petite_cuda::plan::program_flops(&progs.prefix),
-            petite_cuda::plan::program_flops(&progs.step),
-        ];
-        let flops_f32 = [
-            petite_cuda::plan::program_flops_by_dtype(&progs.prefix)[1],
-            petite_cuda::plan::program_flops_by_dtype(&progs.step)[1],
-        ];
+        let [[p16, p32], [s16, s32]] =
+            [&progs.prefix, &progs.step].map(petite_cuda::plan::program_flops_by_dtype);
+        let (flops, flops_f32) = ([p16 + p32, s16 + s32], [p32, s32]);
         let mut fixed = BTreeMap::new();
         for &id in &progs.step.inputs {
             let name = progs.step.input_name(id).unwrap_or_default().to_string();
