@@ -704,7 +704,8 @@ fn tensorrt_backend_with_a_stand_in_trtexec() {
         ),
     );
     let out6 = s.0.join("out6");
-    let cap = ["--backend", "tensorrt"];
+    // One build at a time: "after the first engine" is then the second engine.
+    let cap = ["--backend", "tensorrt", "--jobs", "1"];
     let o = export_cmd(&c, &out6, &cap)
         .arg("--trtexec")
         .arg(&flaky)
@@ -815,6 +816,36 @@ fn engines_built_at_once_give_the_bytes_of_a_build_one_at_a_time() {
     );
     assert_eq!(outputs(&out), outputs(&serial));
 
+    // Ctrl-C while two builds run: both finish, nothing is published, "interrupted"; the
+    // re-run reuses what finished.
+    let out = s.0.join("sigint");
+    let child = export_cmd(&c, &out, &["--backend", "tensorrt", "--jobs", "2"])
+        .env("PETITE_TRTEXEC", &fake)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while std::fs::read_dir(out.join("engines")).map_or(true, |rd| {
+        !rd.flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".tr01"))
+    }) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no engine in 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: kill takes no pointers; the pid is our own child's, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("interrupted"), "{err}");
+    assert!(!out.join("prefix.pte").exists() && !out.join("step.pte").exists());
+    ok(trt(&out, &fake, "2"));
+    assert!(report(&out)["engines"]["reused"].as_u64().unwrap() >= 1);
+    assert_eq!(outputs(&out), outputs(&serial));
+
     // 900 MiB holds two builds under the builder's model (336 MiB each at this size), not
     // three: refused before anything is created.
     let refused = s.0.join("refused");
@@ -837,7 +868,7 @@ fn engines_built_at_once_give_the_bytes_of_a_build_one_at_a_time() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     let line = common::error_line(&err);
     assert!(
-        line.starts_with("petite: error: --jobs 3: memory budget 900.0 MiB fits 2 builds at once")
+        line.contains("(--jobs 3: memory budget 900.0 MiB fits 2 builds at once")
             && line.contains("pass --jobs 2 or less"),
         "{line}"
     );

@@ -116,13 +116,11 @@ impl<'l> EngineStages<'l> {
                     .map(|e| WeightBytes::of_engine(program, e)),
             );
         }
-        // The costliest engine to build under the backend's memory model (by dtype mix).
-        let engine_need = all_engines
-            .iter()
-            .map(|&w| memory.bytes(w))
-            .max()
-            .unwrap_or(0);
-        let build_need = engine_need.max(CONVERT_BYTES);
+        // What each build costs under the backend's memory model (by dtype mix), costliest
+        // first.
+        let mut needs: Vec<u64> = all_engines.iter().map(|&w| memory.bytes(w)).collect();
+        needs.sort_unstable_by(|a, b| b.cmp(a));
+        let build_need = needs.first().copied().unwrap_or(0).max(CONVERT_BYTES);
         let need = base + build_need;
         if let Some(b) = memory_budget
             && need > b
@@ -154,8 +152,6 @@ impl<'l> EngineStages<'l> {
             1
         };
         // The export's peak: the conversion, or the `jobs` costliest builds at once.
-        let mut needs: Vec<u64> = all_engines.iter().map(|&w| memory.bytes(w)).collect();
-        needs.sort_unstable_by(|a, b| b.cmp(a));
         let need = base + CONVERT_BYTES.max(needs.iter().take(jobs).sum());
         let all_programs = [&progs.timestep_table, &progs.prefix, &progs.step];
         let selection = mapping::selection(&all_programs, builder.as_ref())?;
