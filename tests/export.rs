@@ -704,7 +704,8 @@ fn tensorrt_backend_with_a_stand_in_trtexec() {
         ),
     );
     let out6 = s.0.join("out6");
-    let cap = ["--backend", "tensorrt"];
+    // One build at a time: "after the first engine" is then the second engine.
+    let cap = ["--backend", "tensorrt", "--jobs", "1"];
     let o = export_cmd(&c, &out6, &cap)
         .arg("--trtexec")
         .arg(&flaky)
@@ -729,6 +730,149 @@ fn tensorrt_backend_with_a_stand_in_trtexec() {
         "{}",
         r6["engines"]
     );
+}
+
+/// `--jobs`: engines built at once (a stand-in `trtexec` whose plan is the engine's ONNX model,
+/// the first engine slowest, so builds overlap and finish out of order) give the engines and
+/// `.pte` bytes of a build one at a time, in plan order; the report says how many ran at once.
+/// A build that fails stops the others (those running finish and are kept): the error names
+/// its engine, and the re-run reuses what finished. A `--jobs` above what `--memory-budget`
+/// fits is refused in one line before any work.
+#[test]
+fn engines_built_at_once_give_the_bytes_of_a_build_one_at_a_time() {
+    let s = Scratch::new("jobs");
+    let c = case("three_cams_masked_gqa");
+    let parse = "for a in \"$@\"; do case \"$a\" in --saveEngine=*) out=\"${a#--saveEngine=}\";; \
+                 --onnx=*) onnx=\"${a#--onnx=}\";; esac; done\n";
+    let fake = stand_in(
+        &s.0.join("trtexec"),
+        &format!(
+            "{parse}case \"$onnx\" in *_000_*) sleep 0.5;; *) sleep 0.1;; esac\ncat \"$onnx\" > \"$out\""
+        ),
+    );
+    let trt = |out: &Path, trtexec: &Path, jobs: &str| {
+        export_cmd(&c, out, &["--backend", "tensorrt", "--jobs", jobs])
+            .env("PETITE_TRTEXEC", trtexec)
+            .output()
+            .unwrap()
+    };
+    let serial = s.0.join("serial");
+    ok(trt(&serial, &fake, "1"));
+    let rs = report(&serial);
+    assert_eq!(
+        (&rs["jobs"], &rs["max_concurrent_builds"]),
+        (&1.into(), &1.into())
+    );
+    let parallel = s.0.join("parallel");
+    let o = ok(trt(&parallel, &fake, "3"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("petite: building up to 3 engines at once (--jobs 3"),
+        "{err}"
+    );
+    assert_eq!(outputs(&serial), outputs(&parallel));
+    let rp = report(&parallel);
+    assert_eq!(rp["jobs"], 3);
+    assert!(rp["max_concurrent_builds"].as_u64().unwrap() >= 2, "{rp:#}");
+    for p in ["prefix", "step"] {
+        let names = |r: &serde_json::Value| -> Vec<serde_json::Value> {
+            let e = r["programs"][p]["engines"].as_array().unwrap();
+            e.iter().map(|e| e["name"].clone()).collect()
+        };
+        assert_eq!(names(&rs), names(&rp), "{p}: same engines, same order");
+    }
+    assert!(
+        rp["programs"]["prefix"]["engines"]
+            .as_array()
+            .unwrap()
+            .len()
+            >= 3
+    );
+
+    // The second engine's build fails while the first (slow) one runs: the export names the
+    // failed engine, publishes nothing, and keeps the first; the re-run reuses it.
+    let bad = stand_in(
+        &s.0.join("bad"),
+        &format!(
+            "{parse}case \"$onnx\" in *prefix_001_*) exit 7;; esac\nexec {} \"$@\"",
+            fake.display()
+        ),
+    );
+    let out = s.0.join("failed");
+    let o = trt(&out, &bad, "2");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("engine 1 (prefix_001_") && err.contains("trtexec exited with status 7"),
+        "{err}"
+    );
+    assert!(!out.join("prefix.pte").exists() && !out.join("step.pte").exists());
+    ok(trt(&out, &fake, "2"));
+    let r = report(&out);
+    assert!(
+        r["engines"]["reused"].as_u64().unwrap() >= 1,
+        "{}",
+        r["engines"]
+    );
+    assert_eq!(outputs(&out), outputs(&serial));
+
+    // Ctrl-C while two builds run: both finish, nothing is published, "interrupted"; the
+    // re-run reuses what finished.
+    let out = s.0.join("sigint");
+    let child = export_cmd(&c, &out, &["--backend", "tensorrt", "--jobs", "2"])
+        .env("PETITE_TRTEXEC", &fake)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while std::fs::read_dir(out.join("engines")).map_or(true, |rd| {
+        !rd.flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".tr01"))
+    }) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no engine in 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: kill takes no pointers; the pid is our own child's, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("interrupted"), "{err}");
+    assert!(!out.join("prefix.pte").exists() && !out.join("step.pte").exists());
+    ok(trt(&out, &fake, "2"));
+    assert!(report(&out)["engines"]["reused"].as_u64().unwrap() >= 1);
+    assert_eq!(outputs(&out), outputs(&serial));
+
+    // 900 MiB holds two builds under the builder's model (336 MiB each at this size), not
+    // three: refused before anything is created.
+    let refused = s.0.join("refused");
+    let o = export_cmd(
+        &c,
+        &refused,
+        &[
+            "--backend",
+            "tensorrt",
+            "--memory-budget",
+            "900MiB",
+            "--jobs",
+            "3",
+        ],
+    )
+    .env("PETITE_TRTEXEC", &fake)
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let line = common::error_line(&err);
+    assert!(
+        line.contains("(--jobs 3: memory budget 900.0 MiB fits 2 builds at once")
+            && line.contains("pass --jobs 2 or less"),
+        "{line}"
+    );
+    assert!(!refused.exists());
 }
 
 /// `--weight-streaming-budget` with a stand-in `trtexec`: every engine is built with
@@ -945,6 +1089,7 @@ fn inapplicable_flags_are_refused_in_one_line_before_any_work() {
         &["--trt-python", "/nonexistent/python"],
         &["--trt-target", "sm86"],
         &["--weight-streaming-budget", "64MiB"],
+        &["--jobs", "2"],
     ];
     let engines: &[&[&str]] = &[
         &["--keep-engines"],

@@ -1,12 +1,14 @@
-//! The sequential build driver: engines in plan order, each built from the mapped weights into
-//! its own file (or a finished file from an earlier run reused), then every weight whose last
-//! reader it was is released. The one driver of a plan: the exporter and the benches call it.
+//! The build driver: engines started in plan order, up to [`BuildOptions::jobs`] at once, each
+//! built from the mapped weights into its own file (or a finished file from an earlier run
+//! reused); once every engine up to one is finished, the weights whose last reader it was are
+//! released. The one driver of a plan: the exporter and the benches call it.
 
 use std::path::Path;
+use std::sync::mpsc;
 use std::time::Instant;
 
 use petite_graph::Program;
-use petite_partition::{Plan, WeightUse};
+use petite_partition::{EngineProgram, Plan, WeightUse};
 use petite_weights::WeightSource;
 use petite_weights::residency::{Rss, rss};
 use serde::Serialize;
@@ -34,9 +36,16 @@ pub struct BuildOptions<'a> {
     /// Called with the path and the reason when a file found there is damaged (truncated, wrong
     /// size, checksum, not this backend's): it is rebuilt right after.
     pub on_damaged: Option<DamagedNotice<'a>>,
-    /// Asked before each engine; `true` stops the build with [`Error::Stopped`] (Ctrl-C). The
+    /// Asked before each engine is started, and when a build fails; `true` stops the build
+    /// with [`Error::Stopped`] (Ctrl-C) once the builds already running have finished. The
     /// engines already finished stay on disk for a re-run to reuse.
     pub stop: Option<&'a dyn Fn() -> bool>,
+    /// How many engines are built at once (default 1; 0 counts as 1). Each build runs on a
+    /// thread of its own (TensorRT: each in its own child process); the engines, their files
+    /// and the reports are those of a one-at-a-time build, in plan order. A failed build stops
+    /// new ones from starting; those already running finish (their files are kept for a
+    /// re-run) and the failure is returned.
+    pub jobs: usize,
 }
 
 impl Default for BuildOptions<'_> {
@@ -48,6 +57,7 @@ impl Default for BuildOptions<'_> {
             reuse: false,
             on_damaged: None,
             stop: None,
+            jobs: 1,
         }
     }
 }
@@ -61,6 +71,7 @@ impl std::fmt::Debug for BuildOptions<'_> {
             .field("reuse", &self.reuse)
             .field("on_damaged", &self.on_damaged.is_some())
             .field("stop", &self.stop.is_some())
+            .field("jobs", &self.jobs)
             .finish()
     }
 }
@@ -86,7 +97,8 @@ pub struct EngineReport {
     pub released: Vec<String>,
     /// Peak RSS of the process during this build (`VmHWM` reset before it), if measurable.
     pub peak_rss: Option<u64>,
-    /// Whether `peak_rss` is this engine's own peak (reset worked) or the process's so far.
+    /// Whether `peak_rss` is this engine's own peak (reset worked, one build at a time) or the
+    /// process's so far.
     pub peak_is_per_engine: bool,
     /// Memory right after the release.
     pub rss_after: Option<RssFigures>,
@@ -124,6 +136,8 @@ pub struct BuildReport {
     pub seconds: f64,
     /// Total bytes of engine files written (reused files not counted).
     pub bytes_written: u64,
+    /// The most builds that ran at once (0 when every engine was reused).
+    pub max_concurrent: usize,
 }
 
 /// Engine name of plan index `i` (file stem).
@@ -169,10 +183,32 @@ pub fn release_weights(
     Ok(())
 }
 
-/// Builds every engine of `plan` (made for `program`) with `builder`, in plan order, into files
-/// under `dir` (created if missing). After each engine, the weights whose last reader it was are
-/// released from `weights`. On error, engines already built stay (their files are complete and
-/// valid); the failing engine leaves no file; the error names it.
+/// An engine built or reused, waiting for the engines before it to be reported.
+struct Done {
+    name: String,
+    built: BuiltEngine,
+    /// Wall time of the build or the reuse check.
+    seconds: f64,
+    reused: bool,
+    /// Whether the process's peak was reset before it (one build at a time).
+    per_engine: bool,
+}
+
+/// Engine `i` ready to start: its program to build, or the finished file an earlier run left.
+enum Prepared {
+    Build(EngineProgram),
+    Reused(BuiltEngine),
+}
+
+/// What a build thread sends back.
+type Outcome = (usize, String, bool, Result<BuiltEngine>, f64);
+
+/// Builds every engine of `plan` (made for `program`) with `builder`, into files under `dir`
+/// (created if missing): engines are started in plan order, up to [`BuildOptions::jobs`] at
+/// once. Once every engine up to `i` is finished, the weights whose last reader engine `i` was
+/// are released from `weights` and [`BuildOptions::on_engine`] is told of engine `i`: both in
+/// plan order, as in a one-at-a-time build. On error, engines already built stay (their files
+/// are complete and valid); the failing engine leaves no file; the error names it.
 pub fn build_plan(
     plan: &Plan,
     program: &Program,
@@ -183,24 +219,160 @@ pub fn build_plan(
 ) -> Result<BuildReport> {
     let t0 = Instant::now();
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create engine directory", e))?;
+    let n = plan.engines.len();
+    let jobs = options.jobs.max(1);
     // Weights to release after engine i.
     let last_use = last_uses(plan);
-    let mut engines = Vec::with_capacity(plan.engines.len());
-    let mut reports = Vec::with_capacity(plan.engines.len());
-    let mut bytes_written = 0;
-    for (i, e) in plan.engines.iter().enumerate() {
-        if options.stop.is_some_and(|stop| stop()) {
-            return Err(Error::Stopped { index: i });
+    let stop = || options.stop.is_some_and(|stop| stop());
+    let mut done: Vec<Option<Done>> = (0..n).map(|_| None).collect();
+    let mut engines = Vec::with_capacity(n);
+    let mut reports = Vec::with_capacity(n);
+    let (mut bytes_written, mut max_concurrent) = (0, 0);
+    // Engines before `reported` are finished, released and reported; those from `next` on are
+    // not started.
+    let (mut reported, mut next, mut running) = (0, 0, 0);
+    let mut failure: Option<Error> = None;
+    let (tx, rx) = mpsc::channel::<Outcome>();
+    std::thread::scope(|scope| {
+        loop {
+            while failure.is_none() && next < n && running < jobs {
+                if stop() {
+                    failure = Some(Error::Stopped { index: next });
+                    break;
+                }
+                let i = next;
+                next += 1;
+                // One build at a time: the next reading is this engine's own peak.
+                let per_engine = jobs == 1 && crate::sys::reset_peak_rss();
+                let t = Instant::now();
+                match prepare(plan, program, builder, dir, options, i) {
+                    Err(e) => failure = Some(e),
+                    Ok((name, Prepared::Reused(built))) => {
+                        done[i] = Some(Done {
+                            name,
+                            built,
+                            seconds: t.elapsed().as_secs_f64(),
+                            reused: true,
+                            per_engine,
+                        });
+                    }
+                    Ok((name, Prepared::Build(sub))) => {
+                        let tx = tx.clone();
+                        scope.spawn(move || {
+                            let job = EngineJob {
+                                index: i,
+                                name: &name,
+                                program: &sub.program,
+                                input_values: &sub.input_values,
+                                output_values: &sub.output_values,
+                            };
+                            let r = builder
+                                .build(&job, weights, dir)
+                                .map_err(|e| e.in_engine(i, &name));
+                            let seconds = t.elapsed().as_secs_f64();
+                            // The receiver outlives every build: the loop waits for all of them.
+                            let _ = tx.send((i, name, per_engine, r, seconds));
+                        });
+                        running += 1;
+                        max_concurrent = max_concurrent.max(running);
+                    }
+                }
+            }
+            // Release and report, in plan order, every engine whose predecessors are finished.
+            while let Some(d) = done.get_mut(reported).and_then(Option::take) {
+                let i = reported;
+                reported += 1;
+                let peak_rss = rss().map(|r| r.peak);
+                if options.release_after_last_use
+                    && !last_use[i].is_empty()
+                    && let Err(err) = release_weights(weights, &last_use[i])
+                {
+                    failure.get_or_insert(Error::from(err).in_engine(i, &d.name));
+                }
+                if !d.reused {
+                    bytes_written += d.built.file_bytes;
+                }
+                let report = EngineReport {
+                    index: i,
+                    name: d.name,
+                    seconds: d.seconds,
+                    reused: d.reused,
+                    stats: d.built.stats,
+                    file_bytes: d.built.file_bytes,
+                    weight_bytes: plan.engines[i].weight_bytes,
+                    released: last_use[i]
+                        .iter()
+                        .map(|w| petite_graph::weight_display(&w.name, w.rows))
+                        .collect(),
+                    peak_rss,
+                    peak_is_per_engine: d.per_engine,
+                    rss_after: rss().map(RssFigures::from),
+                };
+                if let Some(cb) = options.on_engine {
+                    cb(&report);
+                }
+                engines.push(d.built);
+                reports.push(report);
+            }
+            if running == 0 && (failure.is_some() || next == n) {
+                break;
+            }
+            // A thread always sends before it ends, and `tx` is still held here: this waits
+            // for the next build to finish.
+            let Ok((i, name, per_engine, result, seconds)) = rx.recv() else {
+                break;
+            };
+            running -= 1;
+            match result {
+                Ok(built) => {
+                    done[i] = Some(Done {
+                        name,
+                        built,
+                        seconds,
+                        reused: false,
+                        per_engine,
+                    });
+                }
+                // A builder killed by Ctrl-C (it shares the terminal's process group) is a stop,
+                // not a failure of its engine.
+                Err(_) if stop() => {
+                    failure.get_or_insert(Error::Stopped { index: i });
+                }
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+            }
         }
-        let sub = plan
-            .engine_program(program, i)
-            .map_err(|err| Error::from(err).in_engine(i, &engine_name(i)))?;
-        let name = match options.name {
-            Some(f) => f(i, &sub.program).map_err(|err| err.in_engine(i, &engine_name(i)))?,
-            None => engine_name(i),
-        };
-        let reset = crate::sys::reset_peak_rss();
-        let t = Instant::now();
+    });
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    Ok(BuildReport {
+        engines,
+        reports,
+        seconds: t0.elapsed().as_secs_f64(),
+        bytes_written,
+        max_concurrent,
+    })
+}
+
+/// Engine `i`'s name and what to do with it.
+fn prepare(
+    plan: &Plan,
+    program: &Program,
+    builder: &dyn EngineBuilder,
+    dir: &Path,
+    options: &BuildOptions<'_>,
+    i: usize,
+) -> Result<(String, Prepared)> {
+    let sub = plan
+        .engine_program(program, i)
+        .map_err(|err| Error::from(err).in_engine(i, &engine_name(i)))?;
+    let name = match options.name {
+        Some(f) => f(i, &sub.program).map_err(|err| err.in_engine(i, &engine_name(i)))?,
+        None => engine_name(i),
+    };
+    if options.reuse {
         let job = EngineJob {
             index: i,
             name: &name,
@@ -208,62 +380,16 @@ pub fn build_plan(
             input_values: &sub.input_values,
             output_values: &sub.output_values,
         };
-        let found = if options.reuse {
-            let path = dir.join(builder.file_name(&name));
-            match crate::reuse_engine(builder, &path, &job) {
-                crate::Reuse::Reused(b) => Some(*b),
-                crate::Reuse::Absent => None,
-                crate::Reuse::Damaged(why) => {
-                    if let Some(f) = options.on_damaged {
-                        f(&path, &why);
-                    }
-                    None
+        let path = dir.join(builder.file_name(&name));
+        match crate::reuse_engine(builder, &path, &job) {
+            crate::Reuse::Reused(b) => return Ok((name, Prepared::Reused(*b))),
+            crate::Reuse::Absent => {}
+            crate::Reuse::Damaged(why) => {
+                if let Some(f) = options.on_damaged {
+                    f(&path, &why);
                 }
             }
-        } else {
-            None
-        };
-        let reused = found.is_some();
-        let built = match found {
-            Some(b) => b,
-            None => builder.build(&job, weights, dir)?,
-        };
-        let seconds = t.elapsed().as_secs_f64();
-        let peak_rss = rss().map(|r| r.peak);
-        drop(sub);
-        if options.release_after_last_use && !last_use[i].is_empty() {
-            release_weights(weights, &last_use[i])
-                .map_err(|err| Error::from(err).in_engine(i, &name))?;
         }
-        if !reused {
-            bytes_written += built.file_bytes;
-        }
-        let report = EngineReport {
-            index: i,
-            name,
-            seconds,
-            reused,
-            stats: built.stats,
-            file_bytes: built.file_bytes,
-            weight_bytes: e.weight_bytes,
-            released: last_use[i]
-                .iter()
-                .map(|w| petite_graph::weight_display(&w.name, w.rows))
-                .collect(),
-            peak_rss,
-            peak_is_per_engine: reset,
-            rss_after: rss().map(RssFigures::from),
-        };
-        if let Some(cb) = options.on_engine {
-            cb(&report);
-        }
-        engines.push(built);
-        reports.push(report);
     }
-    Ok(BuildReport {
-        engines,
-        reports,
-        seconds: t0.elapsed().as_secs_f64(),
-        bytes_written,
-    })
+    Ok((name, Prepared::Build(sub)))
 }

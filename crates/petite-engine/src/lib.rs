@@ -1,6 +1,6 @@
 //! petite-engine: builds each engine of a partition plan from memory-mapped weights straight to a
-//! file on disk, one engine at a time, and gives each weight's pages back once the last engine
-//! that reads it is built. Knows nothing of the `.pte` layout or of pi0.5.
+//! file on disk, one or a few engines at a time, and gives each weight's pages back once the last
+//! engine that reads it is built. Knows nothing of the `.pte` layout or of pi0.5.
 //!
 //! - [`EngineBuilder`]: the seam. Builds one planned engine into a file under an engine
 //!   directory and returns what a `.pte` writer needs ([`BuiltEngine`]: backend id, I/O
@@ -13,8 +13,8 @@
 //! - [`tensorrt`]: one ONNX model per engine ([`onnx`]; weights as external data pointing into
 //!   the mapping file), built by `trtexec` in a child process, wrapped as the `TensorRTBackend`
 //!   `TR01` delegate blob ([`tensorrt::blob`]).
-//! - [`build_plan`]: the sequential driver (plan order, release after last use, per-engine time,
-//!   size and peak memory).
+//! - [`build_plan`]: the driver (engines started in plan order, up to `jobs` at once; release
+//!   after last use and reports in plan order; per-engine time, size and peak memory).
 #![deny(missing_docs)]
 
 mod build;
@@ -307,6 +307,24 @@ impl BuildMemory {
         }
         Some((available.saturating_sub(self.base) as f64 / per) as u64)
     }
+
+    /// How many builds of `engines` can run at once within `available` bytes: the largest `n`
+    /// whose `n` costliest builds fit together (whichever engines end up running at once, their
+    /// sum is at most that). 0 when not even the costliest fits alone; `engines.len()` (at least
+    /// 1) when all fit together.
+    pub fn builders_within(&self, available: u64, engines: &[WeightBytes]) -> usize {
+        let mut needs: Vec<u64> = engines.iter().map(|&w| self.bytes(w)).collect();
+        needs.sort_unstable_by(|a, b| b.cmp(a));
+        let mut sum = 0u64;
+        let fit = needs
+            .iter()
+            .take_while(|&&need| {
+                sum = sum.saturating_add(need);
+                sum <= available
+            })
+            .count();
+        if engines.is_empty() { 1 } else { fit }
+    }
 }
 
 /// One engine to build: its standalone program (from `Plan::engine_program`) and its place.
@@ -333,7 +351,8 @@ pub struct EngineJob<'a> {
 /// reads from the mapping file and in which dtype, what a build costs in memory, which
 /// settings key a reusable engine file, the file names, recognising a finished file), so a new
 /// backend is one implementation of this trait and one registration line in the exporter.
-pub trait EngineBuilder {
+/// `Sync`: [`build_plan`] runs several builds of one builder at once ([`BuildOptions::jobs`]).
+pub trait EngineBuilder: Sync {
     /// Backend id written into the `.pte` delegate.
     fn backend_id(&self) -> &str;
     /// The tool that builds (recorded in reports; part of [`EngineBuilder::settings`]).
@@ -509,4 +528,41 @@ pub fn run_engines<R: EngineRuntime>(
         }
     }
     Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// The n costliest builds must fit together: the model's base counts once per builder, and
+    /// the dtype mix sets each engine's cost.
+    #[test]
+    fn builders_within_counts_the_costliest_engines_together() {
+        let m = tensorrt::RTX_BUILD_MEMORY;
+        let half = |mib: u64| WeightBytes {
+            half: mib * MIB,
+            full: 0,
+        };
+        // 128 MiB of bf16 weights: 336 + 3.15 * 128 = 739.2 MiB a build.
+        let one = m.bytes(half(128));
+        assert_eq!(one, 336 * MIB + (128.0 * 3.15 * MIB as f64).ceil() as u64);
+        let engines = [half(128), half(64), half(128), half(32)];
+        assert_eq!(m.builders_within(one - 1, &engines), 0);
+        assert_eq!(m.builders_within(one, &engines), 1);
+        assert_eq!(m.builders_within(2 * one - 1, &engines), 1);
+        assert_eq!(m.builders_within(2 * one, &engines), 2);
+        // The third costliest is the 64 MiB engine.
+        let third = m.bytes(half(64));
+        assert_eq!(m.builders_within(2 * one + third, &engines), 3);
+        assert_eq!(m.builders_within(u64::MAX, &engines), 4);
+        // f32 weights cost less per byte than bf16 ones under this model.
+        let full = WeightBytes {
+            half: 0,
+            full: 128 * MIB,
+        };
+        assert_eq!(m.builders_within(one + m.bytes(full), &[full, full]), 2);
+        assert_eq!(m.builders_within(0, &[]), 1);
+    }
 }

@@ -148,26 +148,42 @@ pub fn link_weights(mapping: &Path, dir: &Path) -> Result<String> {
         .to_string_lossy()
         .into_owned();
     let target = dir.join(&name);
-    if let (Ok(a), Ok(b)) = (std::fs::metadata(mapping), std::fs::metadata(&target)) {
+    // Whether `target` is already the mapping file (false: nothing there yet); another file
+    // there is an error.
+    let linked = || -> Result<bool> {
+        let (Ok(a), Ok(b)) = (std::fs::metadata(mapping), std::fs::metadata(&target)) else {
+            return Ok(false);
+        };
         use std::os::unix::fs::MetadataExt;
         if a.ino() == b.ino() && a.dev() == b.dev() {
-            return Ok(name);
+            return Ok(true);
         }
-        return Err(Error::io(
+        Err(Error::io(
             &target,
             "link mapping file",
             std::io::Error::new(
                 std::io::ErrorKind::AlreadyExists,
                 "another file of that name is in the engine directory",
             ),
-        ));
+        ))
+    };
+    if linked()? {
+        return Ok(name);
     }
-    if std::fs::hard_link(mapping, &target).is_err() {
-        let abs = mapping
-            .canonicalize()
-            .map_err(|e| Error::io(mapping, "resolve mapping file", e))?;
-        std::os::unix::fs::symlink(abs, &target)
-            .map_err(|e| Error::io(&target, "link mapping file", e))?;
+    let made = match std::fs::hard_link(mapping, &target) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            let abs = mapping
+                .canonicalize()
+                .map_err(|e| Error::io(mapping, "resolve mapping file", e))?;
+            std::os::unix::fs::symlink(abs, &target)
+        }
+        r => r,
+    };
+    // Engines built at once race to make the link: one makes it, the others find it made.
+    if let Err(e) = made
+        && (e.kind() != std::io::ErrorKind::AlreadyExists || !linked()?)
+    {
+        return Err(Error::io(&target, "link mapping file", e));
     }
     Ok(name)
 }
@@ -515,6 +531,8 @@ impl TensorRtBuilder {
         let mut stdin = None;
         match tool.kind {
             ToolKind::Trtexec => {
+                // One cache for every build, also those running at once: trtexec (TensorRT >=
+                // 8.6) takes an exclusive file lock on it to read it and to merge its timings in.
                 let cache = self
                     .timing_cache
                     .clone()

@@ -101,6 +101,120 @@ fn engines_run_from_files_equal_the_whole_program_bit_for_bit() {
     }
 }
 
+/// Engines built several at once (`BuildOptions::jobs`) are the engines of a build one at a
+/// time: same files byte for byte, same bindings, reported (and released) in plan order, and
+/// they run bit-identically to the whole program. A failing engine is named with `jobs` too,
+/// and the engines that finished stay valid.
+#[test]
+fn engines_built_at_once_equal_those_built_one_at_a_time() {
+    let cfg = Pi05Config::small();
+    let dir = tempfile::tempdir().unwrap();
+    let ck = small_checkpoint(&cfg, dir.path());
+    let src = MappedSafetensors::open(&ck).unwrap();
+    let progs = build_all(&cfg, Precision::Bf16).unwrap();
+    let program = &progs.prefix;
+    let pl = plan(
+        program,
+        &PartitionOptions::new(program.weight_bytes() as u64 / 8),
+    )
+    .unwrap();
+    assert!(pl.engines.len() >= 4, "{} engines", pl.engines.len());
+    let build = |jobs: usize| {
+        let order = Mutex::new(Vec::new());
+        let cb = |r: &EngineReport| order.lock().unwrap().push(r.index);
+        let out = dir.path().join(format!("jobs-{jobs}"));
+        let rep = build_plan(
+            &pl,
+            program,
+            &src,
+            &ReferenceBuilder::default(),
+            &out,
+            &BuildOptions {
+                on_engine: Some(&cb),
+                jobs,
+                ..BuildOptions::default()
+            },
+        )
+        .unwrap();
+        let order = order.into_inner().unwrap();
+        assert_eq!(
+            order,
+            (0..pl.engines.len()).collect::<Vec<_>>(),
+            "jobs {jobs}"
+        );
+        rep
+    };
+    let serial = build(1);
+    assert_eq!(serial.max_concurrent, 1);
+    let parallel = build(3);
+    assert!((1..=3).contains(&parallel.max_concurrent));
+    assert_eq!(serial.engines.len(), parallel.engines.len());
+    for (a, b) in serial.engines.iter().zip(&parallel.engines) {
+        assert_eq!(
+            std::fs::read(&a.file).unwrap(),
+            std::fs::read(&b.file).unwrap(),
+            "{}",
+            a.name
+        );
+        assert_eq!(
+            (&a.name, &a.inputs, &a.outputs),
+            (&b.name, &b.inputs, &b.outputs)
+        );
+        assert_eq!(
+            (&a.input_values, &a.output_values),
+            (&b.input_values, &b.output_values)
+        );
+    }
+    for (a, b) in serial.reports.iter().zip(&parallel.reports) {
+        assert_eq!((a.index, &a.released), (b.index, &b.released));
+    }
+    assert!(parallel.reports.iter().all(|r| !r.peak_is_per_engine));
+    let pin = prefix_inputs(&cfg);
+    let whole = petite_reference::run(program, &src, pin.clone()).unwrap();
+    assert_bit_equal(
+        "prefix jobs 3",
+        &whole,
+        &run_built(program, &parallel.engines, &pin),
+    );
+
+    // Engine 2 reads a weight the source lacks: named, with three builds at once.
+    let bad = *pl.engines[2]
+        .weights
+        .iter()
+        .find(|w| pl.engines.iter().filter(|e| e.weights.contains(w)).count() == 1)
+        .expect("a weight engine 2 alone reads");
+    let mut missing = program.clone();
+    let petite_graph::Op::Weight { name, .. } = &mut missing.nodes[bad.index()].op else {
+        panic!("not a weight")
+    };
+    *name = "gone".into();
+    let out = dir.path().join("failing");
+    let err = build_plan(
+        &pl,
+        &missing,
+        &src,
+        &ReferenceBuilder::default(),
+        &out,
+        &BuildOptions {
+            jobs: 3,
+            ..BuildOptions::default()
+        },
+    )
+    .expect_err("a missing weight")
+    .to_string();
+    assert!(
+        err.contains("engine 2 (engine_002)") && err.contains("gone"),
+        "{err}"
+    );
+    for e in std::fs::read_dir(&out).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            ReferenceEngine::open(&p).unwrap();
+            petite_weights::seal::check(&p).unwrap();
+        }
+    }
+}
+
 /// A prefix whose token embedding is split into row shards builds into engines that each store
 /// only their rows (as `name[start..end]`), release only those rows after their last engine,
 /// and run from their files bit-identically to the unsharded prefix.

@@ -6,6 +6,7 @@
 //! the memory a Jetson cannot get back by evicting clean file pages — has no kernel high-water
 //! mark at all. A 10 ms sampler sees every plateau that matters (engines take seconds).
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +37,46 @@ pub fn status() -> Option<Status> {
         anon: r.anon,
         file: r.file,
     })
+}
+
+/// What bounds this process's memory when no budget is given, and how much that is in all (its
+/// own RSS included): the limit of its memory cgroup where one is set (a container, `memcap`:
+/// the kernel kills beyond it), else the kernel's `MemAvailable` plus the process's own RSS.
+/// `None` where neither can be read.
+pub fn machine_memory() -> Option<(&'static str, u64)> {
+    let own = status().map_or(0, |s| s.rss);
+    let available = petite_engine::gpu::mem_available(
+        &std::fs::read_to_string("/proc/meminfo").unwrap_or_default(),
+    )
+    .map(|a| a + own);
+    let groups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    match (
+        cgroup_limit(&groups, Path::new("/sys/fs/cgroup")),
+        available,
+    ) {
+        (Some(l), a) if a.is_none_or(|a| l < a) => Some(("cgroup memory limit", l)),
+        (_, a) => a.map(|a| ("memory available", a)),
+    }
+}
+
+/// The memory limit of the cgroup `groups` (`/proc/self/cgroup` text) names, read under `root`:
+/// v2 `memory.max` (`max`: none), v1 `memory.limit_in_bytes` (a page-rounded `i64::MAX`: none).
+fn cgroup_limit(groups: &str, root: &Path) -> Option<u64> {
+    for line in groups.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        let path = path.trim_start_matches('/');
+        let file = match controllers {
+            "" => root.join(path).join("memory.max"),
+            c if c.split(',').any(|c| c == "memory") => {
+                root.join("memory").join(path).join("memory.limit_in_bytes")
+            }
+            _ => continue,
+        };
+        let text = std::fs::read_to_string(file).ok()?;
+        return text.trim().parse::<u64>().ok().filter(|&l| l < 1 << 62);
+    }
+    None
 }
 
 /// `(read_bytes, write_bytes)` of `/proc/self/io`: bytes this process made the storage layer
@@ -250,6 +291,27 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
+
+    /// The cgroup's limit is found for v2 and v1 layouts; "no limit" values count as none.
+    #[test]
+    fn cgroup_limit_reads_v2_and_v1() {
+        let d = tempfile::tempdir().unwrap();
+        let write = |rel: &str, text: &str| {
+            let p = d.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        };
+        write("box/memory.max", "1073741824\n");
+        assert_eq!(cgroup_limit("0::/box\n", d.path()), Some(1 << 30));
+        write("box/memory.max", "max\n");
+        assert_eq!(cgroup_limit("0::/box\n", d.path()), None);
+        write("memory/job/memory.limit_in_bytes", "536870912\n");
+        let v1 = "5:devices:/\n4:memory:/job\n0::/\n";
+        assert_eq!(cgroup_limit(v1, d.path()), Some(512 << 20));
+        write("memory/job/memory.limit_in_bytes", "9223372036854771712\n");
+        assert_eq!(cgroup_limit(v1, d.path()), None);
+        assert_eq!(cgroup_limit("", d.path()), None);
+    }
     use super::*;
 
     #[test]

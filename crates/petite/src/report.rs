@@ -91,6 +91,13 @@ pub struct EnginePart {
     pub memory_budget: Option<u64>,
     /// The export's peak-memory estimate.
     pub memory_estimate: u64,
+    /// How many engines could be built at once (`--jobs`, else what the memory budget and the
+    /// cores allow).
+    #[serde(default)]
+    pub jobs: usize,
+    /// The most builds that ran at once (0 when every engine was reused).
+    #[serde(default)]
+    pub max_concurrent_builds: usize,
     /// The builder (tool and version).
     pub builder: String,
     /// `host` or `device cuda:N`.

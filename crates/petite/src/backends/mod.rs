@@ -43,6 +43,8 @@ pub enum Output {
 pub enum Flag {
     /// `--engine-cap`.
     EngineCap,
+    /// `--jobs`.
+    Jobs,
     /// `--keep-engines`.
     KeepEngines,
     /// `--placement`.
@@ -62,6 +64,7 @@ impl Flag {
     pub fn name(self) -> &'static str {
         match self {
             Flag::EngineCap => "--engine-cap",
+            Flag::Jobs => "--jobs",
             Flag::KeepEngines => "--keep-engines",
             Flag::Placement => "--placement",
             Flag::Trtexec => "--trtexec",

@@ -27,6 +27,7 @@ impl BackendSpec for TensorRt {
     fn flags(&self) -> &'static [Flag] {
         &[
             Flag::EngineCap,
+            Flag::Jobs,
             Flag::KeepEngines,
             Flag::Placement,
             Flag::Trtexec,

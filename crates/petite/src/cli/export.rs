@@ -66,6 +66,14 @@ pub struct ExportArgs {
     /// (tensorrt on an integrated GPU, e.g. a Jetson: default the memory available now).
     #[arg(long, value_parser = parse_size)]
     pub memory_budget: Option<u64>,
+    /// tensorrt: how many engines to build at once, each builder in its own process (default:
+    /// as many as both the memory budget — the process's own memory plus the costliest engines'
+    /// builds together, under the builder's memory model; without --memory-budget, the memory
+    /// available now — and the cores allow; printed at the start). Above what --memory-budget
+    /// fits: refused before any work. The engines and .pte bytes are those of a build one at a
+    /// time.
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<std::num::NonZeroUsize>,
     /// Numerics: bf16 (lerobot's bfloat16 mode) or f32. Default bf16: what a deployed policy
     /// runs, half the memory (tensorrt exports bf16 only). With --backend portable the kernels
     /// compute in the weights' dtype (bf16 matmuls round inside the kernel; see README).
@@ -110,6 +118,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     };
     o.engine_cap = a.engine_cap;
     o.memory_budget = a.memory_budget;
+    o.jobs = a.jobs.map(std::num::NonZeroUsize::get);
     o.precision = a.dtype.into();
     o.keep_engines = a.keep_engines;
     o.placement = a.placement;

@@ -1,11 +1,14 @@
 //! The stages of the engine backends (reference, TensorRT): plans under the engine cap, the
-//! mapping file the builder reads, engines built one at a time through
-//! [`petite_engine::build_plan`], and `.pte` files whose delegates stream each engine from its
-//! file.
+//! mapping file the builder reads, engines built through [`petite_engine::build_plan`] — as many
+//! at once as the memory budget and the cores allow, for a backend that takes `--jobs`
+//! ([`choose_jobs`]), else one at a time — and `.pte` files whose delegates stream each engine
+//! from its file.
 
 use std::collections::BTreeMap;
 
-use petite_engine::{BuildOptions, BuiltEngine, EngineBuilder, EngineReport, WeightBytes};
+use petite_engine::{
+    BuildMemory, BuildOptions, BuiltEngine, EngineBuilder, EngineReport, WeightBytes,
+};
 use petite_graph::{Program, ValueId};
 use petite_partition::{PartitionOptions, Plan};
 use petite_pte::model::{DeviceType, ScalarType};
@@ -17,6 +20,7 @@ use super::{
     CONVERT_BYTES, DEFAULT_ENGINE_CAP, ENGINE_ALIGNMENT, ExportOptions, Loaded, METHOD, Placement,
     SaveTargets, Saved, Stages, TABLE_METHOD, Table, bar, interrupted, timestep_values,
 };
+use crate::backends::Flag;
 use crate::engines;
 use crate::memory::human;
 use crate::report::{
@@ -35,6 +39,10 @@ pub(super) struct EngineStages<'l> {
     engine_cap: u64,
     memory_budget: Option<u64>,
     need: u64,
+    /// How many engines are built at once ([`choose_jobs`]).
+    jobs: usize,
+    /// The most that ran at once.
+    max_concurrent: usize,
     prefix_plan: Plan,
     step_plan: Plan,
     selection: Vec<(String, petite_graph::Dtype)>,
@@ -98,15 +106,21 @@ impl<'l> EngineStages<'l> {
         let largest = prefix_plan
             .max_engine_weight_bytes()
             .max(step_plan.max_engine_weight_bytes());
-        // The costliest engine to build under the backend's memory model (by dtype mix).
-        let mut engine_need = 0u64;
+        // Every engine's weights by dtype: what its build costs under the backend's model.
+        let mut all_engines = Vec::new();
         for (plan, program) in [(&prefix_plan, &progs.prefix), (&step_plan, &progs.step)] {
             builder.check_plan(program, plan)?; // e.g. a weight-streaming budget below one layer
-            for e in &plan.engines {
-                engine_need = engine_need.max(memory.bytes(WeightBytes::of_engine(program, e)));
-            }
+            all_engines.extend(
+                plan.engines
+                    .iter()
+                    .map(|e| WeightBytes::of_engine(program, e)),
+            );
         }
-        let build_need = engine_need.max(CONVERT_BYTES);
+        // What each build costs under the backend's memory model (by dtype mix), costliest
+        // first.
+        let mut needs: Vec<u64> = all_engines.iter().map(|&w| memory.bytes(w)).collect();
+        needs.sort_unstable_by(|a, b| b.cmp(a));
+        let build_need = needs.first().copied().unwrap_or(0).max(CONVERT_BYTES);
         let need = base + build_need;
         if let Some(b) = memory_budget
             && need > b
@@ -125,6 +139,20 @@ impl<'l> EngineStages<'l> {
                 human(need)
             )));
         }
+        let jobs = if opts.backend.spec().flags().contains(&Flag::Jobs) {
+            let limit = match memory_budget {
+                Some(b) => MemoryLimit::Budget(b),
+                None => MemoryLimit::Machine(crate::memory::machine_memory()),
+            };
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let (jobs, line) = choose_jobs(opts.jobs, limit, base, memory, &all_engines, cores)?;
+            eprintln!("petite: {line}");
+            jobs
+        } else {
+            1
+        };
+        // The export's peak: the conversion, or the `jobs` costliest builds at once.
+        let need = base + CONVERT_BYTES.max(needs.iter().take(jobs).sum());
         let all_programs = [&progs.timestep_table, &progs.prefix, &progs.step];
         let selection = mapping::selection(&all_programs, builder.as_ref())?;
         Ok(EngineStages {
@@ -135,6 +163,8 @@ impl<'l> EngineStages<'l> {
             engine_cap,
             memory_budget,
             need,
+            jobs,
+            max_concurrent: 0,
             prefix_plan,
             step_plan,
             selection,
@@ -199,6 +229,7 @@ impl<'l> EngineStages<'l> {
                 reuse: true,
                 on_damaged: Some(&on_damaged),
                 stop: Some(&stop),
+                jobs: self.jobs,
             },
         )
         .map_err(|e| match e {
@@ -232,10 +263,75 @@ impl<'l> EngineStages<'l> {
             .collect();
         Ok(Built {
             built: rep.reports.iter().filter(|r| !r.reused).count(),
+            max_concurrent: rep.max_concurrent,
             engines: rep.engines,
             records,
         })
     }
+}
+
+/// What bounds the memory of builds running at once.
+#[derive(Debug, Clone, Copy)]
+enum MemoryLimit {
+    /// `--memory-budget` (or the backend's default budget): a `--jobs` above what it fits is
+    /// refused.
+    Budget(u64),
+    /// No budget: what bounds the process's memory ([`crate::memory::machine_memory`]) bounds
+    /// the default, if known.
+    Machine(Option<(&'static str, u64)>),
+}
+
+/// How many engines are built at once, and the line that says so and why: `requested`
+/// (`--jobs`) if the budget fits that many builders, else refused; by default as many as both
+/// the memory limit (the process `base` plus the costliest `engines` built together, under the
+/// builder's memory `model`) and the `cores` allow, at least one.
+fn choose_jobs(
+    requested: Option<usize>,
+    limit: MemoryLimit,
+    base: u64,
+    model: BuildMemory,
+    engines: &[WeightBytes],
+    cores: usize,
+) -> Result<(usize, String)> {
+    let costliest = engines.iter().map(|&w| model.bytes(w)).max().unwrap_or(0);
+    let (what, bytes) = match limit {
+        MemoryLimit::Budget(b) => ("memory budget", Some(b)),
+        MemoryLimit::Machine(m) => (m.map_or("", |m| m.0), m.map(|m| m.1)),
+    };
+    let fit = bytes.map(|b| model.builders_within(b.saturating_sub(base), engines));
+    let fits = |n: usize| {
+        format!(
+            "{what} {}: {n} builder{} of up to {} beside the process's {}",
+            human(bytes.unwrap_or(0)),
+            if n == 1 { "" } else { "s" },
+            human(costliest),
+            human(base)
+        )
+    };
+    let cores_text = format!("{cores} core{}", if cores == 1 { "" } else { "s" });
+    let (jobs, why) = match (requested, fit) {
+        (Some(n), Some(f)) if n > f && matches!(limit, MemoryLimit::Budget(_)) => {
+            return Err(Error::Budget(format!(
+                "--jobs {n}: {what} {} fits {f} build{} at once (the process's {} and up to {} per build under the builder's memory model); pass --jobs {} or less, a larger --memory-budget or a smaller --engine-cap; nothing was done",
+                human(bytes.unwrap_or(0)),
+                if f == 1 { "" } else { "s" },
+                human(base),
+                human(costliest),
+                f.max(1)
+            )));
+        }
+        (Some(n), Some(f)) => (n, format!("--jobs {n}; {}", fits(f))),
+        (Some(n), None) => (n, format!("--jobs {n}")),
+        (None, Some(f)) => (cores.min(f).max(1), format!("{}; {cores_text}", fits(f))),
+        (None, None) => (cores.max(1), format!("{cores_text}; memory not known")),
+    };
+    Ok((
+        jobs,
+        format!(
+            "building up to {jobs} engine{} at once ({why})",
+            if jobs == 1 { "" } else { "s" }
+        ),
+    ))
 }
 
 /// One plan's engines and their `report.json` records.
@@ -243,6 +339,8 @@ struct Built {
     engines: Vec<BuiltEngine>,
     records: Vec<EngineRecord>,
     built: usize,
+    /// The most builds that ran at once.
+    max_concurrent: usize,
 }
 
 impl Stages for EngineStages<'_> {
@@ -301,6 +399,7 @@ impl Stages for EngineStages<'_> {
         self.prefix_engines = prefix.engines;
         self.step_engines = step.engines;
         self.built = prefix.built + step.built;
+        self.max_concurrent = prefix.max_concurrent.max(step.max_concurrent);
         self.records = [prefix.records, step.records];
         Ok(self.built == 0)
     }
@@ -362,6 +461,8 @@ impl Stages for EngineStages<'_> {
             engine_cap: self.engine_cap,
             memory_budget: self.memory_budget,
             memory_estimate: self.need,
+            jobs: self.jobs,
+            max_concurrent_builds: self.max_concurrent,
             builder: self.builder.info().to_string(),
             placement: match self.device {
                 None => "host".to_string(),
@@ -568,4 +669,78 @@ fn add_export_id(p: &mut ProgramBuilder, id: &str) -> Result<()> {
         16,
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Engines of 128 MiB of bf16 weights (739.2 MiB a TensorRT-RTX build under its model)
+    /// and smaller ones, with a 38 MiB process.
+    fn case() -> (BuildMemory, Vec<WeightBytes>, u64, u64) {
+        let m = petite_engine::tensorrt::RTX_BUILD_MEMORY;
+        let half = |mib: u64| WeightBytes {
+            half: mib * MIB,
+            full: 0,
+        };
+        let engines = vec![half(128), half(100), half(128), half(20)];
+        (m, engines, 38 * MIB, m.bytes(half(128)))
+    }
+
+    #[test]
+    fn jobs_default_to_what_both_the_budget_and_the_cores_allow() {
+        let (m, e, base, one) = case();
+        let jobs = |limit, cores| choose_jobs(None, limit, base, m, &e, cores).unwrap();
+        // The budget holds one build: one, however many cores.
+        let (n, line) = jobs(MemoryLimit::Budget(base + 2 * one - 1), 8);
+        assert_eq!(n, 1);
+        assert_eq!(
+            line,
+            "building up to 1 engine at once (memory budget 1.48 GiB: 1 builder of up to 739.2 MiB beside the process's 38.0 MiB; 8 cores)"
+        );
+        // Two builds fit: two on two cores, one on one core.
+        assert_eq!(jobs(MemoryLimit::Budget(base + 2 * one), 2).0, 2);
+        assert_eq!(jobs(MemoryLimit::Budget(base + 2 * one), 1).0, 1);
+        // Plenty of memory: the cores decide.
+        let (n, line) = jobs(MemoryLimit::Budget(64 << 30), 2);
+        assert_eq!(n, 2);
+        assert!(line.contains("4 builders of up to 739.2 MiB") && line.ends_with("; 2 cores)"));
+        // No budget: what bounds the machine's memory bounds it as a budget would, else the
+        // cores alone.
+        let (n, line) = jobs(
+            MemoryLimit::Machine(Some(("cgroup memory limit", base + one))),
+            4,
+        );
+        assert_eq!(n, 1);
+        assert!(
+            line.contains("(cgroup memory limit 777.2 MiB: 1 builder"),
+            "{line}"
+        );
+        let (n, line) = jobs(MemoryLimit::Machine(None), 3);
+        assert_eq!(n, 3);
+        assert!(line.contains("memory not known"), "{line}");
+    }
+
+    #[test]
+    fn explicit_jobs_above_the_budget_are_refused_in_one_line() {
+        let (m, e, base, one) = case();
+        let budget = MemoryLimit::Budget(base + 2 * one);
+        let (n, line) = choose_jobs(Some(2), budget, base, m, &e, 1).unwrap();
+        assert_eq!(n, 2, "--jobs may exceed the cores");
+        assert!(line.starts_with("building up to 2 engines at once (--jobs 2; memory budget"));
+        let err = choose_jobs(Some(3), budget, base, m, &e, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains('\n'));
+        assert!(
+            err.starts_with("--jobs 3: memory budget 1.48 GiB fits 2 builds at once")
+                && err.contains("pass --jobs 2 or less"),
+            "{err}"
+        );
+        // Without a budget an explicit --jobs is the user's call.
+        let avail = MemoryLimit::Machine(Some(("memory available", base + one)));
+        assert_eq!(choose_jobs(Some(3), avail, base, m, &e, 2).unwrap().0, 3);
+    }
 }

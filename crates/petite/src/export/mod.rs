@@ -1,6 +1,6 @@
 //! The export: checkpoint → mapping file (converted once, reused while the source is unchanged)
-//! → prefix and step programs → plans → engines built one at a time (weights released after
-//! their last engine) → `prefix.pte` and `step.pte` (each engine stored once as named data
+//! → prefix and step programs → plans → engines built a few at a time, as many as the memory
+//! budget and the cores allow (weights released after their last engine) → `prefix.pte` and `step.pte` (each engine stored once as named data
 //! streamed from its file; the timestep table as constant data of `step.pte`) → engine files
 //! removed unless kept. Every stage is measured ([`crate::memory`]) into `report.json`.
 //!
@@ -84,6 +84,10 @@ pub struct ExportOptions {
     pub engine_cap: Option<u64>,
     /// Whole-process memory budget, checked before any work.
     pub memory_budget: Option<u64>,
+    /// How many engines are built at once (`--jobs`; `None`: as many as the memory budget and
+    /// the cores allow). Not part of the export id: the engines and `.pte` bytes are those of a
+    /// one-at-a-time build.
+    pub jobs: Option<usize>,
     /// Numerics of the exported programs (lerobot's bf16 mode or f32).
     pub precision: Precision,
     /// Keep the engine files after the `.pte` files are written.
@@ -125,6 +129,7 @@ impl ExportOptions {
             backend_options: BackendOptions::default(),
             engine_cap: None,
             memory_budget: None,
+            jobs: None,
             precision: Precision::Bf16,
             keep_engines: false,
             progress: true,
@@ -140,6 +145,9 @@ impl ExportOptions {
         let mut used = Vec::new();
         if self.engine_cap.is_some() {
             used.push((Flag::EngineCap, Flag::EngineCap.name().to_string()));
+        }
+        if self.jobs.is_some() {
+            used.push((Flag::Jobs, Flag::Jobs.name().to_string()));
         }
         if self.keep_engines {
             used.push((Flag::KeepEngines, Flag::KeepEngines.name().to_string()));
