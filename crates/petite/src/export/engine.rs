@@ -300,10 +300,16 @@ fn choose_jobs(
     };
     let fit = bytes.map(|b| model.builders_within(b.saturating_sub(base), engines));
     let fits = |n: usize| {
+        let builders = match n {
+            // Only a machine limit can fit none (a budget that fits none was refused before):
+            // the model is conservative (measured peaks sit well below it), so one still runs.
+            0 => "no builder".to_string(),
+            1 => "1 builder".to_string(),
+            n => format!("{n} builders"),
+        };
         format!(
-            "{what} {}: {n} builder{} of up to {} beside the process's {}",
+            "{what} {}: {builders} of up to {} under the builder's memory model beside the process's {}",
             human(bytes.unwrap_or(0)),
-            if n == 1 { "" } else { "s" },
             human(costliest),
             human(base)
         )
@@ -698,7 +704,7 @@ mod tests {
         assert_eq!(n, 1);
         assert_eq!(
             line,
-            "building up to 1 engine at once (memory budget 1.48 GiB: 1 builder of up to 739.2 MiB beside the process's 38.0 MiB; 8 cores)"
+            "building up to 1 engine at once (memory budget 1.48 GiB: 1 builder of up to 739.2 MiB under the builder's memory model beside the process's 38.0 MiB; 8 cores)"
         );
         // Two builds fit: two on two cores, one on one core.
         assert_eq!(jobs(MemoryLimit::Budget(base + 2 * one), 2).0, 2);
