@@ -107,6 +107,11 @@ impl<'a> MatRef<'a> {
         (self.rs, self.cs)
     }
 
+    /// The slice the view reads (every element of the view lies inside it).
+    pub(super) fn data(&self) -> &'a [f32] {
+        self.data
+    }
+
     /// (row stride, column stride) as `gemm` takes them. [`MatRef::new`] checked that both fit,
     /// so this never errs; it converts rather than casts so that it could not wrap if it did.
     fn strides_isize(&self) -> Result<(isize, isize)> {
@@ -226,6 +231,11 @@ pub fn gemm_f32(
     }
     if ordered_by_isa(m, k, n) {
         fma_loop(dst, lhs, rhs, accumulate);
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if lhs.cs == 1 && super::avx512::available() {
+        super::avx512::gemm(dst, lhs, rhs, accumulate, parallel);
         return Ok(());
     }
     let (lhs_rs, lhs_cs) = lhs.strides_isize()?;
