@@ -40,6 +40,12 @@ struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
 // SAFETY: as for `Send`: tasks share the pointer value, never an element.
 unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// `dst[m×n] = (accumulate ? dst : 0) + lhs · rhs` in `gemm_f32`'s order. The caller
 /// guarantees: [`available`], shapes checked (`lhs` m×k, `rhs` k×n, `dst.len() == m·n`,
@@ -68,14 +74,13 @@ pub(super) fn gemm(
         .collect();
     let out = SendPtr(dst.as_mut_ptr());
     let task = |&(g, r0): &(usize, usize)| {
-        let out = out;
         let j0 = g * TASK_BLOCKS * NB;
         let j1 = (j0 + TASK_BLOCKS * NB).min(n);
         let r1 = (r0 + rows_per).min(m);
         // SAFETY: AVX-512F is present (`available`, checked by the caller); the tile lies inside
         // the checked shapes (rows r0..r1 ≤ m, columns j0..j1 ≤ n), and tasks write disjoint
         // tiles of `dst`, which outlives them.
-        unsafe { run_task(out.0, lhs, rhs, r0..r1, j0..j1, accumulate) };
+        unsafe { run_task(out.get(), lhs, rhs, r0..r1, j0..j1, accumulate) };
     };
     if tasks.len() > 1 && parallel {
         tasks.par_iter().for_each(task);

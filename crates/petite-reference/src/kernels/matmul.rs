@@ -822,6 +822,43 @@ mod soundness {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever kernel this CPU runs (the AVX-512 one here when the CPU has it, with its
+        /// column masks, row tails, packed or in-place rhs and depth chunks), `gemm_f32` gives
+        /// the plain loop's bits.
+        #[test]
+        fn gemm_gives_the_plain_loops_bits(
+            m in 1usize..40, k in 3usize..1100, n in 2usize..80,
+            rt in any::<bool>(), acc in any::<bool>(), par in any::<bool>(),
+        ) {
+            let seq = |len: usize, seed: u32| -> Vec<f32> {
+                let mut s = seed;
+                (0..len).map(|_| {
+                    s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    ((s >> 8) as f32 / (1u32 << 24) as f32) - 0.5
+                }).collect()
+            };
+            let a = seq(m * k, 7);
+            let b = seq(k * n, 8);
+            let lhs = MatRef::row_major(&a, m, k).unwrap();
+            // rt: b read as the transpose of an n×k matrix (a linear's weight)
+            let rhs = if rt {
+                MatRef::row_major(&b, n, k).unwrap().t()
+            } else {
+                MatRef::row_major(&b, k, n).unwrap()
+            };
+            let seed = seq(m * n, 9);
+            let mut want = seed.clone();
+            fma_loop(&mut want, lhs, rhs, acc);
+            let mut got = seed;
+            gemm_f32(&mut got, lhs, rhs, acc, par).unwrap();
+            let bad = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits());
+            prop_assert!(bad.is_none(), "{}x{}x{} at {:?}", m, k, n, bad);
+        }
+    }
+
+    proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
         /// Over the whole usize range, `new` accepts exactly the views the u128 oracle accepts.
