@@ -108,6 +108,7 @@ impl<'a> MatRef<'a> {
     }
 
     /// The slice the view reads (every element of the view lies inside it).
+    #[cfg(target_arch = "x86_64")]
     pub(super) fn data(&self) -> &'a [f32] {
         self.data
     }
