@@ -46,6 +46,15 @@ fn bench(c: &mut Criterion) {
             black_box(&out);
         })
     });
+    // Action expert MLP gate/up over the 50-token chunk (a denoising step): [50, 1024] ·
+    // [4096, 1024]ᵀ, where packing the weight weighs most.
+    let (m, k, n) = (50usize, 1024usize, 4096usize);
+    let xs = data(m * k, 6);
+    let ws = data(n * k, 7);
+    g.throughput(Throughput::Elements((2 * m * k * n) as u64));
+    g.bench_function("linear_50x1024x4096_rayon", |b| {
+        b.iter(|| black_box(linear(&xs, m, &ws, n, None).unwrap()))
+    });
     g.finish();
 
     // Gemma-2B prefix attention: 8 query heads, 1 KV head, 968 tokens, head dim 256

@@ -88,7 +88,16 @@ pub struct Executor<'a> {
     uses: Vec<u32>,
     is_output: Vec<bool>,
     release_weights: bool,
+    /// Live weights in the order the run first reads them: (position in `order` of the first
+    /// reader, name, stored byte range), for readahead.
+    ahead: Vec<(usize, String, std::ops::Range<usize>)>,
 }
+
+/// Weight bytes asked for ahead of the node being run (`MADV_WILLNEED`): a mapped checkpoint
+/// read from disk then arrives while the cores compute, instead of faulting in synchronously
+/// at each weight's first use. A few of the largest weights, so the pages asked for stay
+/// cached until read.
+const READAHEAD_BYTES: usize = 256 << 20;
 
 impl<'a> Executor<'a> {
     /// Validates `program` and prepares its order. Weights are looked up at run time.
@@ -105,6 +114,28 @@ impl<'a> Executor<'a> {
         for o in &program.outputs {
             is_output[o.value.index()] = true;
         }
+        let mut at = vec![usize::MAX; program.len()];
+        for (i, id) in order.iter().enumerate() {
+            at[id.index()] = i;
+        }
+        let consumers = program.consumers();
+        // A weight the source cannot describe is left out here; its read fails with the error.
+        let mut ahead: Vec<_> = program
+            .weights()
+            .into_iter()
+            .filter(|w| live[w.node.index()])
+            .filter_map(|w| {
+                let first = consumers[w.node.index()]
+                    .iter()
+                    .filter(|c| live[c.index()])
+                    .map(|c| at[c.index()])
+                    .min()?;
+                let size = weights.info(&w.name).ok()?.dtype.size();
+                Some((first, w.stored_range(size)?, w.name))
+            })
+            .map(|(first, range, name)| (first, name, range))
+            .collect();
+        ahead.sort_by_key(|a| a.0);
         Ok(Executor {
             program,
             weights,
@@ -113,6 +144,7 @@ impl<'a> Executor<'a> {
             uses,
             is_output,
             release_weights: true,
+            ahead,
         })
     }
 
@@ -173,9 +205,27 @@ impl<'a> Executor<'a> {
             });
         }
         let mut remaining = self.uses.clone();
-        for &id in &self.order {
+        // Readahead: `asked` weights of `ahead` requested, the first `reached` of them read.
+        let (mut asked, mut reached, mut window) = (0usize, 0usize, 0usize);
+        for (at, &id) in self.order.iter().enumerate() {
             if !self.live[id.index()] {
                 continue;
+            }
+            while reached < self.ahead.len() && self.ahead[reached].0 <= at {
+                if reached < asked {
+                    window -= self.ahead[reached].2.len();
+                }
+                reached += 1;
+            }
+            while asked < self.ahead.len() && (asked < reached || window < READAHEAD_BYTES) {
+                let (_, name, r) = &self.ahead[asked];
+                self.weights
+                    .prefetch_range(name, r.start, r.end)
+                    .map_err(|e| Error::Tensor(format!("weight {name:?}: {e}")))?;
+                if asked >= reached {
+                    window += r.len();
+                }
+                asked += 1;
             }
             let node = p.node(id);
             if !matches!(node.op, Op::Input { .. }) {

@@ -107,6 +107,12 @@ impl<'a> MatRef<'a> {
         (self.rs, self.cs)
     }
 
+    /// The slice the view reads (every element of the view lies inside it).
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn data(&self) -> &'a [f32] {
+        self.data
+    }
+
     /// (row stride, column stride) as `gemm` takes them. [`MatRef::new`] checked that both fit,
     /// so this never errs; it converts rather than casts so that it could not wrap if it did.
     fn strides_isize(&self) -> Result<(isize, isize)> {
@@ -226,6 +232,11 @@ pub fn gemm_f32(
     }
     if ordered_by_isa(m, k, n) {
         fma_loop(dst, lhs, rhs, accumulate);
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if lhs.cs == 1 && super::avx512::available() {
+        super::avx512::gemm(dst, lhs, rhs, accumulate, parallel);
         return Ok(());
     }
     let (lhs_rs, lhs_cs) = lhs.strides_isize()?;
@@ -809,6 +820,43 @@ mod soundness {
         let mut d = vec![0.0; 6];
         gemm_f32(&mut d, lhs, rhs, false, false).unwrap();
         assert_eq!(d, vec![24.0, 40.0, 24.0, 40.0, 24.0, 40.0]);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever kernel this CPU runs (the AVX-512 one here when the CPU has it, with its
+        /// column masks, row tails, packed or in-place rhs and depth chunks), `gemm_f32` gives
+        /// the plain loop's bits.
+        #[test]
+        fn gemm_gives_the_plain_loops_bits(
+            m in 1usize..40, k in 3usize..1100, n in 2usize..80,
+            rt in any::<bool>(), acc in any::<bool>(), par in any::<bool>(),
+        ) {
+            let seq = |len: usize, seed: u32| -> Vec<f32> {
+                let mut s = seed;
+                (0..len).map(|_| {
+                    s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    ((s >> 8) as f32 / (1u32 << 24) as f32) - 0.5
+                }).collect()
+            };
+            let a = seq(m * k, 7);
+            let b = seq(k * n, 8);
+            let lhs = MatRef::row_major(&a, m, k).unwrap();
+            // rt: b read as the transpose of an n×k matrix (a linear's weight)
+            let rhs = if rt {
+                MatRef::row_major(&b, n, k).unwrap().t()
+            } else {
+                MatRef::row_major(&b, k, n).unwrap()
+            };
+            let seed = seq(m * n, 9);
+            let mut want = seed.clone();
+            fma_loop(&mut want, lhs, rhs, acc);
+            let mut got = seed;
+            gemm_f32(&mut got, lhs, rhs, acc, par).unwrap();
+            let bad = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits());
+            prop_assert!(bad.is_none(), "{}x{}x{} at {:?}", m, k, n, bad);
+        }
     }
 
     proptest! {

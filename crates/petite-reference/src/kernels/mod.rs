@@ -6,6 +6,8 @@
 
 mod activation;
 mod attention;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod conv;
 mod elementwise;
 mod matmul;

@@ -1,0 +1,325 @@
+//! The f32 GEMM on x86-64 CPUs with AVX-512F, in [`super::matmul::gemm_f32`]'s summation order.
+//!
+//! Why not `gemm`'s own AVX-512 path: `gemm` computes `dst = lhs · rhs` column-major, so a
+//! row-major `x · wᵀ` (every linear) makes it gather the weight element by element while it
+//! packs it — a third of the prefix's time. Here the output is vectorised along its columns
+//! (16 lanes, two vectors per tile), each lhs element is broadcast from its row (read in place),
+//! and the rhs is read in place when its rows are contiguous (`matmul`, `scores · v`) or packed
+//! once per depth chunk into 32-wide row panels when they are not (a linear's `wᵀ`, `kᵀ`).
+//!
+//! Order: every output is a fused-multiply-add chain from zero over each depth chunk of
+//! [`super::matmul::depth_chunks`], then added to the output (or stored, for the first chunk
+//! when not accumulating) — the order `gemm_f32` documents, so the result is bit for bit the
+//! one the `gemm` crate and [`super::matmul`]'s plain loop give. Tiling and threads only
+//! decide which core computes an output and when, never how.
+
+use super::matmul::{MatRef, depth_chunks};
+use rayon::prelude::*;
+use std::arch::x86_64::*;
+
+/// Output columns per tile (two 16-lane vectors).
+const NB: usize = 32;
+/// Output rows per tile: `2·MR` accumulators, plus two rhs vectors and a broadcast, of the 32
+/// vector registers.
+const MR: usize = 12;
+/// Column blocks per task: the packed rhs of a task (4 · 32 · 512 floats, 256 KiB) stays in L2
+/// while every row tile of the task reads it.
+const TASK_BLOCKS: usize = 4;
+/// Below this many outputs a product runs as one task.
+const MIN_PARALLEL: usize = 1 << 14;
+
+/// Whether this CPU can run [`gemm`] (checked once; `is_x86_feature_detected` caches).
+pub(super) fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: used only inside `gemm` to hand disjoint output tiles of one exclusively borrowed
+// `dst` to rayon tasks, which all finish before `gemm` returns; no two tasks write one element.
+unsafe impl Send for SendPtr {}
+// SAFETY: as for `Send`: tasks share the pointer value, never an element.
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `dst[m×n] = (accumulate ? dst : 0) + lhs · rhs` in `gemm_f32`'s order. The caller
+/// guarantees: [`available`], shapes checked (`lhs` m×k, `rhs` k×n, `dst.len() == m·n`,
+/// all non-zero), and `lhs` rows contiguous (column stride 1).
+pub(super) fn gemm(
+    dst: &mut [f32],
+    lhs: MatRef<'_>,
+    rhs: MatRef<'_>,
+    accumulate: bool,
+    parallel: bool,
+) {
+    let (m, n) = (lhs.rows(), rhs.cols());
+    debug_assert!(available() && lhs.strides().1 == 1 && dst.len() == m * n);
+    let blocks = n.div_ceil(NB);
+    let groups = blocks.div_ceil(TASK_BLOCKS);
+    // Rows are split too when there are few column groups, so that two (or a few) threads
+    // have several tasks each; a function of the shape only.
+    let row_parts = if parallel && m * n >= MIN_PARALLEL {
+        8usize.div_ceil(groups).min(m.div_ceil(MR))
+    } else {
+        1
+    };
+    let rows_per = m.div_ceil(row_parts).next_multiple_of(MR);
+    let tasks: Vec<(usize, usize)> = (0..groups)
+        .flat_map(|g| (0..m).step_by(rows_per).map(move |r| (g, r)))
+        .collect();
+    let out = SendPtr(dst.as_mut_ptr());
+    let task = |&(g, r0): &(usize, usize)| {
+        let j0 = g * TASK_BLOCKS * NB;
+        let j1 = (j0 + TASK_BLOCKS * NB).min(n);
+        let r1 = (r0 + rows_per).min(m);
+        // SAFETY: AVX-512F is present (`available`, checked by the caller); the tile lies inside
+        // the checked shapes (rows r0..r1 ≤ m, columns j0..j1 ≤ n), and tasks write disjoint
+        // tiles of `dst`, which outlives them.
+        unsafe { run_task(out.get(), lhs, rhs, r0..r1, j0..j1, accumulate) };
+    };
+    if tasks.len() > 1 && parallel {
+        tasks.par_iter().for_each(task);
+    } else {
+        tasks.iter().for_each(task);
+    }
+}
+
+/// Rows `rows` × columns `cols` of the output, every depth chunk in turn.
+///
+/// # Safety
+/// AVX-512F must be available; `out` must point to an `m×n` row-major buffer (m = lhs rows,
+/// n = rhs cols) that nothing else reads or writes within `rows × cols` meanwhile; `rows` and
+/// `cols` must lie inside `0..m` and `0..n`; `lhs` must have column stride 1.
+#[target_feature(enable = "avx512f")]
+unsafe fn run_task(
+    out: *mut f32,
+    lhs: MatRef<'_>,
+    rhs: MatRef<'_>,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    accumulate: bool,
+) {
+    let (k, n) = (lhs.cols(), rhs.cols());
+    let (lrs, _) = lhs.strides();
+    let (rrs, rcs) = rhs.strides();
+    let width = cols.end - cols.start;
+    let nblocks = width.div_ceil(NB);
+    let direct = rcs == 1;
+    let chunks = depth_chunks(k);
+    let max_kc = chunks.iter().map(|c| c.1).max().unwrap_or(0);
+    let mut packed = if direct {
+        Vec::new()
+    } else {
+        vec![0.0f32; nblocks * max_kc * NB]
+    };
+    for (c, &(p0, kc)) in chunks.iter().enumerate() {
+        let first = c == 0 && !accumulate;
+        if !direct {
+            for b in 0..nblocks {
+                let j = cols.start + b * NB;
+                let w = NB.min(cols.end - j);
+                pack(&mut packed[b * kc * NB..][..kc * NB], rhs, p0, kc, j, w);
+            }
+        }
+        let mut i = rows.start;
+        while i < rows.end {
+            let r = MR.min(rows.end - i);
+            for b in 0..nblocks {
+                let j = cols.start + b * NB;
+                let w = NB.min(cols.end - j);
+                let (m0, m1) = masks(w);
+                // SAFETY (pointer offsets): row i < m and depth p0 < k of lhs, which is a
+                // checked view; (p0, j) of rhs, inside its checked view (p0 < k, j < n); the
+                // packed panel of block b; output (i, j) < (m, n).
+                let a = unsafe { lhs.data().as_ptr().add(i * lrs + p0) };
+                let (bp, bs) = if direct {
+                    (unsafe { rhs.data().as_ptr().add(p0 * rrs + j) }, rrs)
+                } else {
+                    (unsafe { packed.as_ptr().add(b * kc * NB) }, NB)
+                };
+                let d = unsafe { out.add(i * n + j) };
+                let t = Tile {
+                    a,
+                    a_rs: lrs,
+                    b: bp,
+                    b_rs: bs,
+                    kc,
+                    d,
+                    d_rs: n,
+                    m0,
+                    m1,
+                    first,
+                };
+                // SAFETY: the tile's reads lie in lhs rows i..i+r (columns p0..p0+kc) and in rhs
+                // rows p0..p0+kc, columns j..j+w (masked beyond w) or the packed panel; its
+                // writes in output rows i..i+r, columns j..j+w (masked).
+                unsafe {
+                    match r {
+                        12 => tile::<12>(t),
+                        11 => tile::<11>(t),
+                        10 => tile::<10>(t),
+                        9 => tile::<9>(t),
+                        8 => tile::<8>(t),
+                        7 => tile::<7>(t),
+                        6 => tile::<6>(t),
+                        5 => tile::<5>(t),
+                        4 => tile::<4>(t),
+                        3 => tile::<3>(t),
+                        2 => tile::<2>(t),
+                        _ => tile::<1>(t),
+                    }
+                }
+            }
+            i += r;
+        }
+    }
+}
+
+/// Lane masks of the two vectors of a tile `w` columns wide.
+fn masks(w: usize) -> (__mmask16, __mmask16) {
+    (mask(w), mask(w.saturating_sub(16)))
+}
+
+/// `panel[p·32 + c] = rhs[p0 + p, j + c]` for `c < w`, zero beyond (a 32-wide row panel).
+/// A linear's weight (rhs rows strided, contiguous along the depth) is transposed 16 × 16 in
+/// registers; any other layout is copied element by element.
+#[target_feature(enable = "avx512f")]
+fn pack(panel: &mut [f32], rhs: MatRef<'_>, p0: usize, kc: usize, j: usize, w: usize) {
+    let (rs, cs) = rhs.strides();
+    let data = rhs.data();
+    if w < NB {
+        panel.fill(0.0);
+    }
+    if rs != 1 {
+        for c in 0..w {
+            for p in 0..kc {
+                panel[p * NB + c] = data[(j + c) * cs + (p0 + p) * rs];
+            }
+        }
+        return;
+    }
+    for c0 in (0..w).step_by(16) {
+        for p in (0..kc).step_by(16) {
+            let pw = 16.min(kc - p);
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (i, v) in r.iter_mut().enumerate().take(w - c0) {
+                let row = &data[(j + c0 + i) * cs + p0 + p..][..pw];
+                // SAFETY: the mask reads the first `pw` elements of `row`, all inside it.
+                *v = unsafe { _mm512_maskz_loadu_ps(mask(pw), row.as_ptr()) };
+            }
+            transpose16(&mut r);
+            for (q, v) in r.iter().enumerate().take(pw) {
+                let out = &mut panel[(p + q) * NB + c0..][..16];
+                // SAFETY: 16 floats written inside `out`, which is 16 long.
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr(), *v) };
+            }
+        }
+    }
+}
+
+/// The first `n` lanes (n ≤ 16).
+fn mask(n: usize) -> __mmask16 {
+    if n >= 16 {
+        0xffff
+    } else {
+        ((1u32 << n) - 1) as __mmask16
+    }
+}
+
+/// Transposes 16 rows of 16 floats in place: 4×4 blocks within each 128-bit lane (two unpack
+/// stages), then the 4×4 grid of lanes (two lane-shuffle stages).
+#[target_feature(enable = "avx512f")]
+fn transpose16(r: &mut [__m512; 16]) {
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // s[4i + q], lane L: column 4L + q, rows 4i..4i+4.
+    let mut s = [_mm512_setzero_ps(); 16];
+    for i in 0..4 {
+        let (t0, t1) = (_mm512_castps_pd(t[4 * i]), _mm512_castps_pd(t[4 * i + 1]));
+        let (t2, t3) = (
+            _mm512_castps_pd(t[4 * i + 2]),
+            _mm512_castps_pd(t[4 * i + 3]),
+        );
+        s[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        s[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        s[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        s[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+    for q in 0..4 {
+        let (a0, a1, a2, a3) = (s[q], s[4 + q], s[8 + q], s[12 + q]);
+        let u0 = _mm512_shuffle_f32x4::<0x44>(a0, a1);
+        let u1 = _mm512_shuffle_f32x4::<0xEE>(a0, a1);
+        let u2 = _mm512_shuffle_f32x4::<0x44>(a2, a3);
+        let u3 = _mm512_shuffle_f32x4::<0xEE>(a2, a3);
+        r[q] = _mm512_shuffle_f32x4::<0x88>(u0, u2);
+        r[4 + q] = _mm512_shuffle_f32x4::<0xDD>(u0, u2);
+        r[8 + q] = _mm512_shuffle_f32x4::<0x88>(u1, u3);
+        r[12 + q] = _mm512_shuffle_f32x4::<0xDD>(u1, u3);
+    }
+}
+
+/// One output tile's operands: `R` rows of `a` (stride `a_rs`, contiguous along the depth),
+/// `kc` rows of `b` (stride `b_rs`, 32 columns, lanes outside `m0`/`m1` not read), the output at
+/// `d` (row stride `d_rs`).
+#[derive(Clone, Copy)]
+struct Tile {
+    a: *const f32,
+    a_rs: usize,
+    b: *const f32,
+    b_rs: usize,
+    kc: usize,
+    d: *mut f32,
+    d_rs: usize,
+    m0: __mmask16,
+    m1: __mmask16,
+    first: bool,
+}
+
+/// `R × 32` outputs over one depth chunk: per output a fused-multiply-add chain from zero over
+/// the chunk, then stored (`first`) or added to the output.
+///
+/// # Safety
+/// AVX-512F; `a + r·a_rs + p` readable for `r < R`, `p < kc`; `b + p·b_rs + lane` readable for
+/// `p < kc` and every lane set in `m0` (lanes 0..16) / `m1` (lanes 16..32); `d + r·d_rs + lane`
+/// readable and writable for the same lanes and `r < R`.
+#[target_feature(enable = "avx512f")]
+unsafe fn tile<const R: usize>(t: Tile) {
+    let mut acc0 = [_mm512_setzero_ps(); R];
+    let mut acc1 = [_mm512_setzero_ps(); R];
+    for p in 0..t.kc {
+        // SAFETY: as the function's contract states.
+        unsafe {
+            let bp = t.b.add(p * t.b_rs);
+            let b0 = _mm512_maskz_loadu_ps(t.m0, bp);
+            let b1 = _mm512_maskz_loadu_ps(t.m1, bp.add(16));
+            for r in 0..R {
+                let a = _mm512_set1_ps(*t.a.add(r * t.a_rs + p));
+                acc0[r] = _mm512_fmadd_ps(a, b0, acc0[r]);
+                acc1[r] = _mm512_fmadd_ps(a, b1, acc1[r]);
+            }
+        }
+    }
+    for r in 0..R {
+        // SAFETY: as the function's contract states.
+        unsafe {
+            let d = t.d.add(r * t.d_rs);
+            if t.first {
+                _mm512_mask_storeu_ps(d, t.m0, acc0[r]);
+                _mm512_mask_storeu_ps(d.add(16), t.m1, acc1[r]);
+            } else {
+                let o0 = _mm512_maskz_loadu_ps(t.m0, d);
+                let o1 = _mm512_maskz_loadu_ps(t.m1, d.add(16));
+                _mm512_mask_storeu_ps(d, t.m0, _mm512_add_ps(o0, acc0[r]));
+                _mm512_mask_storeu_ps(d.add(16), t.m1, _mm512_add_ps(o1, acc1[r]));
+            }
+        }
+    }
+}
