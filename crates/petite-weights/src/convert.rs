@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::writeback::WriteBehind;
-use crate::{Dtype, Error, Result, SafetensorsWriter, TensorSpec, WeightSource};
+use crate::{
+    Dtype, Error, Result, SafetensorsLayout, SafetensorsWriter, TensorSpec, WeightSource,
+};
 
 /// The float dtype floats are converted to (other dtypes are copied unchanged).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,36 +184,14 @@ fn convert_chunk(from: Dtype, to: Dtype, src: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-struct Item {
-    tensor: usize,
-    /// Element range within the tensor.
-    start: usize,
-    end: usize,
-}
-
-/// Converts `src` into a safetensors file at `out`: floats to `opts.dtype` (round-to-nearest-even),
-/// other dtypes copied, tensors selected by `opts.selection`, every large tensor on a page
-/// boundary. Streams in chunks of `opts.chunk_bytes` on `opts.threads` threads, giving the source's
-/// pages back behind itself. The output is written under a temporary name, fsynced and renamed; on
-/// any error nothing is left under `out`, nor when the source changed while it was read
-/// ([`WeightSource::check_unchanged`]: [`Error::Changed`]). The source is only read.
-pub fn convert<S: WeightSource>(
+/// What [`convert`] writes at `out` with `opts`: its table (each tensor in its target dtype),
+/// the tensors left out, and its `__metadata__`.
+#[allow(clippy::type_complexity)]
+fn plan<S: WeightSource>(
     src: &S,
     out: &Path,
     opts: &ConvertOptions,
-) -> Result<ConvertReport> {
-    let t0 = Instant::now();
-    // Never replace a file being read: the rename would swap it under the mapping.
-    if let Ok(o) = out.canonicalize() {
-        for f in src.files() {
-            if f.canonicalize().is_ok_and(|f| f == o) {
-                return Err(Error::WouldOverwriteSource {
-                    out: out.display().to_string(),
-                    source_file: f.display().to_string(),
-                });
-            }
-        }
-    }
+) -> Result<(Vec<TensorSpec>, Vec<String>, Vec<(String, String)>)> {
     let names = src.names();
     let (kept, dropped) = opts.selection.apply(&names)?;
     let target = opts.dtype.dtype();
@@ -244,6 +224,96 @@ pub fn convert<S: WeightSource>(
     }
     let mut metadata = vec![("format".to_string(), "pt".to_string())];
     metadata.extend(opts.metadata.iter().cloned());
+    Ok((table, dropped, metadata))
+}
+
+/// The seal line ([`crate::seal`]) of the file [`convert`] would write at `out` with `opts`,
+/// computed from `src` without writing it: the planned header and the converted bytes of the
+/// ranges a seal samples (every byte of a file up to [`crate::seal::FULL_LIMIT`]). An export
+/// whose backend reads the checkpoint directly still identifies the weights' content exactly as
+/// an export that wrote the file (same export id), at the cost of a few MiB of reads.
+pub fn seal_of<S: WeightSource>(src: &S, out: &Path, opts: &ConvertOptions) -> Result<String> {
+    let (table, _, metadata) = plan(src, out, opts)?;
+    let layout = SafetensorsLayout::plan(out, &table, &metadata)?;
+    let header = layout.header();
+    let tensors: Vec<(&str, Dtype, u64, u64)> = layout.tensors().collect();
+    let mut failed: Option<Error> = None;
+    let mut conv = Vec::new();
+    let mut read_at = |off: u64, buf: &mut [u8]| -> std::io::Result<()> {
+        let mut filled = 0usize;
+        while filled < buf.len() {
+            let p = off + filled as u64;
+            let rest = buf.len() - filled;
+            if p < header.len() as u64 {
+                let k = (header.len() - p as usize).min(rest);
+                buf[filled..filled + k].copy_from_slice(&header[p as usize..p as usize + k]);
+                filled += k;
+                continue;
+            }
+            // The data region is contiguous: the tensor holding `p`.
+            let i = tensors.partition_point(|t| t.2 + t.3 <= p);
+            let Some(&(name, to, start, len)) = tensors.get(i) else {
+                return Err(std::io::Error::other("read past the planned file"));
+            };
+            let rel = p - start;
+            let k = ((len - rel) as usize).min(rest);
+            let step = |conv: &mut Vec<u8>| -> Result<()> {
+                let view = src.tensor(name)?;
+                let (from, es, ts) = (view.dtype, view.dtype.size(), to.size() as u64);
+                let (e0, e1) = (rel / ts, (rel + k as u64).div_ceil(ts));
+                let bytes = &view.bytes[e0 as usize * es..e1 as usize * es];
+                convert_chunk(from, to, bytes, conv);
+                Ok(())
+            };
+            if let Err(e) = step(&mut conv) {
+                failed = Some(e);
+                return Err(std::io::Error::other("source read failed"));
+            }
+            let skip = (rel % to.size() as u64) as usize;
+            buf[filled..filled + k].copy_from_slice(&conv[skip..skip + k]);
+            filled += k;
+        }
+        Ok(())
+    };
+    let line = crate::seal::line(layout.total_len(), &mut read_at);
+    match (line, failed) {
+        (_, Some(e)) => Err(e),
+        (Ok(l), None) => Ok(l),
+        (Err(e), None) => Err(Error::io(out, "seal the planned file", e)),
+    }
+}
+
+struct Item {
+    tensor: usize,
+    /// Element range within the tensor.
+    start: usize,
+    end: usize,
+}
+
+/// Converts `src` into a safetensors file at `out`: floats to `opts.dtype` (round-to-nearest-even),
+/// other dtypes copied, tensors selected by `opts.selection`, every large tensor on a page
+/// boundary. Streams in chunks of `opts.chunk_bytes` on `opts.threads` threads, giving the source's
+/// pages back behind itself. The output is written under a temporary name, fsynced and renamed; on
+/// any error nothing is left under `out`, nor when the source changed while it was read
+/// ([`WeightSource::check_unchanged`]: [`Error::Changed`]). The source is only read.
+pub fn convert<S: WeightSource>(
+    src: &S,
+    out: &Path,
+    opts: &ConvertOptions,
+) -> Result<ConvertReport> {
+    let t0 = Instant::now();
+    // Never replace a file being read: the rename would swap it under the mapping.
+    if let Ok(o) = out.canonicalize() {
+        for f in src.files() {
+            if f.canonicalize().is_ok_and(|f| f == o) {
+                return Err(Error::WouldOverwriteSource {
+                    out: out.display().to_string(),
+                    source_file: f.display().to_string(),
+                });
+            }
+        }
+    }
+    let (table, dropped, metadata) = plan(src, out, opts)?;
     let writer = SafetensorsWriter::create(out, &table, &metadata)?;
 
     // Work items in file order, each about `chunk_bytes` of source.
