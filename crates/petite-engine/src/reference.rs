@@ -9,6 +9,7 @@
 //! petite-reference; its weights are never loaded, only paged in as the executor reads them.
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -16,11 +17,13 @@ use std::path::{Path, PathBuf};
 use petite_graph::{Dtype, Op, Program, ShapeDisplay, WeightInfo};
 use petite_reference::{Executor, Tensor};
 use petite_weights::writeback::WriteBehind;
-use petite_weights::{MappedSafetensors, RowSlices, SafetensorsWriter, TensorSpec, WeightSource};
+use petite_weights::{
+    MappedSafetensors, RowSlices, SafetensorsLayout, SafetensorsWriter, TensorSpec, WeightSource,
+};
 
 use crate::{
     BuildMemory, BuilderInfo, BuiltEngine, EngineBuilder, EngineJob, EngineRuntime, Error,
-    HostTensor, IoBinding, Result,
+    HostTensor, InPlaceBuilder, IoBinding, Result,
 };
 
 /// Backend id of reference engines.
@@ -185,12 +188,15 @@ impl ReferenceBuilder {
         Ok(())
     }
 
-    fn build_inner(
+    /// Plans `job`'s engine file (the subgraph it carries, its table, its layout) and hands it
+    /// with the source it streams from (row ranges as tensors of their own) to `f`.
+    fn with_plan<R>(
         &self,
         job: &EngineJob<'_>,
         source: &dyn WeightSource,
-        dir: &Path,
-    ) -> Result<BuiltEngine> {
+        path: &Path,
+        f: impl FnOnce(&Planned, &dyn WeightSource) -> Result<R>,
+    ) -> Result<R> {
         job.program.validate()?;
         // The file stores only the rows a row-range weight reads, as a tensor of its own named
         // `name[start..end]`; the subgraph it carries reads that tensor whole.
@@ -212,27 +218,59 @@ impl ReferenceBuilder {
         let mut stored = BTreeMap::new();
         let mut table = Vec::with_capacity(weights.len());
         for w in &weights {
-            stored.insert(w.name.as_str(), (check_weight(source, w)?, w.dtype));
+            stored.insert(w.name.clone(), (check_weight(source, w)?, w.dtype));
             table.push(TensorSpec::new(&w.name, w.dtype, &w.shape));
         }
-        let path = dir.join(format!("{}{SUFFIX}", job.name));
         let meta = vec![
             (META_FORMAT.to_string(), FORMAT.to_string()),
             (META_PROGRAM.to_string(), program.to_json()?),
         ];
-        let writer = SafetensorsWriter::create(&path, &table, &meta)?;
+        let layout = SafetensorsLayout::plan(path, &table, &meta)?;
+        f(
+            &Planned {
+                program,
+                stored,
+                layout,
+            },
+            source,
+        )
+    }
+
+    /// Streams every weight of `plan` from `source` into `writer`, in file order, keeping the
+    /// written bytes out of memory behind it.
+    fn stream_all(
+        &self,
+        plan: &Planned,
+        source: &dyn WeightSource,
+        writer: &SafetensorsWriter,
+    ) -> Result<()> {
         let mut behind = (
             WriteBehind::new(writer.file().as_fd(), 1),
             writer.data_start(),
         );
         for name in writer.order() {
-            let (st, decl) = stored[name];
-            self.stream(source, &writer, name, st, decl, &mut behind)?;
+            let (st, decl) = plan.stored[name];
+            self.stream(source, writer, name, st, decl, &mut behind)?;
         }
         // Retires the pending ranges and ends the borrow of the writer's fd.
         drop(behind);
-        crate::sys::flush_and_drop(writer.file(), 0, writer.total_len());
-        let path = writer.finish_sealed()?;
+        crate::sys::flush_and_drop(writer.file(), writer.base(), writer.total_len());
+        Ok(())
+    }
+
+    fn build_inner(
+        &self,
+        job: &EngineJob<'_>,
+        source: &dyn WeightSource,
+        dir: &Path,
+    ) -> Result<BuiltEngine> {
+        let path = dir.join(format!("{}{SUFFIX}", job.name));
+        let program = self.with_plan(job, source, &path, |plan, source| {
+            let writer = SafetensorsWriter::create_laid_out(&path, &plan.layout)?;
+            self.stream_all(plan, source, &writer)?;
+            writer.finish_sealed()?;
+            Ok(plan.program.clone())
+        })?;
         let file_bytes = std::fs::metadata(&path)
             .map_err(|e| Error::io(&path, "stat", e))?
             .len();
@@ -255,6 +293,43 @@ impl ReferenceBuilder {
             stats: None,
             compile_specs: Vec::new(),
         })
+    }
+}
+
+/// A planned engine file: the subgraph it carries, each weight's stored and declared dtype,
+/// and its layout.
+struct Planned {
+    program: Program,
+    stored: BTreeMap<String, (Dtype, Dtype)>,
+    layout: SafetensorsLayout,
+}
+
+impl InPlaceBuilder for ReferenceBuilder {
+    /// The engine file's size: its header (with the subgraph) and its weights' table fix it.
+    fn engine_len(&self, job: &EngineJob<'_>, weights: &dyn WeightSource) -> Result<u64> {
+        self.with_plan(job, weights, Path::new(job.name), |plan, _| {
+            Ok(plan.layout.total_len())
+        })
+        .map_err(|e| e.in_engine(job.index, job.name))
+    }
+
+    /// The engine file's bytes, exactly as [`EngineBuilder::build`] writes them into a file of
+    /// their own, streamed from `weights` straight into the region.
+    fn write_engine(
+        &self,
+        job: &EngineJob<'_>,
+        weights: &dyn WeightSource,
+        file: &File,
+        path: &Path,
+        offset: u64,
+    ) -> Result<u64> {
+        self.with_plan(job, weights, path, |plan, source| {
+            let writer = SafetensorsWriter::create_in(file, path, offset, &plan.layout)?;
+            self.stream_all(plan, source, &writer)?;
+            writer.finish()?;
+            Ok(plan.layout.total_len())
+        })
+        .map_err(|e| e.in_engine(job.index, job.name))
     }
 }
 
@@ -288,10 +363,20 @@ impl EngineBuilder for ReferenceBuilder {
         }
     }
 
-    /// bf16 weights come from the bf16 mapping file; others are read from the checkpoint and
-    /// converted chunk by chunk into the engine file.
+    /// A mapping file of this backend would hold the bf16 weights (what the export id
+    /// fingerprints); none is written ([`EngineBuilder::needs_mapping_file`]).
     fn mapping_dtype(&self, declared: Dtype) -> Option<Dtype> {
         (declared == Dtype::Bf16).then_some(Dtype::Bf16)
+    }
+
+    /// Every weight is read from the checkpoint and converted chunk by chunk as it is
+    /// streamed, so a mapping file would only be a second copy of the weights.
+    fn needs_mapping_file(&self) -> bool {
+        false
+    }
+
+    fn in_place(&self) -> Option<&dyn InPlaceBuilder> {
+        Some(self)
     }
 
     /// The file must open as a reference engine whose subgraph equals the job's.

@@ -239,8 +239,14 @@ impl SafetensorsWriter {
         metadata: &[(String, String)],
         page: usize,
     ) -> Result<Self> {
+        let out = out.as_ref();
+        let layout = SafetensorsLayout::plan_for_page(out, table, metadata, page)?;
+        Self::create_laid_out(out, &layout)
+    }
+
+    /// [`SafetensorsWriter::create`] of a table already laid out (`layout` planned for `out`).
+    pub fn create_laid_out(out: impl AsRef<Path>, layout: &SafetensorsLayout) -> Result<Self> {
         let out = out.as_ref().to_path_buf();
-        let layout = SafetensorsLayout::plan_for_page(&out, table, metadata, page)?;
         if out.file_name().is_none() {
             return Err(Error::InvalidTable {
                 file: out.display().to_string(),
@@ -250,7 +256,7 @@ impl SafetensorsWriter {
         }
         let file = petite_fs::AtomicFile::create(&out)?;
         let tmp = file.temp().to_path_buf();
-        Self::with_target(out, tmp, Target::Own(file), 0, &layout)
+        Self::with_target(out, tmp, Target::Own(file), 0, layout)
     }
 
     /// A writer of the file `layout` describes into `[base, base + layout.total_len())` of the
