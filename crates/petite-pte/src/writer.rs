@@ -278,6 +278,9 @@ pub trait Resume {
         offset: u64,
         len: u64,
     ) -> std::result::Result<(), Self::Error>;
+    /// Every segment is in place; an error here (an input changed meanwhile) leaves the
+    /// partial file unrenamed, for a later run.
+    fn ready(&mut self) -> std::result::Result<(), Self::Error>;
     /// Segment `index` was written at `[offset, offset + len)` and is on storage: record it.
     fn finished(
         &mut self,
@@ -361,6 +364,7 @@ pub fn write_pte_resumable<R: Resume>(
         pos += len;
     }
     summary.file_len = pos;
+    resume.ready()?;
     out.set_len(pos)
         .map_err(|e| Error::io(partial, "set length", e))?;
     out.sync_all().map_err(|e| Error::io(partial, "fsync", e))?;

@@ -10,9 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::writeback::WriteBehind;
-use crate::{
-    Dtype, Error, Result, SafetensorsLayout, SafetensorsWriter, TensorSpec, WeightSource,
-};
+use crate::{Dtype, Error, Result, SafetensorsLayout, SafetensorsWriter, TensorSpec, WeightSource};
 
 /// The float dtype floats are converted to (other dtypes are copied unchanged).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

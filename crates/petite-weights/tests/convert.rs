@@ -249,7 +249,10 @@ fn seal_of_matches_the_seal_of_the_written_file() {
         for t in &table {
             let n: usize = t.shape.iter().product();
             let bytes: Vec<u8> = match t.dtype {
-                Dtype::F32 => f32s(n, n as u32).iter().flat_map(|x| x.to_le_bytes()).collect(),
+                Dtype::F32 => f32s(n, n as u32)
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect(),
                 _ => (0..n * 8).map(|i| i as u8).collect(),
             };
             let mut s = w.tensor(&t.name).unwrap();

@@ -498,12 +498,22 @@ impl Stages for EngineStages<'_> {
             engines.iter().map(Delegate::of_built).collect()
         }
         let mut p = ProgramBuilder::new();
-        forward_method(&mut p, &progs.prefix, delegates(&self.prefix_engines), self.device)?;
+        forward_method(
+            &mut p,
+            &progs.prefix,
+            delegates(&self.prefix_engines),
+            self.device,
+        )?;
         add_export_id(&mut p, &save.export_id)?;
         let prefix_sum = p.write(save.staged(&save.prefix_pte), save.wopts)?;
         save.pb.inc(1);
         let mut p = ProgramBuilder::new();
-        forward_method(&mut p, &progs.step, delegates(&self.step_engines), self.device)?;
+        forward_method(
+            &mut p,
+            &progs.step,
+            delegates(&self.step_engines),
+            self.device,
+        )?;
         self.add_table(&mut p)?;
         add_export_id(&mut p, &save.export_id)?;
         let step_sum = p.write(save.staged(&save.step_pte), save.wopts)?;

@@ -273,9 +273,9 @@ impl Resume for Writer<'_, '_> {
         let (name, planned) = &t.laid.engines[i];
         let sub = t.plan.engine_program(t.program, i)?;
         let started = Instant::now();
-        let wrote = t
-            .in_place
-            .write_engine(&job(i, name, &sub), t.weights, file, &self.partial, offset)?;
+        let wrote =
+            t.in_place
+                .write_engine(&job(i, name, &sub), t.weights, file, &self.partial, offset)?;
         if wrote != len || wrote != *planned {
             return Err(Error::Usage(format!(
                 "engine {name}: {wrote} bytes written where {len} were planned"
@@ -288,6 +288,12 @@ impl Resume for Writer<'_, '_> {
         self.records
             .insert(i, (started.elapsed().as_secs_f64(), false));
         Ok(())
+    }
+
+    /// The `.pte` is built from the checkpoint as it was opened: else it stays partial (its
+    /// journal too), for a re-run once the checkpoint is back.
+    fn ready(&mut self) -> Result<()> {
+        Ok(self.t.weights.check_unchanged()?)
     }
 
     fn finished(&mut self, file: &File, index: usize, offset: u64, len: u64) -> Result<()> {

@@ -627,7 +627,10 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     }
 
     let st = rec.begin("save");
-    let save = SaveTargets::new(opts, export_id(&loaded.id_material, stages.weights_seal()?.as_deref()));
+    let save = SaveTargets::new(
+        opts,
+        export_id(&loaded.id_material, stages.weights_seal()?.as_deref()),
+    );
     stages.save(&save)?;
     rec.end(st, false);
 
