@@ -173,10 +173,12 @@ fn clear_stale(dir: &Path, tag: &str, keep: &Path) {
     for e in rd.flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
         let p = e.path();
-        if n.starts_with(&format!("{tag}-")) && n.contains(".pte.partial") && p != keep {
-            if p != keep_journal {
-                let _ = std::fs::remove_file(&p);
-            }
+        if n.starts_with(&format!("{tag}-"))
+            && n.contains(".pte.partial")
+            && p != keep
+            && p != keep_journal
+        {
+            let _ = std::fs::remove_file(&p);
         }
     }
 }
