@@ -120,9 +120,7 @@ impl Default for ConvertOptions {
             dtype: TargetDtype::Bf16,
             selection: Selection::All,
             chunk_bytes: 8 << 20,
-            threads: std::thread::available_parallelism()
-                .map(|n| n.get().min(4))
-                .unwrap_or(2),
+            threads: default_threads(),
             progress: None,
             metadata: Vec::new(),
             dtypes: std::collections::BTreeMap::new(),
@@ -281,19 +279,145 @@ pub fn seal_of<S: WeightSource>(src: &S, out: &Path, opts: &ConvertOptions) -> R
     }
 }
 
+/// Worker threads of a streamed conversion by default: two overlap one thread's reads with the
+/// other's conversion and writes; more than four only add contention for one disk.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get().min(4))
+        .unwrap_or(2)
+}
+
+/// How [`stream`] reads, converts and writes.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamOptions {
+    /// Source bytes per work item (memory: about 1.5× this per thread, plus the pages asked
+    /// for ahead and the write-behind window).
+    pub chunk_bytes: usize,
+    /// Worker threads.
+    pub threads: usize,
+    /// Give each chunk's source pages back once it is written (`false` only for tests that
+    /// watch another release).
+    pub release_behind: bool,
+}
+
 struct Item {
     tensor: usize,
-    /// Element range within the tensor.
+    /// Byte range within the source tensor.
     start: usize,
     end: usize,
 }
 
+/// Streams every tensor of `writer` from the tensor of the same name in `src`, converted from
+/// its stored dtype to the one `writer` declares (round-to-nearest-even; other dtypes copied),
+/// at disk speed in bounded memory: work items of `opts.chunk_bytes` in file order shared by
+/// `opts.threads` threads; each thread asks for the pages of the item `threads` ahead
+/// (`MADV_WILLNEED`, so reads overlap conversion), writes with `pwrite`, starts writeback at
+/// once and drops written pages a few items later ([`WriteBehind`]), and gives the source's
+/// pages back behind itself. `done` counts source bytes streamed. The writer is not finished.
+pub fn stream<S: WeightSource + ?Sized>(
+    src: &S,
+    writer: &SafetensorsWriter,
+    opts: &StreamOptions,
+    done: &AtomicU64,
+) -> Result<()> {
+    // Work items in file order, each about `chunk_bytes` of source.
+    let order = writer.order();
+    let mut tensors = Vec::with_capacity(order.len());
+    let mut items = Vec::new();
+    for (i, &name) in order.iter().enumerate() {
+        let info = src.info(name)?;
+        let (from, to) = (info.dtype, writer.dtype(name)?);
+        let len = info.shape.iter().product::<usize>() * from.size();
+        let per = (opts.chunk_bytes / from.size()).max(1) * from.size();
+        let mut s = 0;
+        while s < len {
+            let e = (s + per).min(len);
+            items.push(Item {
+                tensor: i,
+                start: s,
+                end: e,
+            });
+            s = e;
+        }
+        tensors.push((name, from, to));
+    }
+    let threads = opts.threads.max(1);
+    let ask = |k: usize| -> Result<()> {
+        match items.get(k) {
+            Some(it) => src.prefetch_range(tensors[it.tensor].0, it.start, it.end),
+            None => Ok(()),
+        }
+    };
+    for k in 0..threads {
+        ask(k)?;
+    }
+    let next = AtomicUsize::new(0);
+    let first_err: Mutex<Option<Error>> = Mutex::new(None);
+    let fd = writer.file().as_fd();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let (next, items, tensors, first_err, ask) =
+                (&next, &items, &tensors, &first_err, &ask);
+            scope.spawn(move || {
+                let mut buf = Vec::new();
+                let mut flusher = WriteBehind::new(fd, 4);
+                let run = |buf: &mut Vec<u8>, flusher: &mut WriteBehind| -> Result<bool> {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(it) = items.get(k) else {
+                        return Ok(false);
+                    };
+                    // The items before `k + threads` were asked for by earlier picks.
+                    ask(k + threads)?;
+                    let (name, from, to) = tensors[it.tensor];
+                    let view = src.tensor(name)?;
+                    let bytes = &view.bytes[it.start..it.end];
+                    let off = (it.start / from.size() * to.size()) as u64;
+                    // Bytes kept as they are go from the mapping straight to `pwrite`.
+                    let out = if from == to || !from.is_float() {
+                        bytes
+                    } else {
+                        convert_chunk(from, to, bytes, buf);
+                        buf.as_slice()
+                    };
+                    writer.write_at(name, off, out)?;
+                    if opts.release_behind {
+                        src.release_range(name, it.start, it.end)?;
+                    }
+                    let (abs, _) = writer.placement(name)?;
+                    flusher.push(abs + off, out.len() as u64);
+                    done.fetch_add((it.end - it.start) as u64, Ordering::Relaxed);
+                    Ok(true)
+                };
+                loop {
+                    if first_err.lock().expect("no panics").is_some() {
+                        break;
+                    }
+                    match run(&mut buf, &mut flusher) {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        Err(e) => {
+                            first_err.lock().expect("no panics").get_or_insert(e);
+                            break;
+                        }
+                    }
+                }
+                flusher.finish();
+            });
+        }
+    });
+    match first_err.into_inner().expect("no panics") {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// Converts `src` into a safetensors file at `out`: floats to `opts.dtype` (round-to-nearest-even),
 /// other dtypes copied, tensors selected by `opts.selection`, every large tensor on a page
-/// boundary. Streams in chunks of `opts.chunk_bytes` on `opts.threads` threads, giving the source's
-/// pages back behind itself. The output is written under a temporary name, fsynced and renamed; on
-/// any error nothing is left under `out`, nor when the source changed while it was read
-/// ([`WeightSource::check_unchanged`]: [`Error::Changed`]). The source is only read.
+/// boundary. Streams in chunks of `opts.chunk_bytes` on `opts.threads` threads ([`stream`]),
+/// giving the source's pages back behind itself. The output is written under a temporary name,
+/// fsynced and renamed; on any error nothing is left under `out`, nor when the source changed
+/// while it was read ([`WeightSource::check_unchanged`]: [`Error::Changed`]). The source is
+/// only read.
 pub fn convert<S: WeightSource>(
     src: &S,
     out: &Path,
@@ -313,41 +437,15 @@ pub fn convert<S: WeightSource>(
     }
     let (table, dropped, metadata) = plan(src, out, opts)?;
     let writer = SafetensorsWriter::create(out, &table, &metadata)?;
-
-    // Work items in file order, each about `chunk_bytes` of source.
-    let by_name: std::collections::HashMap<&str, usize> = table
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.name.as_str(), i))
-        .collect();
-    let mut items = Vec::new();
-    let mut src_dtypes = vec![Dtype::U8; table.len()];
     let mut total_src = 0u64;
-    for name in writer.order() {
-        let i = by_name[name];
-        let info = src.info(name)?;
-        src_dtypes[i] = info.dtype;
-        let numel: usize = info.shape.iter().product();
-        total_src += (numel * info.dtype.size()) as u64;
-        let per = (opts.chunk_bytes / info.dtype.size()).max(1);
-        let mut s = 0;
-        while s < numel {
-            let e = (s + per).min(numel);
-            items.push(Item {
-                tensor: i,
-                start: s,
-                end: e,
-            });
-            s = e;
-        }
+    for t in &table {
+        let info = src.info(&t.name)?;
+        total_src += (info.shape.iter().product::<usize>() * info.dtype.size()) as u64;
     }
 
-    let next = AtomicUsize::new(0);
     let done = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
-    let first_err: Mutex<Option<Error>> = Mutex::new(None);
-    let fd = writer.file().as_fd();
-    std::thread::scope(|scope| {
+    let streamed = std::thread::scope(|scope| {
         if let Some(report) = &opts.progress {
             let (done, stop) = (&done, &stop);
             scope.spawn(move || {
@@ -358,68 +456,20 @@ pub fn convert<S: WeightSource>(
                 (report.0)(done.load(Ordering::Relaxed), total_src);
             });
         }
-        let workers: Vec<_> = (0..opts.threads.max(1))
-            .map(|_| {
-                let (next, done, items, table, src_dtypes, writer, first_err) = (
-                    &next,
-                    &done,
-                    &items,
-                    &table,
-                    &src_dtypes,
-                    &writer,
-                    &first_err,
-                );
-                scope.spawn(move || {
-                    let mut buf = Vec::new();
-                    let mut flusher = WriteBehind::new(fd, 4);
-                    let run = |buf: &mut Vec<u8>, flusher: &mut WriteBehind| -> Result<bool> {
-                        let k = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(it) = items.get(k) else {
-                            return Ok(false);
-                        };
-                        let t = &table[it.tensor];
-                        let from = src_dtypes[it.tensor];
-                        let view = src.tensor(&t.name)?;
-                        let (bs, be) = (it.start * from.size(), it.end * from.size());
-                        // Ask for the next part of this tensor while converting this one.
-                        if be < view.bytes.len() {
-                            let ahead = (be + (be - bs)).min(view.bytes.len());
-                            src.prefetch_range(&t.name, be, ahead)?;
-                        }
-                        convert_chunk(from, t.dtype, &view.bytes[bs..be], buf);
-                        let off = (it.start * t.dtype.size()) as u64;
-                        writer.write_at(&t.name, off, buf)?;
-                        src.release_range(&t.name, bs, be)?;
-                        let (abs, _) = writer.placement(&t.name)?;
-                        flusher.push(abs + off, buf.len() as u64);
-                        done.fetch_add((be - bs) as u64, Ordering::Relaxed);
-                        Ok(true)
-                    };
-                    loop {
-                        if first_err.lock().expect("no panics").is_some() {
-                            break;
-                        }
-                        match run(&mut buf, &mut flusher) {
-                            Ok(true) => {}
-                            Ok(false) => break,
-                            Err(e) => {
-                                first_err.lock().expect("no panics").get_or_insert(e);
-                                break;
-                            }
-                        }
-                    }
-                    flusher.finish();
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join().expect("conversion worker panicked");
-        }
+        let r = stream(
+            src,
+            &writer,
+            &StreamOptions {
+                chunk_bytes: opts.chunk_bytes,
+                threads: opts.threads,
+                release_behind: true,
+            },
+            &done,
+        );
         stop.store(true, Ordering::Relaxed);
+        r
     });
-    if let Some(e) = first_err.into_inner().expect("no panics") {
-        return Err(e);
-    }
+    streamed?;
     let bytes_written = writer.total_len();
     // The output is published only if every byte came from the source `src` opened.
     src.check_unchanged()?;

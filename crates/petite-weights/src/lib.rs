@@ -34,7 +34,8 @@ pub mod writeback;
 mod writer;
 
 pub use convert::{
-    ConvertOptions, ConvertReport, Progress, Selection, TargetDtype, convert, seal_of,
+    ConvertOptions, ConvertReport, Progress, Selection, StreamOptions, TargetDtype, convert,
+    default_threads, seal_of, stream,
 };
 pub use fault::Role;
 pub use header::{Header, HeaderEntry, Index, MAX_HEADER_LEN, parse_header, parse_index};

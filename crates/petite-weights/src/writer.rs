@@ -361,6 +361,11 @@ impl SafetensorsWriter {
         Ok((s.offset, s.len))
     }
 
+    /// The dtype `name` is stored in.
+    pub(crate) fn dtype(&self, name: &str) -> Result<Dtype> {
+        Ok(self.slot(name)?.dtype)
+    }
+
     /// A sequential sink for `name`'s bytes (`write_all` chunks, then [`TensorSink::finish`]).
     /// Each tensor can be opened once.
     pub fn tensor(&self, name: &str) -> Result<TensorSink<'_>> {

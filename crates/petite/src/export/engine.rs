@@ -539,9 +539,14 @@ impl Stages for EngineStages<'_> {
         // Engines written in place are segments of the `.pte`s, not files of their own.
         let engine_bytes: u64 = self.records.iter().flatten().map(|r| r.file_bytes).sum();
         let pte_bytes = self.pte_bytes[0] + self.pte_bytes[1];
-        let mapping_path = self.mapping().map(|m| m.path().display().to_string());
-        let mapping_bytes = self.mapping().map_or(0, |m| m.mapped_len() as u64);
-        let (mapping_reused, convert_seconds) = (self.mapping_reused, self.convert_seconds);
+        // A builder that needs no mapping file writes none: nothing to report of it.
+        let mapping = self.builder.needs_mapping_file().then(|| MappingReport {
+            path: self.mapping().map(|m| m.path().display().to_string()),
+            reused: self.mapping_reused,
+            bytes: self.mapping().map_or(0, |m| m.mapped_len() as u64),
+            tensors: self.selection.len(),
+            convert_seconds: self.convert_seconds,
+        });
         let built = self.built;
         let reused = self.records.iter().map(Vec::len).sum::<usize>() - built;
         let part = EnginePart {
@@ -555,17 +560,7 @@ impl Stages for EngineStages<'_> {
             },
             builder_settings: self.builder.settings(),
             build_memory_model: self.builder.memory(),
-            mapping: MappingReport {
-                path: mapping_path,
-                reused: mapping_reused,
-                bytes: mapping_bytes,
-                tensors: if self.builder.needs_mapping_file() {
-                    self.selection.len()
-                } else {
-                    0
-                },
-                convert_seconds,
-            },
+            mapping: mapping.clone(),
             programs: EnginePrograms {
                 prefix: EngineProgram {
                     pte: save.prefix_pte.display().to_string(),
@@ -598,7 +593,7 @@ impl Stages for EngineStages<'_> {
             part: BackendPart::Engines(part),
             written: Written {
                 weight_bytes,
-                mapping: if mapping_reused { 0 } else { mapping_bytes },
+                mapping: mapping.map(|m| if m.reused { 0 } else { m.bytes }),
                 programs: pte_bytes,
                 pte: true,
                 engines: (!self.in_place).then_some(engine_bytes),

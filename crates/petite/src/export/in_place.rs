@@ -104,7 +104,7 @@ pub(super) fn write(t: &Target<'_>, pb: ProgramBuilder, staged: &Path) -> Result
         h.update(s.data.len().to_le_bytes());
     }
     let key = &hex::encode(h.finalize())[..16];
-    let partial = t.dir.join(format!("{}-{key}.pte.partial", t.tag));
+    let partial = crate::layout::partial_pte(t.dir, t.tag, key);
     clear_stale(t.dir, t.tag, &partial);
     let journal = Journal::load(&partial);
     let engine_of = segments
@@ -174,7 +174,7 @@ fn clear_stale(dir: &Path, tag: &str, keep: &Path) {
         let n = e.file_name().to_string_lossy().into_owned();
         let p = e.path();
         if n.starts_with(&format!("{tag}-"))
-            && n.contains(".pte.partial")
+            && n.contains(crate::layout::PARTIAL_PTE)
             && p != keep
             && p != keep_journal
         {

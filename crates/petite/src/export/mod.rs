@@ -4,17 +4,26 @@
 //! streamed from its file; the timestep table as constant data of `step.pte`) → engine files
 //! removed unless kept. Every stage is measured ([`crate::memory`]) into `report.json`.
 //!
+//! A builder that writes engines in place and needs no mapping file (the reference backend,
+//! without `--keep-engines`; `in_place.rs`) skips both intermediates: each weight is read from
+//! the checkpoint once and written once, straight into its engine's `.pte` segment. Its
+//! convert stage writes nothing and is reported as `fingerprint` (the seal the mapping file
+//! would have, for the export id); its `.pte`s are written as `engines/*.pte.partial` with a
+//! journal, so a killed run resumes from the finished segments.
+//!
 //! Files under `--out`: `prefix.pte`, `step.pte`, `report.json`, `cache/mapping-<key>.safetensors`
-//! (the bf16 mapping file, kept for the next run), `engines/` (only while building, or with
-//! `--keep-engines`). Finished engine files are named by a hash of their subgraph, the
-//! checkpoint's identity and the backend settings, so an interrupted export re-run with the same
-//! arguments reuses them. `--backend onnx` ([`onnx`]) writes `pi05.onnx`, `pi05.onnx.data` (the
-//! mapping file, moved out of `cache/` when published) and `pi05.onnx.json` instead of the `.pte`s.
+//! (the mapping file, kept for the next run; not for the reference backend), `engines/` (only
+//! while building, or with `--keep-engines`). Finished engine files are named by a hash of their
+//! subgraph, the checkpoint's identity and the backend settings, so an interrupted export re-run
+//! with the same arguments reuses them. `--backend onnx` ([`onnx`]) writes `pi05.onnx`,
+//! `pi05.onnx.data` (the mapping file, moved out of `cache/` when published) and
+//! `pi05.onnx.json` instead of the `.pte`s.
 //!
 //! Faults ([`crate::guard`]): `.petite.lock` is locked (one export per `--out`) before the
 //! first write; the inputs' identities are checked at every stage boundary and before the
-//! `.pte` files, written under staged names, are renamed to their final ones; the mapping file
-//! and engine files are reused only when their seals (length + checksum) match.
+//! `.pte` files, written under staged names, are renamed to their final ones; the mapping file,
+//! engine files and a partial `.pte`'s journaled segments are reused only when their seals
+//! (length + checksum) match.
 //!
 //! `.pte` layout (what [`crate::verify`] reads back): method `forward` has one planned tensor
 //! value per value crossing an engine boundary, the program's inputs and outputs in the order of
