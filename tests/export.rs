@@ -136,7 +136,7 @@ fn same_inputs_give_identical_bytes_and_a_rerun_reuses_everything() {
     let r = report(&a);
     assert_eq!(r["engines"]["built"], 0, "{r:#}");
     assert!(r["engines"]["reused"].as_u64().unwrap() >= 4);
-    assert_eq!(r["mapping"]["bytes"], 0);
+    assert!(r["mapping"].is_null(), "no mapping file to report: {r:#}");
     assert_eq!(outputs(&a), outputs(&b));
 }
 

@@ -287,6 +287,9 @@ pub fn default_threads() -> usize {
         .unwrap_or(2)
 }
 
+/// Source bytes `stream` asks for ahead of the items being converted.
+const READ_AHEAD: usize = 64 << 20;
+
 /// How [`stream`] reads, converts and writes.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamOptions {
@@ -310,7 +313,7 @@ struct Item {
 /// Streams every tensor of `writer` from the tensor of the same name in `src`, converted from
 /// its stored dtype to the one `writer` declares (round-to-nearest-even; other dtypes copied),
 /// at disk speed in bounded memory: work items of `opts.chunk_bytes` in file order shared by
-/// `opts.threads` threads; each thread asks for the pages of the item `threads` ahead
+/// `opts.threads` threads; each pick asks for the pages 64 MiB ahead
 /// (`MADV_WILLNEED`, so reads overlap conversion), writes with `pwrite`, starts writeback at
 /// once and drops written pages a few items later ([`WriteBehind`]), and gives the source's
 /// pages back behind itself. `done` counts source bytes streamed. The writer is not finished.
@@ -342,13 +345,17 @@ pub fn stream<S: WeightSource + ?Sized>(
         tensors.push((name, from, to));
     }
     let threads = opts.threads.max(1);
+    // Items asked for ahead of the ones being converted: enough to keep the disk busy while
+    // the threads convert and write (a few MiB is less than one request's worth on a fast
+    // disk), bounded so the asked-for pages stay a small part of a 512 MiB budget.
+    let ahead = (READ_AHEAD / opts.chunk_bytes.max(1)).max(threads);
     let ask = |k: usize| -> Result<()> {
         match items.get(k) {
             Some(it) => src.prefetch_range(tensors[it.tensor].0, it.start, it.end),
             None => Ok(()),
         }
     };
-    for k in 0..threads {
+    for k in 0..ahead {
         ask(k)?;
     }
     let next = AtomicUsize::new(0);
@@ -366,8 +373,8 @@ pub fn stream<S: WeightSource + ?Sized>(
                     let Some(it) = items.get(k) else {
                         return Ok(false);
                     };
-                    // The items before `k + threads` were asked for by earlier picks.
-                    ask(k + threads)?;
+                    // The items before `k + ahead` were asked for by earlier picks.
+                    ask(k + ahead)?;
                     let (name, from, to) = tensors[it.tensor];
                     let view = src.tensor(name)?;
                     let bytes = &view.bytes[it.start..it.end];
