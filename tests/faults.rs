@@ -143,18 +143,6 @@ fn mtime(p: &Path) -> SystemTime {
     std::fs::metadata(p).unwrap().modified().unwrap()
 }
 
-/// The one mapping file under `out/cache`.
-fn mapping_file(out: &Path) -> PathBuf {
-    let v: Vec<PathBuf> = std::fs::read_dir(out.join("cache"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-        .collect();
-    assert_eq!(v.len(), 1, "{v:?}");
-    v[0].clone()
-}
-
 /// A clean export of `c` (the bytes every recovered run must reproduce).
 fn clean(c: &Path, out: &Path) -> (Vec<u8>, Vec<u8>) {
     ok(export_cmd(c, out).output().unwrap());
@@ -186,15 +174,9 @@ fn checkpoint_truncated_during_convert_is_a_clear_error_and_the_rerun_recovers()
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
-    // Left: the lock file and the converter's partial file, which the next run clears.
-    let left = names(&out);
-    assert_eq!(left.len(), 3, "{left:?}");
-    assert_eq!(left[0], ".petite.lock");
-    assert_eq!(left[1], "cache/");
-    assert!(
-        left[2].starts_with("cache/mapping-") && left[2].ends_with(".safetensors.petite-tmp"),
-        "{left:?}"
-    );
+    // Left: the lock file (the reference backend writes no mapping file; the checkpoint's
+    // truncation is caught as its fingerprint is read).
+    assert_eq!(names(&out), vec![".petite.lock".to_string()]);
 
     restore(&model, &bytes, t);
     ok(export_cmd(&c, &out).output().unwrap());
@@ -207,39 +189,35 @@ fn checkpoint_truncated_during_convert_is_a_clear_error_and_the_rerun_recovers()
 }
 
 #[test]
-fn mapping_file_truncated_during_engines_is_named_and_rebuilt_by_the_rerun() {
-    let s = Scratch::new("trunc-mapping");
+fn partial_pte_damaged_after_a_kill_is_named_and_its_segments_rewritten() {
+    let s = Scratch::new("damaged-partial");
     let c = copy_case("two_cams_mqa", &s.0);
     let want = clean(&c, &s.0.join("clean"));
     let out = s.0.join("out");
-    let child = spawn_stopped(&mut export_cmd(&c, &out), "engine:prefix:0");
-    let mapping = mapping_file(&out);
-    let len = std::fs::metadata(&mapping).unwrap().len();
-    truncate(&mapping, 4096);
-    let o = resume(child);
-    let err = failed_as_changed(&o);
+    // Killed after the first engine is written into the partial prefix.pte and journaled.
+    let mut child = spawn_stopped(&mut export_cmd(&c, &out), "engine:prefix:0");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let partial = std::fs::read_dir(out.join("engines"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(".pte.partial"))
+        .expect("the partial prefix.pte stays for the re-run");
+    truncate(&partial, 4096);
+    // The re-run finds the journaled segment's bytes gone and writes it again.
+    let o = ok(export_cmd(&c, &out).output().unwrap());
+    let err = stderr(&o);
     assert!(
-        err.contains(&format!(
-            "mapping file changed or truncated while it was being read: {} (",
-            mapping.display()
-        )),
+        err.starts_with(&format!(
+            "petite: partial .pte {} is damaged (segment ",
+            partial.display()
+        )) && err.ends_with(" differs from its journal entry); rebuilding it\n"),
         "{err}"
     );
-    assert!(!err.contains("panicked"), "{err}");
-    for f in ["prefix.pte", "step.pte", "report.json"] {
-        assert!(!out.join(f).exists(), "{f}");
-    }
-    // The re-run finds the mapping file's length wrong against its seal and rebuilds it.
-    let o = ok(export_cmd(&c, &out).output().unwrap());
-    assert_eq!(
-        stderr(&o),
-        format!(
-            "petite: mapping file {} is damaged (4096 bytes, sealed at {len}); rebuilding it\n",
-            mapping.display()
-        )
-    );
-    assert_eq!(report(&out)["mapping"]["reused"], false);
+    assert_eq!(report(&out)["engines"]["reused"], 0);
     assert_eq!(outputs(&out), want);
+    assert!(!out.join("engines").exists());
 }
 
 #[test]
@@ -272,10 +250,14 @@ fn checkpoint_changed_between_stages_is_refused_before_publishing() {
         "{:?}",
         names(&out)
     );
-    // Back to the original identity: the engines built before the change are reused.
+    // Back to the original identity: the engines written before the change (the whole partial
+    // prefix.pte, kept unrenamed when the check before its rename failed) are reused.
     restore(&model, &bytes, t);
     ok(export_cmd(&c, &out).output().unwrap());
-    assert!(report(&out)["engines"]["reused"].as_u64().unwrap() >= 6);
+    let r = report(&out);
+    let prefix_engines = r["programs"]["prefix"]["engines"].as_array().unwrap().len();
+    assert!(prefix_engines >= 2);
+    assert_eq!(r["engines"]["reused"], prefix_engines, "{}", r["engines"]);
     assert_eq!(outputs(&out), want);
 }
 
@@ -349,11 +331,11 @@ fn disk_full_at_each_stage_names_the_file_leaves_no_final_file_and_the_rerun_fin
     let s = Scratch::new("fsize");
     let c = copy_case("two_cams_mqa", &s.0);
     let want = clean(&c, &s.0.join("clean"));
-    // 64 KiB: the mapping file (~170 KiB) fails; 256 KiB: it and the engines (~75 KiB)
-    // fit, prefix.pte (~360 KiB) fails.
+    // 64 KiB: the partial prefix.pte (~360 KiB, engines written into it) fails in its first
+    // engines; 256 KiB: in its last ones. The re-run resumes it.
     for (limit, file_part) in [
-        (64 << 10, "/cache/mapping-"),
-        (256 << 10, "/.prefix.pte.petite-tmp-staged.petite-tmp: "),
+        (64 << 10, "/engines/prefix-"),
+        (256 << 10, "/engines/prefix-"),
     ] {
         let out = s.0.join(format!("out-{limit}"));
         let o = with_file_limit(&mut export_cmd(&c, &out), limit)
@@ -449,7 +431,6 @@ fn damaged_cache_files_are_rebuilt_with_a_notice_never_trusted() {
     let want = clean(&c, &s.0.join("clean"));
     let out = s.0.join("out");
     ok(export_cmd(&c, &out).arg("--keep-engines").output().unwrap());
-    let mapping = mapping_file(&out);
     let engine = out
         .join("engines")
         .join(
@@ -484,7 +465,8 @@ fn damaged_cache_files_are_rebuilt_with_a_notice_never_trusted() {
             (v, "its SHA-256 differs from its seal".into())
         }),
     ];
-    for (what, file) in [("mapping file", &mapping), ("engine file", &engine)] {
+    // (The reference backend writes no mapping file; its engine files are the cache.)
+    for (what, file) in [("engine file", &engine)] {
         for (how, damage) in &damages {
             let good = std::fs::read(file).unwrap();
             let (bad, why) = damage(file, &good);
@@ -498,12 +480,7 @@ fn damaged_cache_files_are_rebuilt_with_a_notice_never_trusted() {
                 ),
                 "{what}, {how}"
             );
-            let r = report(&out);
-            if *what == *"mapping file" {
-                assert_eq!(r["mapping"]["reused"], false, "{how}");
-            } else {
-                assert_eq!(r["engines"]["built"], 1, "{how}");
-            }
+            assert_eq!(report(&out)["engines"]["built"], 1, "{how}");
             assert_eq!(std::fs::read(file).unwrap(), good, "{what}, {how}: rebuilt");
             assert_eq!(outputs(&out), want, "{what}, {how}");
         }
@@ -522,11 +499,10 @@ fn damaged_cache_files_are_rebuilt_with_a_notice_never_trusted() {
     assert_eq!(outputs(&out), want);
 
     // A damaged .pte from an earlier run is removed as soon as a run starts in the directory,
-    // even one that then fails (here: the disk fills while writing the mapping file).
+    // even one that then fails (here: the disk fills while writing the partial prefix.pte).
     let good_step = std::fs::read(out.join("step.pte")).unwrap();
     let pte = std::fs::read(out.join("prefix.pte")).unwrap();
     std::fs::write(out.join("prefix.pte"), &pte[..pte.len() / 3]).unwrap();
-    std::fs::remove_dir_all(out.join("cache")).unwrap();
     let o = with_file_limit(&mut export_cmd(&c, &out), 64 << 10)
         .output()
         .unwrap();
@@ -600,17 +576,18 @@ fn unreadable_and_unwritable_paths_are_named_and_nothing_is_published() {
     );
     assert_eq!(names(&out), Vec::<String>::new());
 
-    // A cache directory that cannot be written: named at the mapping file, nothing published.
+    // An engines directory that cannot be written: named at the partial prefix.pte, nothing
+    // published.
     let out = s.0.join("out-c");
-    std::fs::create_dir_all(out.join("cache")).unwrap();
+    std::fs::create_dir_all(out.join("engines")).unwrap();
     chmod(&out, 0o777);
-    chmod(&out.join("cache"), 0o555);
+    chmod(&out.join("engines"), 0o555);
     let o = unprivileged(&mut export_cmd(&c, &out)).output().unwrap();
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
-        err.contains(&format!("{}/mapping-", out.join("cache").display()))
-            && err.contains(".safetensors.petite-tmp: create: Permission denied (os error 13)"),
+        err.contains(&format!("{}/prefix-", out.join("engines").display()))
+            && err.contains(".pte.partial: open: Permission denied (os error 13)"),
         "{err}"
     );
     for f in ["prefix.pte", "step.pte", "report.json"] {

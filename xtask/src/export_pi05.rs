@@ -212,14 +212,24 @@ pub fn run(a: &Args) -> Result<()> {
         );
     }
     let t = &report["totals"];
+    // Each ratio the report has (which ones depends on what the backend writes).
+    let ratios: Vec<String> = [
+        (
+            "written_per_weight_byte_mapping_plus_pte",
+            "mapping file + .pte",
+        ),
+        ("written_per_weight_byte_pte", ".pte"),
+        (
+            "written_per_weight_byte_all_files",
+            "all files incl. engines",
+        ),
+    ]
+    .iter()
+    .filter_map(|(k, what)| t[*k].as_f64().map(|v| format!("{v:.3} ({what})")))
+    .collect();
     println!(
-        "  bytes written per weight byte: {:.3} (mapping file + .pte), {:.3} (all files incl. engines); weights {:.2} GiB",
-        t["written_per_weight_byte_mapping_plus_pte"]
-            .as_f64()
-            .unwrap_or(f64::NAN),
-        t["written_per_weight_byte_all_files"]
-            .as_f64()
-            .unwrap_or(f64::NAN),
+        "  bytes written per weight byte: {}; weights {:.2} GiB",
+        ratios.join(", "),
         gib(t["weight_bytes"].as_u64().unwrap_or(0))
     );
     if let Some(v) = &v {

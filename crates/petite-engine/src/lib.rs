@@ -364,9 +364,22 @@ pub trait EngineBuilder: Sync {
     fn file_name(&self, name: &str) -> String;
     /// Host memory one build needs beyond the calling process.
     fn memory(&self) -> BuildMemory;
-    /// The dtype in which a weight the programs declare `declared` must be in the mapping
-    /// file, or `None` when this backend reads it from the checkpoint (converting as it goes).
+    /// The dtype in which a weight the programs declare `declared` is in this backend's
+    /// mapping file, or `None` when this backend reads it from the checkpoint (converting as it
+    /// goes). The mapping file's seal is the weights' fingerprint in the export id, written or
+    /// not ([`EngineBuilder::needs_mapping_file`]).
     fn mapping_dtype(&self, declared: Dtype) -> Option<Dtype>;
+    /// Whether builds read the mapping file (TensorRT's engines point into it). `false`: the
+    /// builder streams every weight from the checkpoint, and the file is never written.
+    fn needs_mapping_file(&self) -> bool {
+        true
+    }
+    /// The builder's way of writing an engine straight into a region of another file (a
+    /// `.pte` segment), when an engine's size is known before any weight is read; `None`
+    /// (the default): engines are files of their own.
+    fn in_place(&self) -> Option<&dyn InPlaceBuilder> {
+        None
+    }
     /// Hands the builder the mapping file (after conversion, before the first build); builders
     /// whose engines point into it (TensorRT's ONNX external data) read its header here.
     fn attach_mapping(&self, mapping: &Path) -> Result<()> {
@@ -396,6 +409,24 @@ pub trait EngineBuilder: Sync {
     fn device(&self) -> Option<u8> {
         None
     }
+}
+
+/// Engines written into a region of a file someone else owns ([`EngineBuilder::in_place`]):
+/// each engine's bytes are written once, at their final place.
+pub trait InPlaceBuilder {
+    /// The size of `job`'s engine, from its subgraph and its weights' table (no weight read).
+    fn engine_len(&self, job: &EngineJob<'_>, weights: &dyn WeightSource) -> Result<u64>;
+    /// Writes `job`'s engine, streamed from `weights`, into `[offset, offset + len)` of `file`
+    /// (at `path`, named in errors), where `len` is [`InPlaceBuilder::engine_len`]; returns
+    /// `len`. Durability is the file owner's.
+    fn write_engine(
+        &self,
+        job: &EngineJob<'_>,
+        weights: &dyn WeightSource,
+        file: &std::fs::File,
+        path: &Path,
+        offset: u64,
+    ) -> Result<u64>;
 }
 
 /// What an earlier run left at an engine's path ([`reuse_engine`]).

@@ -9,18 +9,19 @@
 //! petite-reference; its weights are never loaded, only paged in as the executor reads them.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::fd::AsFd;
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 
 use petite_graph::{Dtype, Op, Program, ShapeDisplay, WeightInfo};
 use petite_reference::{Executor, Tensor};
-use petite_weights::writeback::WriteBehind;
-use petite_weights::{MappedSafetensors, RowSlices, SafetensorsWriter, TensorSpec, WeightSource};
+use petite_weights::{
+    MappedSafetensors, RowSlices, SafetensorsLayout, SafetensorsWriter, TensorSpec, WeightSource,
+};
 
 use crate::{
     BuildMemory, BuilderInfo, BuiltEngine, EngineBuilder, EngineJob, EngineRuntime, Error,
-    HostTensor, IoBinding, Result,
+    HostTensor, InPlaceBuilder, IoBinding, Result,
 };
 
 /// Backend id of reference engines.
@@ -33,9 +34,6 @@ pub const FORMAT: &str = "petite-reference-engine/1";
 pub const META_PROGRAM: &str = "petite.engine.program";
 /// File name suffix of reference engine files.
 pub const SUFFIX: &str = ".ref.safetensors";
-
-/// Output written back and dropped from the page cache every this many bytes.
-const FLUSH_BYTES: u64 = 64 << 20;
 
 /// Checks that `source` holds weight `w` with its shape (for a row range: the rows exist and the
 /// row shape agrees) and a dtype convertible to its declared one (any float for a float
@@ -84,8 +82,11 @@ pub fn check_weight(source: &dyn WeightSource, w: &WeightInfo) -> Result<Dtype> 
 /// Builds reference engines.
 #[derive(Debug, Clone)]
 pub struct ReferenceBuilder {
-    /// Bytes of source read (and converted) per step; the builder's memory is about this much.
+    /// Bytes of source read (and converted) per step; the builder's memory is a few of these
+    /// per thread.
     pub chunk_bytes: usize,
+    /// Threads reading, converting and writing (reads of one overlap the others' work).
+    pub threads: usize,
     /// Give the source's pages back behind the stream (a chunk at a time) instead of only after
     /// each weight's last engine: keeps the mapping's residency at about one chunk even within
     /// one large engine. Off, residency grows through an engine and drops at its last-use release.
@@ -96,101 +97,22 @@ impl Default for ReferenceBuilder {
     fn default() -> Self {
         ReferenceBuilder {
             chunk_bytes: 4 << 20,
+            threads: petite_weights::default_threads(),
             release_behind: true,
         }
     }
 }
 
-/// Widens one stored float element to f32 (exact for bf16/f16).
-fn load_f32(dtype: Dtype, b: &[u8]) -> f32 {
-    petite_dtype::f32_from_le(dtype, b).unwrap_or(f32::NAN)
-}
-
-/// Appends `x` rounded to `to` (round-to-nearest-even, the executor's rule) to `out`.
-fn store(to: Dtype, x: f32, out: &mut Vec<u8>) {
-    if !petite_dtype::push_le(to, x, out) {
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-}
-
-/// A tensor sink's write error: a source truncated under the build (petite-weights'
-/// `Changed`, raised where the kernel could not read the mapped bytes) stays that error, naming
-/// the source; anything else is an I/O error on the tensor.
-fn sink_error(name: &str, e: std::io::Error) -> Error {
-    match e
-        .get_ref()
-        .and_then(|i| i.downcast_ref::<petite_weights::Error>())
-    {
-        Some(petite_weights::Error::Changed { role, file, what }) => {
-            Error::Weights(petite_weights::Error::Changed {
-                role,
-                file: file.clone(),
-                what: what.clone(),
-            })
-        }
-        _ => Error::io(Path::new(name), "write engine tensor", e),
-    }
-}
-
 impl ReferenceBuilder {
-    /// Streams weight `name` from `source` into `writer`, converting from `stored` to `declared`.
-    fn stream(
-        &self,
-        source: &dyn WeightSource,
-        writer: &SafetensorsWriter,
-        name: &str,
-        stored: Dtype,
-        declared: Dtype,
-        behind: &mut (WriteBehind, u64),
-    ) -> Result<()> {
-        let view = source.tensor(name)?;
-        let mut sink = writer.tensor(name)?;
-        let chunk = self.chunk_bytes.max(64);
-        let io = |e: std::io::Error| sink_error(name, e);
-        if stored == declared {
-            let mut off = 0;
-            for c in view.bytes.chunks(chunk) {
-                sink.write_all(c).map_err(io)?;
-                if self.release_behind {
-                    source.release_range(name, off, off + c.len())?;
-                }
-                off += c.len();
-            }
-        } else {
-            let es = stored.size();
-            let mut buf = Vec::with_capacity(chunk / es * declared.size() + 8);
-            let mut off = 0;
-            for c in view.bytes.chunks(chunk / es * es) {
-                buf.clear();
-                for e in c.chunks_exact(es) {
-                    store(declared, load_f32(stored, e), &mut buf);
-                }
-                sink.write_all(&buf).map_err(io)?;
-                if self.release_behind {
-                    source.release_range(name, off, off + c.len())?;
-                }
-                off += c.len();
-            }
-        }
-        sink.finish()?;
-        // Keep written output out of memory without stalling on it: every FLUSH_BYTES, start
-        // writeback of the new window; the previous one is then awaited and dropped.
-        // `behind.1` = start of the bytes not yet handed to the write-behind.
-        let (start, len) = writer.placement(name)?;
-        let end = start + len;
-        if end - behind.1 >= FLUSH_BYTES {
-            behind.0.push(behind.1, end - behind.1);
-            behind.1 = end;
-        }
-        Ok(())
-    }
-
-    fn build_inner(
+    /// Plans `job`'s engine file (the subgraph it carries, its table, its layout) and hands it
+    /// with the source it streams from (row ranges as tensors of their own) to `f`.
+    fn with_plan<R>(
         &self,
         job: &EngineJob<'_>,
         source: &dyn WeightSource,
-        dir: &Path,
-    ) -> Result<BuiltEngine> {
+        path: &Path,
+        f: impl FnOnce(&Planned, &dyn WeightSource) -> Result<R>,
+    ) -> Result<R> {
         job.program.validate()?;
         // The file stores only the rows a row-range weight reads, as a tensor of its own named
         // `name[start..end]`; the subgraph it carries reads that tensor whole.
@@ -209,30 +131,47 @@ impl ReferenceBuilder {
         }
         let source: &dyn WeightSource = &sliced;
         let weights = program.weights();
-        let mut stored = BTreeMap::new();
         let mut table = Vec::with_capacity(weights.len());
         for w in &weights {
-            stored.insert(w.name.as_str(), (check_weight(source, w)?, w.dtype));
+            check_weight(source, w)?;
             table.push(TensorSpec::new(&w.name, w.dtype, &w.shape));
         }
-        let path = dir.join(format!("{}{SUFFIX}", job.name));
         let meta = vec![
             (META_FORMAT.to_string(), FORMAT.to_string()),
             (META_PROGRAM.to_string(), program.to_json()?),
         ];
-        let writer = SafetensorsWriter::create(&path, &table, &meta)?;
-        let mut behind = (
-            WriteBehind::new(writer.file().as_fd(), 1),
-            writer.data_start(),
-        );
-        for name in writer.order() {
-            let (st, decl) = stored[name];
-            self.stream(source, &writer, name, st, decl, &mut behind)?;
-        }
-        // Retires the pending ranges and ends the borrow of the writer's fd.
-        drop(behind);
-        crate::sys::flush_and_drop(writer.file(), 0, writer.total_len());
-        let path = writer.finish_sealed()?;
+        let layout = SafetensorsLayout::plan(path, &table, &meta)?;
+        f(&Planned { program, layout }, source)
+    }
+
+    /// Streams every weight of the planned file from `source` into `writer`, converted to its
+    /// declared dtype, at disk speed (petite-weights' [`petite_weights::stream`]: reads asked
+    /// for ahead, conversion on every thread, written bytes and read pages dropped behind).
+    fn stream_all(&self, source: &dyn WeightSource, writer: &SafetensorsWriter) -> Result<()> {
+        let opts = petite_weights::StreamOptions {
+            chunk_bytes: self.chunk_bytes,
+            threads: self.threads,
+            release_behind: self.release_behind,
+        };
+        petite_weights::stream(source, writer, &opts, &AtomicU64::new(0))?;
+        // The header, and anything the write-behind left, out of the page cache too.
+        crate::sys::flush_and_drop(writer.file(), writer.base(), writer.total_len());
+        Ok(())
+    }
+
+    fn build_inner(
+        &self,
+        job: &EngineJob<'_>,
+        source: &dyn WeightSource,
+        dir: &Path,
+    ) -> Result<BuiltEngine> {
+        let path = dir.join(format!("{}{SUFFIX}", job.name));
+        let program = self.with_plan(job, source, &path, |plan, source| {
+            let writer = SafetensorsWriter::create_laid_out(&path, &plan.layout)?;
+            self.stream_all(source, &writer)?;
+            writer.finish_sealed()?;
+            Ok(plan.program.clone())
+        })?;
         let file_bytes = std::fs::metadata(&path)
             .map_err(|e| Error::io(&path, "stat", e))?
             .len();
@@ -255,6 +194,41 @@ impl ReferenceBuilder {
             stats: None,
             compile_specs: Vec::new(),
         })
+    }
+}
+
+/// A planned engine file: the subgraph it carries and its layout.
+struct Planned {
+    program: Program,
+    layout: SafetensorsLayout,
+}
+
+impl InPlaceBuilder for ReferenceBuilder {
+    /// The engine file's size: its header (with the subgraph) and its weights' table fix it.
+    fn engine_len(&self, job: &EngineJob<'_>, weights: &dyn WeightSource) -> Result<u64> {
+        self.with_plan(job, weights, Path::new(job.name), |plan, _| {
+            Ok(plan.layout.total_len())
+        })
+        .map_err(|e| e.in_engine(job.index, job.name))
+    }
+
+    /// The engine file's bytes, exactly as [`EngineBuilder::build`] writes them into a file of
+    /// their own, streamed from `weights` straight into the region.
+    fn write_engine(
+        &self,
+        job: &EngineJob<'_>,
+        weights: &dyn WeightSource,
+        file: &File,
+        path: &Path,
+        offset: u64,
+    ) -> Result<u64> {
+        self.with_plan(job, weights, path, |plan, source| {
+            let writer = SafetensorsWriter::create_in(file, path, offset, &plan.layout)?;
+            self.stream_all(source, &writer)?;
+            writer.finish()?;
+            Ok(plan.layout.total_len())
+        })
+        .map_err(|e| e.in_engine(job.index, job.name))
     }
 }
 
@@ -288,10 +262,20 @@ impl EngineBuilder for ReferenceBuilder {
         }
     }
 
-    /// bf16 weights come from the bf16 mapping file; others are read from the checkpoint and
-    /// converted chunk by chunk into the engine file.
+    /// A mapping file of this backend would hold the bf16 weights (what the export id
+    /// fingerprints); none is written ([`EngineBuilder::needs_mapping_file`]).
     fn mapping_dtype(&self, declared: Dtype) -> Option<Dtype> {
         (declared == Dtype::Bf16).then_some(Dtype::Bf16)
+    }
+
+    /// Every weight is read from the checkpoint and converted chunk by chunk as it is
+    /// streamed, so a mapping file would only be a second copy of the weights.
+    fn needs_mapping_file(&self) -> bool {
+        false
+    }
+
+    fn in_place(&self) -> Option<&dyn InPlaceBuilder> {
+        Some(self)
     }
 
     /// The file must open as a reference engine whose subgraph equals the job's.

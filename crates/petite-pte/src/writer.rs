@@ -261,6 +261,120 @@ pub fn write_pte_streamed(
     Ok(summary)
 }
 
+/// The hooks of [`write_pte_resumable`]: which segments a partial file already holds, how a
+/// deferred segment is written in place, and what is recorded once a segment is durable.
+pub trait Resume {
+    /// The caller's error type (it carries this crate's).
+    type Error: From<Error>;
+    /// Whether segment `index`, at `[offset, offset + len)` of `file`, already holds its bytes
+    /// (the caller checks what it recorded when it [finished](Resume::finished) it); such a
+    /// segment is not written again.
+    fn done(&mut self, file: &File, index: usize, offset: u64, len: u64) -> bool;
+    /// Writes deferred data `id` (a whole segment) into `[offset, offset + len)` of `file`.
+    fn fill(
+        &mut self,
+        id: u64,
+        file: &File,
+        offset: u64,
+        len: u64,
+    ) -> std::result::Result<(), Self::Error>;
+    /// Every segment is in place; an error here (an input changed meanwhile) leaves the
+    /// partial file unrenamed, for a later run.
+    fn ready(&mut self) -> std::result::Result<(), Self::Error>;
+    /// Segment `index` was written at `[offset, offset + len)` and is on storage: record it.
+    fn finished(
+        &mut self,
+        file: &File,
+        index: usize,
+        offset: u64,
+        len: u64,
+    ) -> std::result::Result<(), Self::Error>;
+}
+
+/// [`write_pte_streamed`] that a killed run can resume: the file is written in place at
+/// `partial` (opened as it is when an earlier run left it, never truncated), each segment the
+/// caller says is [done](Resume::done) is kept, every other one written (a whole-segment
+/// [`SegmentData::Deferred`] by [`Resume::fill`], straight into the file) and synced before
+/// [`Resume::finished`] hears of it; the program and padding are rewritten each time. Complete,
+/// the file is cut to its length, synced and renamed to `path` (then the directory synced).
+/// On error `partial` stays for the next run.
+pub fn write_pte_resumable<R: Resume>(
+    partial: &Path,
+    path: &Path,
+    program: &Program,
+    segments: &[Segment],
+    opts: WriteOptions,
+    resume: &mut R,
+) -> std::result::Result<WriteSummary, R::Error> {
+    let (head, _program, base, data_size) = prepare(program, segments)?;
+    let out = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(partial)
+        .map_err(|e| Error::io(partial, "open", e))?;
+    let mut summary = WriteSummary {
+        file_len: 0,
+        program_size: head.len() as u64,
+        segment_base_offset: base,
+        segment_data_size: data_size,
+        bytes_copied_in_kernel: 0,
+        bytes_copied_buffered: 0,
+    };
+    out.write_all_at(&head, 0)
+        .map_err(|e| Error::io(partial, "write program", e))?;
+    let mut pos = head.len() as u64;
+    let layout = layout_segments(segments)?;
+    let mut buf = Vec::new();
+    let mut nested = |id: u64, _: &mut dyn Write| -> std::io::Result<()> {
+        Err(std::io::Error::other(format!(
+            "deferred data {id} inside a segment's parts cannot be resumed"
+        )))
+    };
+    for (i, (seg, at)) in segments.iter().zip(&layout).enumerate() {
+        if seg.data.is_empty() {
+            continue;
+        }
+        let start = base + at.offset;
+        write_zeros(&out, partial, pos, start - pos)?;
+        pos = start;
+        let len = seg.data.len();
+        if !resume.done(&out, i, pos, len) {
+            match &seg.data {
+                SegmentData::Deferred { id, .. } => {
+                    resume.fill(*id, &out, pos, len)?;
+                    summary.bytes_copied_buffered += len;
+                }
+                data => SegWriter {
+                    index: i,
+                    out: &out,
+                    out_path: partial,
+                    opts,
+                    buf: &mut buf,
+                    fill: &mut nested,
+                    summary: &mut summary,
+                }
+                .write(data, pos)?,
+            }
+            out.sync_data()
+                .map_err(|e| Error::io(partial, "sync segment", e))?;
+            resume.finished(&out, i, pos, len)?;
+        }
+        pos += len;
+    }
+    summary.file_len = pos;
+    resume.ready()?;
+    out.set_len(pos)
+        .map_err(|e| Error::io(partial, "set length", e))?;
+    out.sync_all().map_err(|e| Error::io(partial, "fsync", e))?;
+    std::fs::rename(partial, path).map_err(|e| Error::io(path, "rename", e))?;
+    if let Some(dir) = path.parent() {
+        petite_fs::sync_dir(dir).map_err(Error::from)?;
+    }
+    Ok(summary)
+}
+
 /// Writes one segment's data (recursively for parts) at a file position.
 struct SegWriter<'a, 'f> {
     index: usize,

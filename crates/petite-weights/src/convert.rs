@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::writeback::WriteBehind;
-use crate::{Dtype, Error, Result, SafetensorsWriter, TensorSpec, WeightSource};
+use crate::{Dtype, Error, Result, SafetensorsLayout, SafetensorsWriter, TensorSpec, WeightSource};
 
 /// The float dtype floats are converted to (other dtypes are copied unchanged).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,9 +120,7 @@ impl Default for ConvertOptions {
             dtype: TargetDtype::Bf16,
             selection: Selection::All,
             chunk_bytes: 8 << 20,
-            threads: std::thread::available_parallelism()
-                .map(|n| n.get().min(4))
-                .unwrap_or(2),
+            threads: default_threads(),
             progress: None,
             metadata: Vec::new(),
             dtypes: std::collections::BTreeMap::new(),
@@ -182,36 +180,14 @@ fn convert_chunk(from: Dtype, to: Dtype, src: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-struct Item {
-    tensor: usize,
-    /// Element range within the tensor.
-    start: usize,
-    end: usize,
-}
-
-/// Converts `src` into a safetensors file at `out`: floats to `opts.dtype` (round-to-nearest-even),
-/// other dtypes copied, tensors selected by `opts.selection`, every large tensor on a page
-/// boundary. Streams in chunks of `opts.chunk_bytes` on `opts.threads` threads, giving the source's
-/// pages back behind itself. The output is written under a temporary name, fsynced and renamed; on
-/// any error nothing is left under `out`, nor when the source changed while it was read
-/// ([`WeightSource::check_unchanged`]: [`Error::Changed`]). The source is only read.
-pub fn convert<S: WeightSource>(
+/// What [`convert`] writes at `out` with `opts`: its table (each tensor in its target dtype),
+/// the tensors left out, and its `__metadata__`.
+#[allow(clippy::type_complexity)]
+fn plan<S: WeightSource>(
     src: &S,
     out: &Path,
     opts: &ConvertOptions,
-) -> Result<ConvertReport> {
-    let t0 = Instant::now();
-    // Never replace a file being read: the rename would swap it under the mapping.
-    if let Ok(o) = out.canonicalize() {
-        for f in src.files() {
-            if f.canonicalize().is_ok_and(|f| f == o) {
-                return Err(Error::WouldOverwriteSource {
-                    out: out.display().to_string(),
-                    source_file: f.display().to_string(),
-                });
-            }
-        }
-    }
+) -> Result<(Vec<TensorSpec>, Vec<String>, Vec<(String, String)>)> {
     let names = src.names();
     let (kept, dropped) = opts.selection.apply(&names)?;
     let target = opts.dtype.dtype();
@@ -244,27 +220,121 @@ pub fn convert<S: WeightSource>(
     }
     let mut metadata = vec![("format".to_string(), "pt".to_string())];
     metadata.extend(opts.metadata.iter().cloned());
-    let writer = SafetensorsWriter::create(out, &table, &metadata)?;
+    Ok((table, dropped, metadata))
+}
 
+/// The seal line ([`crate::seal`]) of the file [`convert`] would write at `out` with `opts`,
+/// computed from `src` without writing it: the planned header and the converted bytes of the
+/// ranges a seal samples (every byte of a file up to [`crate::seal::FULL_LIMIT`]). An export
+/// whose backend reads the checkpoint directly still identifies the weights' content exactly as
+/// an export that wrote the file (same export id), at the cost of a few MiB of reads.
+pub fn seal_of<S: WeightSource>(src: &S, out: &Path, opts: &ConvertOptions) -> Result<String> {
+    let (table, _, metadata) = plan(src, out, opts)?;
+    let layout = SafetensorsLayout::plan(out, &table, &metadata)?;
+    let header = layout.header();
+    let tensors: Vec<(&str, Dtype, u64, u64)> = layout.tensors().collect();
+    let mut failed: Option<Error> = None;
+    let mut conv = Vec::new();
+    let mut read_at = |off: u64, buf: &mut [u8]| -> std::io::Result<()> {
+        let mut filled = 0usize;
+        while filled < buf.len() {
+            let p = off + filled as u64;
+            let rest = buf.len() - filled;
+            if p < header.len() as u64 {
+                let k = (header.len() - p as usize).min(rest);
+                buf[filled..filled + k].copy_from_slice(&header[p as usize..p as usize + k]);
+                filled += k;
+                continue;
+            }
+            // The data region is contiguous: the tensor holding `p`.
+            let i = tensors.partition_point(|t| t.2 + t.3 <= p);
+            let Some(&(name, to, start, len)) = tensors.get(i) else {
+                return Err(std::io::Error::other("read past the planned file"));
+            };
+            let rel = p - start;
+            let k = ((len - rel) as usize).min(rest);
+            let step = |conv: &mut Vec<u8>| -> Result<()> {
+                let view = src.tensor(name)?;
+                let (from, es, ts) = (view.dtype, view.dtype.size(), to.size() as u64);
+                let (e0, e1) = (rel / ts, (rel + k as u64).div_ceil(ts));
+                let bytes = &view.bytes[e0 as usize * es..e1 as usize * es];
+                convert_chunk(from, to, bytes, conv);
+                Ok(())
+            };
+            if let Err(e) = step(&mut conv) {
+                failed = Some(e);
+                return Err(std::io::Error::other("source read failed"));
+            }
+            let skip = (rel % to.size() as u64) as usize;
+            buf[filled..filled + k].copy_from_slice(&conv[skip..skip + k]);
+            filled += k;
+        }
+        Ok(())
+    };
+    let line = crate::seal::line(layout.total_len(), &mut read_at);
+    match (line, failed) {
+        (_, Some(e)) => Err(e),
+        (Ok(l), None) => Ok(l),
+        (Err(e), None) => Err(Error::io(out, "seal the planned file", e)),
+    }
+}
+
+/// Worker threads of a streamed conversion by default: two overlap one thread's reads with the
+/// other's conversion and writes; more than four only add contention for one disk.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get().min(4))
+        .unwrap_or(2)
+}
+
+/// Source bytes `stream` asks for ahead of the items being converted.
+const READ_AHEAD: usize = 64 << 20;
+
+/// How [`stream`] reads, converts and writes.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamOptions {
+    /// Source bytes per work item (memory: about 1.5× this per thread, plus the pages asked
+    /// for ahead and the write-behind window).
+    pub chunk_bytes: usize,
+    /// Worker threads.
+    pub threads: usize,
+    /// Give each chunk's source pages back once it is written (`false` only for tests that
+    /// watch another release).
+    pub release_behind: bool,
+}
+
+struct Item {
+    tensor: usize,
+    /// Byte range within the source tensor.
+    start: usize,
+    end: usize,
+}
+
+/// Streams every tensor of `writer` from the tensor of the same name in `src`, converted from
+/// its stored dtype to the one `writer` declares (round-to-nearest-even; other dtypes copied),
+/// at disk speed in bounded memory: work items of `opts.chunk_bytes` in file order shared by
+/// `opts.threads` threads; each pick asks for the pages 64 MiB ahead
+/// (`MADV_WILLNEED`, so reads overlap conversion), writes with `pwrite`, starts writeback at
+/// once and drops written pages a few items later ([`WriteBehind`]), and gives the source's
+/// pages back behind itself. `done` counts source bytes streamed. The writer is not finished.
+pub fn stream<S: WeightSource + ?Sized>(
+    src: &S,
+    writer: &SafetensorsWriter,
+    opts: &StreamOptions,
+    done: &AtomicU64,
+) -> Result<()> {
     // Work items in file order, each about `chunk_bytes` of source.
-    let by_name: std::collections::HashMap<&str, usize> = table
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.name.as_str(), i))
-        .collect();
+    let order = writer.order();
+    let mut tensors = Vec::with_capacity(order.len());
     let mut items = Vec::new();
-    let mut src_dtypes = vec![Dtype::U8; table.len()];
-    let mut total_src = 0u64;
-    for name in writer.order() {
-        let i = by_name[name];
+    for (i, &name) in order.iter().enumerate() {
         let info = src.info(name)?;
-        src_dtypes[i] = info.dtype;
-        let numel: usize = info.shape.iter().product();
-        total_src += (numel * info.dtype.size()) as u64;
-        let per = (opts.chunk_bytes / info.dtype.size()).max(1);
+        let (from, to) = (info.dtype, writer.dtype(name)?);
+        let len = info.shape.iter().product::<usize>() * from.size();
+        let per = (opts.chunk_bytes / from.size()).max(1) * from.size();
         let mut s = 0;
-        while s < numel {
-            let e = (s + per).min(numel);
+        while s < len {
+            let e = (s + per).min(len);
             items.push(Item {
                 tensor: i,
                 start: s,
@@ -272,14 +342,117 @@ pub fn convert<S: WeightSource>(
             });
             s = e;
         }
+        tensors.push((name, from, to));
     }
-
+    let threads = opts.threads.max(1);
+    // Items asked for ahead of the ones being converted: enough to keep the disk busy while
+    // the threads convert and write (a few MiB is less than one request's worth on a fast
+    // disk), bounded so the asked-for pages stay a small part of a 512 MiB budget.
+    let ahead = (READ_AHEAD / opts.chunk_bytes.max(1)).max(threads);
+    let ask = |k: usize| -> Result<()> {
+        match items.get(k) {
+            Some(it) => src.prefetch_range(tensors[it.tensor].0, it.start, it.end),
+            None => Ok(()),
+        }
+    };
+    for k in 0..ahead {
+        ask(k)?;
+    }
     let next = AtomicUsize::new(0);
-    let done = AtomicU64::new(0);
-    let stop = AtomicBool::new(false);
     let first_err: Mutex<Option<Error>> = Mutex::new(None);
     let fd = writer.file().as_fd();
     std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let (next, items, tensors, first_err, ask) =
+                (&next, &items, &tensors, &first_err, &ask);
+            scope.spawn(move || {
+                let mut buf = Vec::new();
+                let mut flusher = WriteBehind::new(fd, 4);
+                let run = |buf: &mut Vec<u8>, flusher: &mut WriteBehind| -> Result<bool> {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(it) = items.get(k) else {
+                        return Ok(false);
+                    };
+                    // The items before `k + ahead` were asked for by earlier picks.
+                    ask(k + ahead)?;
+                    let (name, from, to) = tensors[it.tensor];
+                    let view = src.tensor(name)?;
+                    let bytes = &view.bytes[it.start..it.end];
+                    let off = (it.start / from.size() * to.size()) as u64;
+                    // Bytes kept as they are go from the mapping straight to `pwrite`.
+                    let out = if from == to || !from.is_float() {
+                        bytes
+                    } else {
+                        convert_chunk(from, to, bytes, buf);
+                        buf.as_slice()
+                    };
+                    writer.write_at(name, off, out)?;
+                    if opts.release_behind {
+                        src.release_range(name, it.start, it.end)?;
+                    }
+                    let (abs, _) = writer.placement(name)?;
+                    flusher.push(abs + off, out.len() as u64);
+                    done.fetch_add((it.end - it.start) as u64, Ordering::Relaxed);
+                    Ok(true)
+                };
+                loop {
+                    if first_err.lock().expect("no panics").is_some() {
+                        break;
+                    }
+                    match run(&mut buf, &mut flusher) {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        Err(e) => {
+                            first_err.lock().expect("no panics").get_or_insert(e);
+                            break;
+                        }
+                    }
+                }
+                flusher.finish();
+            });
+        }
+    });
+    match first_err.into_inner().expect("no panics") {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Converts `src` into a safetensors file at `out`: floats to `opts.dtype` (round-to-nearest-even),
+/// other dtypes copied, tensors selected by `opts.selection`, every large tensor on a page
+/// boundary. Streams in chunks of `opts.chunk_bytes` on `opts.threads` threads ([`stream`]),
+/// giving the source's pages back behind itself. The output is written under a temporary name,
+/// fsynced and renamed; on any error nothing is left under `out`, nor when the source changed
+/// while it was read ([`WeightSource::check_unchanged`]: [`Error::Changed`]). The source is
+/// only read.
+pub fn convert<S: WeightSource>(
+    src: &S,
+    out: &Path,
+    opts: &ConvertOptions,
+) -> Result<ConvertReport> {
+    let t0 = Instant::now();
+    // Never replace a file being read: the rename would swap it under the mapping.
+    if let Ok(o) = out.canonicalize() {
+        for f in src.files() {
+            if f.canonicalize().is_ok_and(|f| f == o) {
+                return Err(Error::WouldOverwriteSource {
+                    out: out.display().to_string(),
+                    source_file: f.display().to_string(),
+                });
+            }
+        }
+    }
+    let (table, dropped, metadata) = plan(src, out, opts)?;
+    let writer = SafetensorsWriter::create(out, &table, &metadata)?;
+    let mut total_src = 0u64;
+    for t in &table {
+        let info = src.info(&t.name)?;
+        total_src += (info.shape.iter().product::<usize>() * info.dtype.size()) as u64;
+    }
+
+    let done = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let streamed = std::thread::scope(|scope| {
         if let Some(report) = &opts.progress {
             let (done, stop) = (&done, &stop);
             scope.spawn(move || {
@@ -290,68 +463,20 @@ pub fn convert<S: WeightSource>(
                 (report.0)(done.load(Ordering::Relaxed), total_src);
             });
         }
-        let workers: Vec<_> = (0..opts.threads.max(1))
-            .map(|_| {
-                let (next, done, items, table, src_dtypes, writer, first_err) = (
-                    &next,
-                    &done,
-                    &items,
-                    &table,
-                    &src_dtypes,
-                    &writer,
-                    &first_err,
-                );
-                scope.spawn(move || {
-                    let mut buf = Vec::new();
-                    let mut flusher = WriteBehind::new(fd, 4);
-                    let run = |buf: &mut Vec<u8>, flusher: &mut WriteBehind| -> Result<bool> {
-                        let k = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(it) = items.get(k) else {
-                            return Ok(false);
-                        };
-                        let t = &table[it.tensor];
-                        let from = src_dtypes[it.tensor];
-                        let view = src.tensor(&t.name)?;
-                        let (bs, be) = (it.start * from.size(), it.end * from.size());
-                        // Ask for the next part of this tensor while converting this one.
-                        if be < view.bytes.len() {
-                            let ahead = (be + (be - bs)).min(view.bytes.len());
-                            src.prefetch_range(&t.name, be, ahead)?;
-                        }
-                        convert_chunk(from, t.dtype, &view.bytes[bs..be], buf);
-                        let off = (it.start * t.dtype.size()) as u64;
-                        writer.write_at(&t.name, off, buf)?;
-                        src.release_range(&t.name, bs, be)?;
-                        let (abs, _) = writer.placement(&t.name)?;
-                        flusher.push(abs + off, buf.len() as u64);
-                        done.fetch_add((be - bs) as u64, Ordering::Relaxed);
-                        Ok(true)
-                    };
-                    loop {
-                        if first_err.lock().expect("no panics").is_some() {
-                            break;
-                        }
-                        match run(&mut buf, &mut flusher) {
-                            Ok(true) => {}
-                            Ok(false) => break,
-                            Err(e) => {
-                                first_err.lock().expect("no panics").get_or_insert(e);
-                                break;
-                            }
-                        }
-                    }
-                    flusher.finish();
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join().expect("conversion worker panicked");
-        }
+        let r = stream(
+            src,
+            &writer,
+            &StreamOptions {
+                chunk_bytes: opts.chunk_bytes,
+                threads: opts.threads,
+                release_behind: true,
+            },
+            &done,
+        );
         stop.store(true, Ordering::Relaxed);
+        r
     });
-    if let Some(e) = first_err.into_inner().expect("no panics") {
-        return Err(e);
-    }
+    streamed?;
     let bytes_written = writer.total_len();
     // The output is published only if every byte came from the source `src` opened.
     src.check_unchanged()?;

@@ -33,7 +33,10 @@ mod source;
 pub mod writeback;
 mod writer;
 
-pub use convert::{ConvertOptions, ConvertReport, Progress, Selection, TargetDtype, convert};
+pub use convert::{
+    ConvertOptions, ConvertReport, Progress, Selection, StreamOptions, TargetDtype, convert,
+    default_threads, seal_of, stream,
+};
 pub use fault::Role;
 pub use header::{Header, HeaderEntry, Index, MAX_HEADER_LEN, parse_header, parse_index};
 pub use identity::FileIdentity;
@@ -44,7 +47,7 @@ pub use remap::{KeyMap, Remapped};
 pub use rows::RowSlices;
 pub use sharded::Checkpoint;
 pub use source::{Dtype, TensorInfo, TensorView, WeightSource};
-pub use writer::{LARGE, PAD_PREFIX, SafetensorsWriter, TensorSink, TensorSpec};
+pub use writer::{LARGE, PAD_PREFIX, SafetensorsLayout, SafetensorsWriter, TensorSink, TensorSpec};
 
 /// `n` bytes for people: `6.25 GiB`, `512.0 MiB`, `20.0 KiB`, `100 B` (binary units). The one
 /// size formatter of the workspace's messages, here because every crate that prints sizes

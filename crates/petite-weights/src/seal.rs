@@ -65,6 +65,23 @@ fn ranges(len: u64) -> Vec<(u64, u64)> {
 /// The seal line of the open file `f`.
 fn compute(f: &File) -> std::io::Result<String> {
     let len = f.metadata()?.len();
+    line(len, &mut |off, buf| f.read_exact_at(buf, off))
+}
+
+/// The seal line of `len` bytes at `offset` of the open file `f` (a region of a larger file,
+/// e.g. one segment of a `.pte` written in place), hashed as a file of those bytes would be.
+pub fn of_region(f: &File, offset: u64, len: u64) -> std::io::Result<String> {
+    line(len, &mut |off, buf| f.read_exact_at(buf, offset + off))
+}
+
+/// The seal line of a `len`-byte file whose bytes `read_at(offset, buf)` gives (fills `buf`
+/// from `offset`): what [`write_for`] records for such a file, computed without the file (the
+/// export id of a backend that never writes its mapping file is the seal it would have had).
+/// Only the sampled ranges are asked for, in pieces of at most 1 MiB.
+pub fn line(
+    len: u64,
+    read_at: &mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>,
+) -> std::io::Result<String> {
     let mut h = Sha256::new();
     h.update(len.to_le_bytes());
     let mut buf = vec![0u8; 1 << 20];
@@ -72,7 +89,7 @@ fn compute(f: &File) -> std::io::Result<String> {
         let mut done = 0;
         while done < n {
             let k = (n - done).min(buf.len() as u64) as usize;
-            f.read_exact_at(&mut buf[..k], off + done)?;
+            read_at(off + done, &mut buf[..k])?;
             h.update(&buf[..k]);
             done += k as u64;
         }

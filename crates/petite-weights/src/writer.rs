@@ -72,11 +72,24 @@ struct Slot {
 pub struct SafetensorsWriter {
     out: PathBuf,
     tmp: PathBuf,
-    file: Option<petite_fs::AtomicFile>,
+    file: Option<Target>,
     slots: Vec<Slot>,
     by_name: std::collections::HashMap<String, usize>,
+    /// Length of the safetensors bytes (from `base`).
     total_len: u64,
+    /// Where the file's first byte is in the target (0 for a file of its own).
+    base: u64,
+    /// Absolute offset of the data region.
     data_start: u64,
+}
+
+/// Where a writer's bytes go.
+#[derive(Debug)]
+enum Target {
+    /// A file of its own, under a temporary name until finished.
+    Own(petite_fs::AtomicFile),
+    /// A region of a file someone else owns.
+    Region(File),
 }
 
 fn usize_bytes(spec: &TensorSpec) -> Option<u64> {
@@ -85,27 +98,32 @@ fn usize_bytes(spec: &TensorSpec) -> Option<u64> {
         .try_fold(spec.dtype.size() as u64, |a, &d| a.checked_mul(d as u64))
 }
 
-impl SafetensorsWriter {
-    /// Plans the layout of `table` (see the module docs) for the OS page, creates
-    /// `<out>.petite-tmp` and writes the header. `metadata` goes into `__metadata__`.
-    pub fn create(
-        out: impl AsRef<Path>,
-        table: &[TensorSpec],
-        metadata: &[(String, String)],
-    ) -> Result<Self> {
-        Self::create_for_page(out, table, metadata, page_size())
+/// The bytes and places of a safetensors file as [`SafetensorsWriter`] lays it out (see the
+/// module docs), planned without writing anything: its header (length prefix and padded JSON)
+/// and each tensor's offset, so a caller knows a file's size and header before any tensor is
+/// read (a `.pte` segment reserved for it, a seal of a file never written).
+#[derive(Debug, Clone)]
+pub struct SafetensorsLayout {
+    header: Vec<u8>,
+    /// `(name, dtype, shape, offset from the file's start, len)` in file order.
+    rows: Vec<(String, Dtype, Vec<usize>, u64, u64)>,
+    total_len: u64,
+}
+
+impl SafetensorsLayout {
+    /// The layout of `table` with `metadata` for the OS page; `out` only names the file in
+    /// errors.
+    pub fn plan(out: &Path, table: &[TensorSpec], metadata: &[(String, String)]) -> Result<Self> {
+        Self::plan_for_page(out, table, metadata, page_size())
     }
 
-    /// [`SafetensorsWriter::create`] with the layout planned for pages of `page` bytes (any
-    /// power of two: a layout is only a file, it never reaches `madvise`), e.g. a 64 KiB
-    /// kernel's layout written on a 4 KiB host.
-    pub fn create_for_page(
-        out: impl AsRef<Path>,
+    /// [`SafetensorsLayout::plan`] for pages of `page` bytes.
+    pub fn plan_for_page(
+        out: &Path,
         table: &[TensorSpec],
         metadata: &[(String, String)],
         page: usize,
     ) -> Result<Self> {
-        let out = out.as_ref().to_path_buf();
         let shown = out.display().to_string();
         let bad = |t: Option<&str>, reason: String| Error::InvalidTable {
             file: shown.clone(),
@@ -138,15 +156,6 @@ impl SafetensorsWriter {
                 (1, 8 - t.dtype.size(), u8::from(len < LARGE.max(page)))
             }
         });
-        let mut rows: Vec<(String, Dtype, Vec<usize>, u64, bool)> = Vec::new();
-        let mut pos = 0u64;
-        for i in order {
-            let (t, len) = sized[i];
-            rows.push((t.name.clone(), t.dtype, t.shape.clone(), len, false));
-            pos = pos
-                .checked_add(len)
-                .ok_or_else(|| bad(Some(&t.name), "file size overflows".into()))?;
-        }
         // Header JSON, padded with spaces so the data region starts on a page boundary.
         let mut obj = serde_json::Map::new();
         if !metadata.is_empty() {
@@ -157,60 +166,156 @@ impl SafetensorsWriter {
             obj.insert("__metadata__".into(), m.into());
         }
         let mut off = 0u64;
-        for (name, dtype, shape, len, _) in &rows {
+        let mut rows = Vec::with_capacity(order.len());
+        for i in order {
+            let (t, len) = sized[i];
+            let end = off
+                .checked_add(len)
+                .ok_or_else(|| bad(Some(&t.name), "file size overflows".into()))?;
             obj.insert(
-                name.clone(),
+                t.name.clone(),
                 serde_json::json!({
-                    "dtype": dtype.safetensors_name(),
-                    "shape": shape,
-                    "data_offsets": [off, off + len],
+                    "dtype": t.dtype.safetensors_name(),
+                    "shape": t.shape,
+                    "data_offsets": [off, end],
                 }),
             );
-            off += len;
+            rows.push((t.name.clone(), t.dtype, t.shape.clone(), off, len));
+            off = end;
         }
         let mut json = serde_json::to_vec(&obj).expect("a JSON map serializes");
         let padded = crate::page::align_up(8 + json.len() as u64, page) - 8;
         json.resize(padded as usize, b' ');
         let data_start = 8 + padded;
-
-        let mut slots = Vec::with_capacity(rows.len());
-        let mut by_name = std::collections::HashMap::new();
-        let mut off = data_start;
-        for (name, dtype, shape, len, pad) in rows {
-            by_name.insert(name.clone(), slots.len());
-            slots.push(Slot {
-                name,
-                dtype,
-                shape,
-                offset: off,
-                len,
-                pad,
-                written: AtomicU64::new(if pad { len } else { 0 }),
-                claimed: AtomicBool::new(pad),
-            });
-            off += len;
+        let mut header = Vec::with_capacity(data_start as usize);
+        header.extend_from_slice(&padded.to_le_bytes());
+        header.extend_from_slice(&json);
+        for r in &mut rows {
+            r.3 += data_start;
         }
+        Ok(SafetensorsLayout {
+            header,
+            rows,
+            total_len: data_start + off,
+        })
+    }
+
+    /// The bytes before the data region: the 8-byte header length and the padded JSON.
+    pub fn header(&self) -> &[u8] {
+        &self.header
+    }
+
+    /// Size of the whole file in bytes.
+    pub fn total_len(&self) -> u64 {
+        self.total_len
+    }
+
+    /// `(name, dtype, offset from the file's start, byte length)` of every tensor, in file
+    /// order.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, Dtype, u64, u64)> {
+        self.rows
+            .iter()
+            .map(|(n, d, _, off, len)| (n.as_str(), *d, *off, *len))
+    }
+}
+
+impl SafetensorsWriter {
+    /// Plans the layout of `table` (see the module docs) for the OS page, creates
+    /// `<out>.petite-tmp` and writes the header. `metadata` goes into `__metadata__`.
+    pub fn create(
+        out: impl AsRef<Path>,
+        table: &[TensorSpec],
+        metadata: &[(String, String)],
+    ) -> Result<Self> {
+        Self::create_for_page(out, table, metadata, page_size())
+    }
+
+    /// [`SafetensorsWriter::create`] with the layout planned for pages of `page` bytes (any
+    /// power of two: a layout is only a file, it never reaches `madvise`), e.g. a 64 KiB
+    /// kernel's layout written on a 4 KiB host.
+    pub fn create_for_page(
+        out: impl AsRef<Path>,
+        table: &[TensorSpec],
+        metadata: &[(String, String)],
+        page: usize,
+    ) -> Result<Self> {
+        let out = out.as_ref();
+        let layout = SafetensorsLayout::plan_for_page(out, table, metadata, page)?;
+        Self::create_laid_out(out, &layout)
+    }
+
+    /// [`SafetensorsWriter::create`] of a table already laid out (`layout` planned for `out`).
+    pub fn create_laid_out(out: impl AsRef<Path>, layout: &SafetensorsLayout) -> Result<Self> {
+        let out = out.as_ref().to_path_buf();
         if out.file_name().is_none() {
-            return Err(bad(None, "output path has no file name".into()));
+            return Err(Error::InvalidTable {
+                file: out.display().to_string(),
+                tensor: None,
+                reason: "output path has no file name".into(),
+            });
         }
         let file = petite_fs::AtomicFile::create(&out)?;
         let tmp = file.temp().to_path_buf();
-        let mut w = SafetensorsWriter {
+        Self::with_target(out, tmp, Target::Own(file), 0, layout)
+    }
+
+    /// A writer of the file `layout` describes into `[base, base + layout.total_len())` of the
+    /// open `file` (at `path`, named in errors), e.g. a segment of a `.pte` reserved for it:
+    /// the header is written now, the tensors as streamed; [`SafetensorsWriter::finish`]
+    /// checks the byte counts and leaves the file to its owner (no rename, no fsync).
+    pub fn create_in(
+        file: &File,
+        path: &Path,
+        base: u64,
+        layout: &SafetensorsLayout,
+    ) -> Result<Self> {
+        let dup = file
+            .try_clone()
+            .map_err(|e| Error::io(path, "duplicate descriptor", e))?;
+        Self::with_target(
+            path.to_path_buf(),
+            path.to_path_buf(),
+            Target::Region(dup),
+            base,
+            layout,
+        )
+    }
+
+    fn with_target(
+        out: PathBuf,
+        tmp: PathBuf,
+        target: Target,
+        base: u64,
+        layout: &SafetensorsLayout,
+    ) -> Result<Self> {
+        let mut slots = Vec::with_capacity(layout.rows.len());
+        let mut by_name = std::collections::HashMap::new();
+        for (name, dtype, shape, off, len) in &layout.rows {
+            by_name.insert(name.clone(), slots.len());
+            slots.push(Slot {
+                name: name.clone(),
+                dtype: *dtype,
+                shape: shape.clone(),
+                offset: base + off,
+                len: *len,
+                pad: false,
+                written: AtomicU64::new(0),
+                claimed: AtomicBool::new(false),
+            });
+        }
+        let w = SafetensorsWriter {
             out,
             tmp: tmp.clone(),
-            file: None,
+            file: Some(target),
             slots,
             by_name,
-            total_len: off,
-            data_start,
+            total_len: layout.total_len,
+            base,
+            data_start: base + layout.header.len() as u64,
         };
-        let res = (|| {
-            let mut f = file.file();
-            f.write_all(&(padded).to_le_bytes())?;
-            f.write_all(&json)
-        })();
-        w.file = Some(file);
-        res.map_err(|e| Error::io(&tmp, "write header", e))?;
+        w.file()
+            .write_all_at(&layout.header, base)
+            .map_err(|e| Error::io(&tmp, "write header", e))?;
         Ok(w)
     }
 
@@ -224,14 +329,19 @@ impl SafetensorsWriter {
             .collect()
     }
 
-    /// Offset of the data region (a page multiple).
+    /// Offset of the data region in the target file (a page multiple from [`Self::base`]).
     pub fn data_start(&self) -> u64 {
         self.data_start
     }
 
-    /// Final size of the file in bytes.
+    /// Final size of the safetensors bytes.
     pub fn total_len(&self) -> u64 {
         self.total_len
+    }
+
+    /// Offset of the safetensors bytes in the target file (0 unless [`Self::create_in`]).
+    pub fn base(&self) -> u64 {
+        self.base
     }
 
     fn slot(&self, name: &str) -> Result<&Slot> {
@@ -249,6 +359,11 @@ impl SafetensorsWriter {
     pub fn placement(&self, name: &str) -> Result<(u64, u64)> {
         let s = self.slot(name)?;
         Ok((s.offset, s.len))
+    }
+
+    /// The dtype `name` is stored in.
+    pub(crate) fn dtype(&self, name: &str) -> Result<Dtype> {
+        Ok(self.slot(name)?.dtype)
     }
 
     /// A sequential sink for `name`'s bytes (`write_all` chunks, then [`TensorSink::finish`]).
@@ -290,7 +405,7 @@ impl SafetensorsWriter {
                 ),
             });
         }
-        let file = self.file.as_ref().expect("file open until finish").file();
+        let file = self.file();
         file.write_all_at(bytes, s.offset + offset).map_err(|e| {
             // `bytes` may be a view of a mapped source that was truncated meanwhile.
             crate::fault::efault_on_mapped(&e, bytes)
@@ -313,7 +428,10 @@ impl SafetensorsWriter {
 
     /// The open temporary file (e.g. for `sync_file_range`/`posix_fadvise` on written ranges).
     pub fn file(&self) -> &File {
-        self.file.as_ref().expect("file open until finish").file()
+        match self.file.as_ref().expect("file open until finish") {
+            Target::Own(f) => f.file(),
+            Target::Region(f) => f,
+        }
     }
 
     /// Checks that every tensor received exactly its byte count, fsyncs the file, renames it to
@@ -343,7 +461,11 @@ impl SafetensorsWriter {
                 });
             }
         }
-        let file = self.file.take().expect("file open until finish");
+        let file = match self.file.take().expect("file open until finish") {
+            Target::Own(f) => f,
+            // A region's file belongs to the caller, who makes it durable.
+            Target::Region(_) => return Ok(self.out.clone()),
+        };
         // Padding tensors are holes (zeros); the length covers a trailing one.
         file.file()
             .set_len(self.total_len)

@@ -230,3 +230,51 @@ fn per_tensor_dtypes_keep_f32_bit_exact_and_widen_bf16_exactly() {
     );
     assert!(!out2.exists());
 }
+
+/// `seal_of` gives the seal `convert` writes, without the file: for a file hashed whole (small)
+/// and for a sampled one (> 16 MiB; odd tensor sizes put sampled blocks across tensor edges
+/// and mid-element), with mixed target dtypes and an integer tensor copied.
+#[test]
+fn seal_of_matches_the_seal_of_the_written_file() {
+    let d = tempfile::tempdir().unwrap();
+    for (case, big) in [("small", 1000usize), ("sampled", 9_000_001)] {
+        let src = d.path().join(format!("{case}-src.safetensors"));
+        let table = vec![
+            TensorSpec::new("a", Dtype::F32, &[big]),
+            TensorSpec::new("b", Dtype::F32, &[3, 333]),
+            TensorSpec::new("c", Dtype::I64, &[5]),
+            TensorSpec::new("d", Dtype::F32, &[big / 3 + 1]),
+        ];
+        let w = SafetensorsWriter::create(&src, &table, &[]).unwrap();
+        for t in &table {
+            let n: usize = t.shape.iter().product();
+            let bytes: Vec<u8> = match t.dtype {
+                Dtype::F32 => f32s(n, n as u32)
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect(),
+                _ => (0..n * 8).map(|i| i as u8).collect(),
+            };
+            let mut s = w.tensor(&t.name).unwrap();
+            s.write_all(&bytes).unwrap();
+            s.finish().unwrap();
+        }
+        w.finish().unwrap();
+        let m = MappedSafetensors::open(&src).unwrap();
+        let out = d.path().join(format!("{case}-out.safetensors"));
+        let opts = ConvertOptions {
+            selection: Selection::Drop(vec!["b".into()]),
+            dtypes: [("d".to_string(), Dtype::F32)].into_iter().collect(),
+            metadata: vec![("k".into(), "v".into())],
+            seal: true,
+            ..ConvertOptions::default()
+        };
+        let planned = petite_weights::seal_of(&m, &out, &opts).unwrap();
+        assert!(!out.exists(), "seal_of writes nothing");
+        convert(&m, &out, &opts).unwrap();
+        let written = std::fs::read_to_string(petite_weights::seal::sidecar(&out)).unwrap();
+        assert_eq!(planned, written, "{case}");
+        let len = std::fs::metadata(&out).unwrap().len();
+        assert_eq!(len > petite_weights::seal::FULL_LIMIT, case == "sampled");
+    }
+}

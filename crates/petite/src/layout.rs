@@ -11,8 +11,11 @@
 //!   pi05.onnx.json                its interface (onnx)
 //!   report.json                   what the export measured (+ verify's result)
 //!   policy.json                   the runner's description; written last
-//!   cache/                        the mapping file, kept for the next run
-//!   engines/                      engine files while building (or --keep-engines)
+//!   cache/                        the mapping file, kept for the next run (tensorrt,
+//!                                 portable; the reference backend writes none)
+//!   engines/                      engine files while building (or --keep-engines); the
+//!                                 reference backend's partial .pte files and their journals
+//!                                 ([`partial_pte`]) while it streams engines into them
 //!   .petite.lock                  one writer per directory
 //! ```
 //!
@@ -40,7 +43,7 @@ pub const ONNX_DATA: &str = "pi05.onnx.data";
 pub const ONNX_SPEC: &str = "pi05.onnx.json";
 /// The mapping files' directory.
 pub const CACHE: &str = "cache";
-/// The engine files' directory.
+/// The engine files' directory (and the partial `.pte`s of engines written in place).
 pub const ENGINES: &str = "engines";
 /// The lock file of an output directory.
 pub const LOCK: &str = ".petite.lock";
@@ -68,6 +71,16 @@ pub fn staged(path: &Path) -> PathBuf {
         .unwrap_or_default();
     path.with_file_name(format!(".{name}{}-staged", petite_fs::TMP_MARK))
 }
+
+/// A `.pte` whose engines are written in place, while it is written: `ENGINES/TAG-KEY.pte.partial`
+/// (`tag`: `prefix` or `step`; `key`: what identifies the export). Not a petite-fs temporary
+/// name, so the guard's clean-up of killed runs keeps it for the re-run to resume.
+pub fn partial_pte(engines: &Path, tag: &str, key: &str) -> PathBuf {
+    engines.join(format!("{tag}-{key}{PARTIAL_PTE}"))
+}
+
+/// The suffix of [`partial_pte`] names.
+pub const PARTIAL_PTE: &str = ".pte.partial";
 
 /// The directories under `out` that hold petite's temporary files: `out`, `out/cache`,
 /// `out/engines`.

@@ -106,8 +106,10 @@ pub struct EnginePart {
     pub builder_settings: String,
     /// The builder's memory model.
     pub build_memory_model: BuildMemory,
-    /// The mapping file.
-    pub mapping: MappingReport,
+    /// The mapping file; absent where the builder streams every weight from the checkpoint
+    /// into the `.pte` and writes none (the reference backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapping: Option<MappingReport>,
     /// The two programs.
     pub programs: EnginePrograms,
     /// Engine counts and bytes.
@@ -286,8 +288,9 @@ pub struct OnnxFiles {
 pub struct Written {
     /// Weight bytes the programs hold or read.
     pub weight_bytes: u64,
-    /// Mapping-file bytes written by this run (0 when reused).
-    pub mapping: u64,
+    /// Mapping-file bytes written by this run (0 when reused; `None`: the backend writes
+    /// none).
+    pub mapping: Option<u64>,
     /// Bytes of the program files (`.pte`s, or the ONNX model).
     pub programs: u64,
     /// Whether the programs are `.pte`s (else an ONNX model).
@@ -315,13 +318,14 @@ pub struct Totals {
     pub bytes_written_storage: u64,
     /// Storage bytes read, summed over stages.
     pub bytes_read_storage: u64,
-    /// `.pte` backends: (mapping + `.pte`s) / weight bytes.
+    /// `.pte` backends with a mapping file: (mapping + `.pte`s) / weight bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written_per_weight_byte_mapping_plus_pte: Option<f64>,
     /// Engine backends: all files / weight bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written_per_weight_byte_all_files: Option<f64>,
-    /// Portable: `.pte`s / weight bytes.
+    /// `.pte` backends without engine files (portable; reference, its engines written into
+    /// the `.pte`s): `.pte`s / weight bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written_per_weight_byte_pte: Option<f64>,
     /// ONNX: (mapping + model) / weight bytes.
@@ -338,7 +342,8 @@ impl Totals {
     /// one place they are computed.
     pub fn compute(stages: &[StageRecord], seconds: f64, w: &Written) -> Totals {
         let per = |b: u64| b as f64 / w.weight_bytes.max(1) as f64;
-        let files = w.mapping + w.programs + w.engines.unwrap_or(0);
+        let mapping = w.mapping.unwrap_or(0);
+        let files = mapping + w.programs + w.engines.unwrap_or(0);
         let engines = w.engines.is_some();
         Totals {
             seconds,
@@ -347,11 +352,11 @@ impl Totals {
             bytes_written_files: files,
             bytes_written_storage: stages.iter().map(|s| s.bytes_written).sum(),
             bytes_read_storage: stages.iter().map(|s| s.bytes_read).sum(),
-            written_per_weight_byte_mapping_plus_pte: w.pte.then(|| per(w.mapping + w.programs)),
+            written_per_weight_byte_mapping_plus_pte: (w.pte && w.mapping.is_some())
+                .then(|| per(mapping + w.programs)),
             written_per_weight_byte_all_files: engines.then(|| per(files)),
             written_per_weight_byte_pte: (w.pte && !engines).then(|| per(w.programs)),
-            written_per_weight_byte_mapping_plus_model: (!w.pte)
-                .then(|| per(w.mapping + w.programs)),
+            written_per_weight_byte_mapping_plus_model: (!w.pte).then(|| per(mapping + w.programs)),
             peak_rss: stages.iter().map(|s| s.peak_rss).max(),
             peak_anon: stages.iter().map(|s| s.peak_anon).max(),
         }

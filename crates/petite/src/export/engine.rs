@@ -15,10 +15,12 @@ use petite_pte::model::{DeviceType, ScalarType};
 use petite_pte::{DelegateSpec, MethodBuilder, Processed, ProgramBuilder, SegmentData};
 use sha2::{Digest, Sha256};
 
+use super::in_place;
 use super::mapping::{self, ExportWeights};
 use super::{
     CONVERT_BYTES, DEFAULT_ENGINE_CAP, ENGINE_ALIGNMENT, ExportOptions, Loaded, METHOD, Placement,
-    SaveTargets, Saved, Stages, TABLE_METHOD, Table, bar, interrupted, timestep_values,
+    SaveTargets, Saved, Stages, TABLE_METHOD, Table, bar, interrupted, mapping_seal,
+    timestep_values,
 };
 use crate::backends::Flag;
 use crate::engines;
@@ -46,6 +48,14 @@ pub(super) struct EngineStages<'l> {
     prefix_plan: Plan,
     step_plan: Plan,
     selection: Vec<(String, petite_graph::Dtype)>,
+    /// Engines written straight into the `.pte`s ([`in_place`]): the builder can, and
+    /// `--keep-engines` does not ask for engine files.
+    in_place: bool,
+    /// The seal of the mapping file the builder would read, where it reads the checkpoint
+    /// instead (the export id's fingerprint of the weights).
+    seal: Option<String>,
+    /// The inputs' identity (checkpoint files and dtype), from the convert stage on.
+    identity: String,
     weights: Option<ExportWeights<'l>>,
     /// Whether the convert stage reused an earlier mapping file, and what converting cost.
     mapping_reused: bool,
@@ -155,6 +165,7 @@ impl<'l> EngineStages<'l> {
         let need = base + CONVERT_BYTES.max(needs.iter().take(jobs).sum());
         let all_programs = [&progs.timestep_table, &progs.prefix, &progs.step];
         let selection = mapping::selection(&all_programs, builder.as_ref())?;
+        let in_place = !opts.keep_engines && builder.in_place().is_some();
         Ok(EngineStages {
             l,
             opts,
@@ -168,6 +179,9 @@ impl<'l> EngineStages<'l> {
             prefix_plan,
             step_plan,
             selection,
+            in_place,
+            seal: None,
+            identity: String::new(),
             weights: None,
             mapping_reused: true,
             convert_seconds: None,
@@ -193,15 +207,7 @@ impl<'l> EngineStages<'l> {
         let builder = self.builder.as_ref();
         let dir = self.opts.out.join(crate::layout::ENGINES);
         let settings = builder.settings();
-        let name = |i: usize, sub: &Program| -> petite_engine::Result<String> {
-            let mut h = Sha256::new();
-            h.update(settings.as_bytes());
-            h.update(b"|");
-            h.update(identity.as_bytes());
-            h.update(b"|");
-            h.update(sub.to_json()?.as_bytes());
-            Ok(format!("{tag}_{i:03}_{}", &hex::encode(h.finalize())[..16]))
-        };
+        let name = |i: usize, sub: &Program| engine_name(&settings, identity, tag, i, sub);
         let pb = &self.pb;
         let pause = self.opts.pause_after_engine;
         let on_engine = |r: &EngineReport| {
@@ -340,6 +346,153 @@ fn choose_jobs(
     ))
 }
 
+impl EngineStages<'_> {
+    /// Adds `step.pte`'s `timestep_table` method (the table as constant data).
+    fn add_table(&self, p: &mut ProgramBuilder) -> Result<()> {
+        let table = self
+            .table
+            .as_ref()
+            .ok_or_else(|| Error::Usage("export stages out of order: no table yet".into()))?;
+        let bytes: Vec<u8> = table.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let idx = p.add_constant(&bytes);
+        let mut tm = MethodBuilder::new(TABLE_METHOD);
+        let dims = [self.l.cfg.steps as i32, table.row_len as i32];
+        let tv = tm.constant_tensor(ScalarType::FLOAT, &dims, idx);
+        tm.outputs(&[tv]);
+        p.add_method(tm)?;
+        Ok(())
+    }
+
+    /// save, engines written in place ([`in_place`]): each program's `.pte` laid out with its
+    /// engines' sizes, then every engine streamed from the checkpoint into its segment (the
+    /// work of the engines stage, done where the bytes end up).
+    fn save_in_place(&mut self, save: &SaveTargets) -> Result<()> {
+        let ip = self
+            .builder
+            .in_place()
+            .ok_or_else(|| Error::Usage("in-place save without an in-place builder".into()))?;
+        let weights = self.weights()?;
+        let identity = self.identity.clone();
+        let settings = self.builder.settings();
+        let dir = self.opts.out.join(crate::layout::ENGINES);
+        let n = (self.prefix_plan.engines.len() + self.step_plan.engines.len()) as u64;
+        let pb = bar(self.opts.progress, n, "save");
+        let pause = self.opts.pause_after_engine;
+        let progs = &self.l.progs;
+        let mut out = Vec::new();
+        for (tag, plan, program, staged) in [
+            ("prefix", &self.prefix_plan, &progs.prefix, &save.prefix_pte),
+            ("step", &self.step_plan, &progs.step, &save.step_pte),
+        ] {
+            let name = |i: usize, sub: &Program| -> Result<String> {
+                Ok(engine_name(&settings, &identity, tag, i, sub)?)
+            };
+            let laid = in_place::lay_out(plan, program, weights, ip, &name)?;
+            let mut p = ProgramBuilder::new();
+            let delegates = laid
+                .engines
+                .iter()
+                .zip(&plan.engines)
+                .enumerate()
+                .map(|(i, ((name, len), _))| -> Result<Delegate<'_>> {
+                    let sub = plan.engine_program(program, i)?;
+                    Ok(Delegate {
+                        name,
+                        backend_id: self.builder.backend_id(),
+                        compile_specs: Vec::new(),
+                        input_values: sub.input_values,
+                        output_values: sub.output_values,
+                        data: SegmentData::Deferred {
+                            id: i as u64,
+                            len: *len,
+                        },
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            forward_method(&mut p, program, delegates, self.device)?;
+            if tag == "step" {
+                self.add_table(&mut p)?;
+            }
+            add_export_id(&mut p, &save.export_id)?;
+            let after_engine = |i: usize, name: &str| {
+                pb.set_message(name.to_string());
+                pb.inc(1);
+                if let Some(d) = pause {
+                    std::thread::sleep(d);
+                }
+                crate::guard::stop_point(&format!("engine:{tag}:{i}"));
+            };
+            let target = in_place::Target {
+                tag,
+                plan,
+                program,
+                laid: &laid,
+                weights,
+                builder: self.builder.as_ref(),
+                in_place: ip,
+                identity: &identity,
+                dir: &dir,
+                after_engine: &after_engine,
+                stop: &interrupted,
+            };
+            out.push(in_place::write(&target, p, &save.staged(staged))?);
+        }
+        pb.finish_and_clear();
+        let step = out.pop().expect("two programs");
+        let prefix = out.pop().expect("two programs");
+        self.pte_bytes = [prefix.file_len, step.file_len];
+        self.built = prefix.built + step.built;
+        self.records = [prefix.records, step.records];
+        // Only this export's partial files lived there, now renamed.
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    }
+}
+
+/// One delegate of a `forward` method: an engine and where its bytes come from.
+struct Delegate<'a> {
+    name: &'a str,
+    backend_id: &'a str,
+    compile_specs: Vec<petite_pte::model::CompileSpec>,
+    input_values: Vec<ValueId>,
+    output_values: Vec<ValueId>,
+    data: SegmentData,
+}
+
+impl<'a> Delegate<'a> {
+    /// A built engine, its bytes streamed from its file.
+    fn of_built(e: &'a BuiltEngine) -> Self {
+        let (path, offset, len) = engines::payload(e);
+        Delegate {
+            name: &e.name,
+            backend_id: &e.backend_id,
+            compile_specs: engines::compile_specs(e),
+            input_values: e.input_values.clone(),
+            output_values: e.output_values.clone(),
+            data: SegmentData::file_region(path, offset, len),
+        }
+    }
+}
+
+/// The name of engine `i` of program `tag` (its file stem and its named-data key in the
+/// `.pte`): a hash of the builder's settings, the inputs' `identity` and the subgraph, so an
+/// interrupted export re-run with the same arguments finds its finished work.
+fn engine_name(
+    settings: &str,
+    identity: &str,
+    tag: &str,
+    i: usize,
+    sub: &Program,
+) -> petite_engine::Result<String> {
+    let mut h = Sha256::new();
+    h.update(settings.as_bytes());
+    h.update(b"|");
+    h.update(identity.as_bytes());
+    h.update(b"|");
+    h.update(sub.to_json()?.as_bytes());
+    Ok(format!("{tag}_{i:03}_{}", &hex::encode(h.finalize())[..16]))
+}
+
 /// One plan's engines and their `report.json` records.
 struct Built {
     engines: Vec<BuiltEngine>,
@@ -350,8 +503,32 @@ struct Built {
 }
 
 impl Stages for EngineStages<'_> {
+    fn convert_stage(&self) -> &'static str {
+        if self.builder.needs_mapping_file() {
+            "convert"
+        } else {
+            "fingerprint"
+        }
+    }
+
     fn convert(&mut self, identity: &str) -> Result<bool> {
         let ck = &self.l.ck;
+        self.identity = identity.to_string();
+        if !self.builder.needs_mapping_file() {
+            // Every weight streams from the checkpoint; the mapping file is only the weights'
+            // fingerprint in the export id, so only its seal is computed.
+            let cache = self.opts.out.join(crate::layout::CACHE);
+            self.seal = (!self.selection.is_empty())
+                .then(|| mapping::engine_seal(ck, identity, &self.selection, &cache))
+                .transpose()?;
+            self.weights = Some(ExportWeights {
+                mapping: None,
+                from_mapping: Default::default(),
+                checkpoint: ck,
+            });
+            self.mapping_reused = false;
+            return Ok(false);
+        }
         let converted = if self.selection.is_empty() {
             None
         } else {
@@ -382,6 +559,13 @@ impl Stages for EngineStages<'_> {
         self.weights.as_ref().and_then(|w| w.mapping.as_ref())
     }
 
+    fn weights_seal(&self) -> Result<Option<String>> {
+        match &self.seal {
+            Some(s) => Ok(Some(s.clone())),
+            None => self.mapping().map(mapping_seal).transpose(),
+        }
+    }
+
     fn timestep(&mut self) -> Result<()> {
         self.table = Some(timestep_values(
             &self.l.progs,
@@ -392,7 +576,7 @@ impl Stages for EngineStages<'_> {
     }
 
     fn builds_engines(&self) -> bool {
-        true
+        !self.in_place
     }
 
     fn engines(&mut self, identity: &str) -> Result<bool> {
@@ -411,25 +595,31 @@ impl Stages for EngineStages<'_> {
     }
 
     fn save(&mut self, save: &SaveTargets) -> Result<()> {
-        let (progs, cfg) = (&self.l.progs, &self.l.cfg);
-        let table = self
-            .table
-            .as_ref()
-            .ok_or_else(|| Error::Usage("export stages out of order: no table yet".into()))?;
+        if self.in_place {
+            return self.save_in_place(save);
+        }
+        let progs = &self.l.progs;
+        fn delegates(engines: &[BuiltEngine]) -> Vec<Delegate<'_>> {
+            engines.iter().map(Delegate::of_built).collect()
+        }
         let mut p = ProgramBuilder::new();
-        forward_method(&mut p, &progs.prefix, &self.prefix_engines, self.device)?;
+        forward_method(
+            &mut p,
+            &progs.prefix,
+            delegates(&self.prefix_engines),
+            self.device,
+        )?;
         add_export_id(&mut p, &save.export_id)?;
         let prefix_sum = p.write(save.staged(&save.prefix_pte), save.wopts)?;
         save.pb.inc(1);
         let mut p = ProgramBuilder::new();
-        forward_method(&mut p, &progs.step, &self.step_engines, self.device)?;
-        let bytes: Vec<u8> = table.values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let idx = p.add_constant(&bytes);
-        let mut tm = MethodBuilder::new(TABLE_METHOD);
-        let dims = [cfg.steps as i32, table.row_len as i32];
-        let tv = tm.constant_tensor(ScalarType::FLOAT, &dims, idx);
-        tm.outputs(&[tv]);
-        p.add_method(tm)?;
+        forward_method(
+            &mut p,
+            &progs.step,
+            delegates(&self.step_engines),
+            self.device,
+        )?;
+        self.add_table(&mut p)?;
         add_export_id(&mut p, &save.export_id)?;
         let step_sum = p.write(save.staged(&save.step_pte), save.wopts)?;
         save.pb.finish_and_clear();
@@ -451,16 +641,17 @@ impl Stages for EngineStages<'_> {
         let weight_bytes = prefix_plan.weight_bytes
             + step_plan.weight_bytes
             + progs.timestep_table.weight_bytes() as u64;
-        let engine_bytes: u64 = self
-            .prefix_engines
-            .iter()
-            .chain(&self.step_engines)
-            .map(|e| e.file_bytes)
-            .sum();
+        // Engines written in place are segments of the `.pte`s, not files of their own.
+        let engine_bytes: u64 = self.records.iter().flatten().map(|r| r.file_bytes).sum();
         let pte_bytes = self.pte_bytes[0] + self.pte_bytes[1];
-        let mapping_path = self.mapping().map(|m| m.path().display().to_string());
-        let mapping_bytes = self.mapping().map_or(0, |m| m.mapped_len() as u64);
-        let (mapping_reused, convert_seconds) = (self.mapping_reused, self.convert_seconds);
+        // A builder that needs no mapping file writes none: nothing to report of it.
+        let mapping = self.builder.needs_mapping_file().then(|| MappingReport {
+            path: self.mapping().map(|m| m.path().display().to_string()),
+            reused: self.mapping_reused,
+            bytes: self.mapping().map_or(0, |m| m.mapped_len() as u64),
+            tensors: self.selection.len(),
+            convert_seconds: self.convert_seconds,
+        });
         let built = self.built;
         let reused = self.records.iter().map(Vec::len).sum::<usize>() - built;
         let part = EnginePart {
@@ -476,13 +667,7 @@ impl Stages for EngineStages<'_> {
             },
             builder_settings: self.builder.settings(),
             build_memory_model: self.builder.memory(),
-            mapping: MappingReport {
-                path: mapping_path,
-                reused: mapping_reused,
-                bytes: mapping_bytes,
-                tensors: self.selection.len(),
-                convert_seconds,
-            },
+            mapping: mapping.clone(),
             programs: EnginePrograms {
                 prefix: EngineProgram {
                     pte: save.prefix_pte.display().to_string(),
@@ -515,10 +700,10 @@ impl Stages for EngineStages<'_> {
             part: BackendPart::Engines(part),
             written: Written {
                 weight_bytes,
-                mapping: if mapping_reused { 0 } else { mapping_bytes },
+                mapping: mapping.map(|m| if m.reused { 0 } else { m.bytes }),
                 programs: pte_bytes,
                 pte: true,
-                engines: Some(engine_bytes),
+                engines: (!self.in_place).then_some(engine_bytes),
                 copied_in_kernel: None,
             },
             engines_reused: reused,
@@ -542,7 +727,7 @@ impl Stages for EngineStages<'_> {
 fn forward_method(
     pb: &mut ProgramBuilder,
     program: &Program,
-    engines: &[BuiltEngine],
+    engines: Vec<Delegate<'_>>,
     device: Option<u8>,
 ) -> Result<()> {
     let mut m = MethodBuilder::new(METHOD);
@@ -585,13 +770,8 @@ fn forward_method(
     }
     let method_outputs: Vec<ValueId> = program.outputs.iter().map(|o| o.value).collect();
     for e in engines {
-        let (path, offset, len) = engines::payload(e);
-        let seg = pb.add_named_data(
-            &e.name,
-            SegmentData::file_region(path, offset, len),
-            ENGINE_ALIGNMENT,
-        )?;
-        let mut compile_specs = engines::compile_specs(e);
+        let seg = pb.add_named_data(e.name, e.data, ENGINE_ALIGNMENT)?;
+        let mut compile_specs = e.compile_specs;
         if let Some(d) = device {
             compile_specs.push(petite_pte::model::CompileSpec {
                 key: "target_device".into(),
@@ -599,7 +779,7 @@ fn forward_method(
             });
         }
         let di = m.delegate(DelegateSpec {
-            id: e.backend_id.clone(),
+            id: e.backend_id.to_string(),
             processed: Processed::Segment(seg),
             compile_specs,
         });

@@ -189,9 +189,6 @@ pub(super) fn engine_mapping_at(
     clear_stale(cache, &path)?;
     let pb = super::bar(progress, 0, "convert");
     let opts = ConvertOptions {
-        dtype: TargetDtype::Bf16,
-        selection: Selection::Keep(selection.iter().map(|(n, _)| n.clone()).collect()),
-        threads: 2,
         progress: Some(petite_weights::Progress::new({
             let pb = pb.clone();
             move |done, total| {
@@ -199,14 +196,7 @@ pub(super) fn engine_mapping_at(
                 pb.set_position(done);
             }
         })),
-        metadata: vec![(KEY_META.to_string(), key)],
-        dtypes: selection
-            .iter()
-            .filter(|(_, d)| *d != Dtype::Bf16)
-            .map(|(n, d)| (n.clone(), *d))
-            .collect(),
-        seal: true,
-        ..ConvertOptions::default()
+        ..convert_options(key, selection)
     };
     let rep = petite_weights::convert(ck, &path, &opts);
     pb.finish_and_clear();
@@ -216,6 +206,37 @@ pub(super) fn engine_mapping_at(
         reused: false,
         seconds: Some(rep.seconds),
     })
+}
+
+/// How the engine backends' mapping file of `selection`, written under `key`, is converted.
+fn convert_options(key: String, selection: &[(String, Dtype)]) -> ConvertOptions {
+    ConvertOptions {
+        dtype: TargetDtype::Bf16,
+        selection: Selection::Keep(selection.iter().map(|(n, _)| n.clone()).collect()),
+        threads: 2,
+        metadata: vec![(KEY_META.to_string(), key)],
+        dtypes: selection
+            .iter()
+            .filter(|(_, d)| *d != Dtype::Bf16)
+            .map(|(n, d)| (n.clone(), *d))
+            .collect(),
+        seal: true,
+        ..ConvertOptions::default()
+    }
+}
+
+/// The seal [`engine_mapping`] would give its file, computed without writing it (the weights'
+/// fingerprint in the export id of a backend that reads the checkpoint directly): a few MiB
+/// read, where writing the file reads and writes every selected weight.
+pub(super) fn engine_seal(
+    ck: &CanonicalCheckpoint,
+    identity: &str,
+    selection: &[(String, Dtype)],
+    cache: &Path,
+) -> Result<String> {
+    let key = engine_key(identity, selection);
+    let opts = convert_options(key.clone(), selection);
+    Ok(petite_weights::seal_of(ck, &path(cache, &key), &opts)?)
 }
 
 /// Where the mapping file for `key` lives under `cache`.

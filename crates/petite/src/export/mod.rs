@@ -4,17 +4,26 @@
 //! streamed from its file; the timestep table as constant data of `step.pte`) → engine files
 //! removed unless kept. Every stage is measured ([`crate::memory`]) into `report.json`.
 //!
+//! A builder that writes engines in place and needs no mapping file (the reference backend,
+//! without `--keep-engines`; `in_place.rs`) skips both intermediates: each weight is read from
+//! the checkpoint once and written once, straight into its engine's `.pte` segment. Its
+//! convert stage writes nothing and is reported as `fingerprint` (the seal the mapping file
+//! would have, for the export id); its `.pte`s are written as `engines/*.pte.partial` with a
+//! journal, so a killed run resumes from the finished segments.
+//!
 //! Files under `--out`: `prefix.pte`, `step.pte`, `report.json`, `cache/mapping-<key>.safetensors`
-//! (the bf16 mapping file, kept for the next run), `engines/` (only while building, or with
-//! `--keep-engines`). Finished engine files are named by a hash of their subgraph, the
-//! checkpoint's identity and the backend settings, so an interrupted export re-run with the same
-//! arguments reuses them. `--backend onnx` ([`onnx`]) writes `pi05.onnx`, `pi05.onnx.data` (the
-//! mapping file, moved out of `cache/` when published) and `pi05.onnx.json` instead of the `.pte`s.
+//! (the mapping file, kept for the next run; not for the reference backend), `engines/` (only
+//! while building, or with `--keep-engines`). Finished engine files are named by a hash of their
+//! subgraph, the checkpoint's identity and the backend settings, so an interrupted export re-run
+//! with the same arguments reuses them. `--backend onnx` ([`onnx`]) writes `pi05.onnx`,
+//! `pi05.onnx.data` (the mapping file, moved out of `cache/` when published) and
+//! `pi05.onnx.json` instead of the `.pte`s.
 //!
 //! Faults ([`crate::guard`]): `.petite.lock` is locked (one export per `--out`) before the
 //! first write; the inputs' identities are checked at every stage boundary and before the
-//! `.pte` files, written under staged names, are renamed to their final ones; the mapping file
-//! and engine files are reused only when their seals (length + checksum) match.
+//! `.pte` files, written under staged names, are renamed to their final ones; the mapping file,
+//! engine files and a partial `.pte`'s journaled segments are reused only when their seals
+//! (length + checksum) match.
 //!
 //! `.pte` layout (what [`crate::verify`] reads back): method `forward` has one planned tensor
 //! value per value crossing an engine boundary, the program's inputs and outputs in the order of
@@ -23,6 +32,7 @@
 //! `timestep_table`, whose only output is the f32 `[steps, R]` table as a constant tensor.
 
 mod engine;
+mod in_place;
 mod mapping;
 pub mod onnx;
 mod portable;
@@ -465,11 +475,21 @@ struct Saved {
 /// driver, [`export`], runs them in this order for every backend, measures each, checks for
 /// Ctrl-C between them and writes `report.json`.
 trait Stages {
+    /// The convert stage's name in the report: `convert`, or what the backend does there
+    /// instead.
+    fn convert_stage(&self) -> &'static str {
+        "convert"
+    }
     /// convert: the mapping file (`identity` pins the checkpoint and dtype); returns whether an
     /// earlier run's file was reused.
     fn convert(&mut self, identity: &str) -> Result<bool>;
     /// The mapping file convert produced, if any (watched for changes from then on).
     fn mapping(&self) -> Option<&MappedSafetensors>;
+    /// The seal of the weights the programs are made of, for the export id: the mapping
+    /// file's (its sidecar's text), if any.
+    fn weights_seal(&self) -> Result<Option<String>> {
+        self.mapping().map(mapping_seal).transpose()
+    }
     /// timestep: the timestep table from this backend's weights.
     fn timestep(&mut self) -> Result<()>;
     /// Whether the backend builds engines (a backend that builds none records no engines
@@ -489,6 +509,12 @@ trait Stages {
     /// The backend's part of `report.json` and what it wrote (the driver adds the stages and
     /// computes the totals).
     fn report(&self, save: &SaveTargets) -> Saved;
+}
+
+/// The text of a mapping file's seal (its sidecar).
+fn mapping_seal(m: &MappedSafetensors) -> Result<String> {
+    let seal = petite_weights::seal::sidecar(m.path());
+    std::fs::read_to_string(&seal).map_err(|e| Error::io(&seal, "read", e))
 }
 
 /// The load stage's shared part: config, checkpoint layout and contents, programs, and the
@@ -593,7 +619,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     rec.end(st, false);
     check_interrupt()?;
 
-    let st = rec.begin("convert");
+    let st = rec.begin(stages.convert_stage());
     guard::stop_point("convert");
     let reused = stages.convert(&identity)?;
     if let Some(m) = stages.mapping() {
@@ -618,7 +644,10 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     }
 
     let st = rec.begin("save");
-    let save = SaveTargets::new(opts, export_id(&loaded.id_material, stages.mapping())?);
+    let save = SaveTargets::new(
+        opts,
+        export_id(&loaded.id_material, stages.weights_seal()?.as_deref()),
+    );
     stages.save(&save)?;
     rec.end(st, false);
 
@@ -641,16 +670,14 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
 
 /// The export id: a hash of what the programs are made of — the weights' content as the mapping
 /// file's seal records it (its length and SHA-256, of all of a small file, sampled in a large
-/// one) and `material` (config, backend, settings). Identical inputs give identical bytes, as
-/// before; two exports of different weights (even with equal headers, e.g. two training steps)
-/// get different ids.
-fn export_id(material: &str, mapping: Option<&MappedSafetensors>) -> Result<String> {
+/// one; the seal the file would have where the backend writes none) and `material` (config,
+/// backend, settings). Identical inputs give identical bytes, as before; two exports of
+/// different weights (even with equal headers, e.g. two training steps) get different ids.
+fn export_id(material: &str, seal: Option<&str>) -> String {
     let mut h = Sha256::new();
     h.update(material.as_bytes());
-    if let Some(m) = mapping {
-        let seal = petite_weights::seal::sidecar(m.path());
-        let text = std::fs::read(&seal).map_err(|e| Error::io(&seal, "read", e))?;
-        h.update(&text);
+    if let Some(s) = seal {
+        h.update(s.as_bytes());
     }
-    Ok(hex::encode(&h.finalize()[..16]))
+    hex::encode(&h.finalize()[..16])
 }

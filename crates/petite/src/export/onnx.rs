@@ -390,7 +390,7 @@ impl Stages for OnnxStages<'_> {
             part: BackendPart::Onnx(part),
             written: report::Written {
                 weight_bytes,
-                mapping: if reused { 0 } else { bytes },
+                mapping: Some(if reused { 0 } else { bytes }),
                 programs: model_bytes,
                 pte: false,
                 engines: None,

@@ -228,11 +228,11 @@ impl Stages for PortableStages<'_> {
             part: BackendPart::Portable(part),
             written: Written {
                 weight_bytes,
-                mapping: if self.mapping_reused {
+                mapping: Some(if self.mapping_reused {
                     0
                 } else {
                     mapping_bytes
-                },
+                }),
                 programs: prefix.0 + step.0,
                 pte: true,
                 engines: None,
