@@ -118,6 +118,20 @@ pub struct WriteSummary {
     pub bytes_copied_buffered: u64,
 }
 
+impl WriteSummary {
+    /// A write's summary before any byte is copied: its layout only.
+    fn laid_out(program_size: u64, segment_base_offset: u64, segment_data_size: u64) -> Self {
+        WriteSummary {
+            file_len: 0,
+            program_size,
+            segment_base_offset,
+            segment_data_size,
+            bytes_copied_in_kernel: 0,
+            bytes_copied_buffered: 0,
+        }
+    }
+}
+
 /// Options of a write.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WriteOptions {
@@ -220,14 +234,7 @@ pub fn write_pte_streamed(
     }
     let tmp = petite_fs::AtomicFile::create(path)?;
     let tmp_path = tmp.temp().to_path_buf();
-    let mut summary = WriteSummary {
-        file_len: 0,
-        program_size: head.len() as u64,
-        segment_base_offset: base,
-        segment_data_size: data_size,
-        bytes_copied_in_kernel: 0,
-        bytes_copied_buffered: 0,
-    };
+    let mut summary = WriteSummary::laid_out(head.len() as u64, base, data_size);
     let out = tmp.file();
     out.write_all_at(&head, 0)
         .map_err(|e| Error::io(&tmp_path, "write program", e))?;
@@ -314,14 +321,7 @@ pub fn write_pte_resumable<R: Resume>(
         .truncate(false)
         .open(partial)
         .map_err(|e| Error::io(partial, "open", e))?;
-    let mut summary = WriteSummary {
-        file_len: 0,
-        program_size: head.len() as u64,
-        segment_base_offset: base,
-        segment_data_size: data_size,
-        bytes_copied_in_kernel: 0,
-        bytes_copied_buffered: 0,
-    };
+    let mut summary = WriteSummary::laid_out(head.len() as u64, base, data_size);
     out.write_all_at(&head, 0)
         .map_err(|e| Error::io(partial, "write program", e))?;
     let mut pos = head.len() as u64;

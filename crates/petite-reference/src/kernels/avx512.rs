@@ -13,7 +13,7 @@
 //! one the `gemm` crate and [`super::matmul`]'s plain loop give. Tiling and threads only
 //! decide which core computes an output and when, never how.
 
-use super::matmul::{MatRef, depth_chunks};
+use super::matmul::{MatRef, SendPtr, depth_chunks};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
 
@@ -31,20 +31,6 @@ const MIN_PARALLEL: usize = 1 << 14;
 /// Whether this CPU can run [`gemm`] (checked once; `is_x86_feature_detected` caches).
 pub(super) fn available() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: used only inside `gemm` to hand disjoint output tiles of one exclusively borrowed
-// `dst` to rayon tasks, which all finish before `gemm` returns; no two tasks write one element.
-unsafe impl Send for SendPtr {}
-// SAFETY: as for `Send`: tasks share the pointer value, never an element.
-unsafe impl Sync for SendPtr {}
-impl SendPtr {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// `dst[m×n] = (accumulate ? dst : 0) + lhs · rhs` in `gemm_f32`'s order. The caller

@@ -149,16 +149,17 @@ fn split_for(m: usize, n: usize) -> Split {
 }
 
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub(super) struct SendPtr(pub(super) *mut f32);
 // SAFETY: a raw pointer is neither Send nor Sync only as a lint against accidental sharing. This
-// one is used only inside `gemm_f32`, to hand disjoint output blocks of one exclusively borrowed
+// one is used only inside `gemm_f32` and `avx512::gemm`, to hand disjoint output blocks of one exclusively borrowed
 // `dst` to rayon tasks, all of which finish before `gemm_f32` returns (and so before the borrow
 // ends); no two tasks write the same element and nothing reads `dst` meanwhile.
 unsafe impl Send for SendPtr {}
 // SAFETY: as for `Send` above: tasks share the pointer value, never an element.
 unsafe impl Sync for SendPtr {}
 impl SendPtr {
-    fn get(self) -> *mut f32 {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
+    pub(super) fn get(self) -> *mut f32 {
         self.0
     }
 }
