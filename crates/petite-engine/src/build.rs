@@ -235,7 +235,13 @@ pub fn build_plan(
     let (tx, rx) = mpsc::channel::<Outcome>();
     std::thread::scope(|scope| {
         loop {
-            while failure.is_none() && next < n && running < jobs {
+            // A finished engine is released before the next build starts, so no build reads
+            // beside weights whose last reader is done (one at a time: strictly in turn).
+            while failure.is_none()
+                && next < n
+                && running < jobs
+                && done.get(reported).is_none_or(Option::is_none)
+            {
                 if stop() {
                     failure = Some(Error::Stopped { index: next });
                     break;
@@ -279,7 +285,9 @@ pub fn build_plan(
                 }
             }
             // Release and report, in plan order, every engine whose predecessors are finished.
+            let mut released_any = false;
             while let Some(d) = done.get_mut(reported).and_then(Option::take) {
+                released_any = true;
                 let i = reported;
                 reported += 1;
                 let peak_rss = rss().map(|r| r.peak);
@@ -316,6 +324,9 @@ pub fn build_plan(
             }
             if running == 0 && (failure.is_some() || next == n) {
                 break;
+            }
+            if released_any {
+                continue; // start what the release made room for before waiting
             }
             // A thread always sends before it ends, and `tx` is still held here: this waits
             // for the next build to finish.
