@@ -330,6 +330,19 @@ impl std::fmt::Debug for Device {
     }
 }
 
+/// How a GEMM whose operands are f32 is computed (16-bit operands always run on tensor cores
+/// with f32 accumulation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum F32Matmul {
+    /// Exact f32, no TF32: the parity mode, and what lerobot's eager PyTorch does.
+    #[default]
+    Exact,
+    /// TF32 tensor cores with f32 accumulation: what lerobot's `compile_model=True` sets
+    /// (`torch.set_float32_matmul_precision("high")`), for the f32 products of a bf16 program
+    /// (its SigLIP), whose error bound is bf16's.
+    Tf32,
+}
+
 impl Device {
     /// Opens device 0: refuses in one line ([`Error::Unavailable`]) where the driver, a device,
     /// cuBLAS or NVRTC is missing; compiles the kernels (once per process).
@@ -667,7 +680,8 @@ impl Device {
     }
 
     /// `C = A·B` per [`Gemm`], with `A`, `B` of `ab` and `C` of `c` (f32 accumulation; f32
-    /// operands as exact f32).
+    /// operands as `f32` says).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm(
         &self,
         g: &Gemm,
@@ -676,6 +690,7 @@ impl Device {
         ab: Dtype,
         c: u64,
         cd: Dtype,
+        f32: F32Matmul,
     ) -> Result<()> {
         if g.m == 0 || g.n == 0 || g.batch == 0 {
             return Ok(());
@@ -719,7 +734,11 @@ impl Device {
                 g.ldc,
                 g.stride_c,
                 g.batch,
-                bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                if ab == Dtype::F32 && f32 == F32Matmul::Tf32 {
+                    bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+                } else {
+                    bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+                },
                 bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }

@@ -33,9 +33,13 @@ pub enum Role {
     Inlined,
     /// The root of fused group `k`: one launch of its kernel writes this node's value.
     Root(usize),
-    /// A reshape, permute or expand that a matmul reads in place through strides
+    /// A reshape, permute or expand that a matmul reads in place through strides, or a
+    /// widening cast that a row kernel reads in place through its input's dtype
     /// ([`Fusion::views`]): never computed.
     View,
+    /// A last-axis softmax whose only reader is a narrowing cast: the cast runs it with its own
+    /// dtype as the output (one launch, the same bits: the kernel rounds once either way).
+    Narrowed,
 }
 
 /// A matmul operand read in place: `base`'s buffer seen with `shape` and element `strides`.
@@ -71,8 +75,22 @@ pub struct Fusion {
     pub kernels: Vec<String>,
     /// The CUDA C source of every kernel (with the prelude).
     pub source: String,
-    /// Matmul operands read in place: (matmul, operand index) → the view.
+    /// Operands read in place: (consumer, operand index) → the view (a matmul's through
+    /// strides; a norm's or softmax's through the dtype of a widening cast's input).
     pub views: HashMap<(NodeId, usize), StridedView>,
+    /// Softmaxes over `[B, H, Q, K]` whose input was `x + mask`, computed by the softmax kernel
+    /// as it loads `x` (its operand 0 is then `x`, through [`Fusion::views`]).
+    pub masks: HashMap<NodeId, Folded>,
+}
+
+/// What a softmax kernel computes as it loads its input ([`Fusion::masks`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Folded {
+    /// The mask added (f32, broadcast over `[B, H, Q, K]`).
+    pub mask: NodeId,
+    /// A 16-bit `x · s` before the widening cast: `s` (rounded to that dtype, as the fused
+    /// kernel rounds a scalar) and the dtype its product is rounded to.
+    pub scale: Option<(f32, Dtype)>,
 }
 
 /// Element strides of a `shape` view of a tensor with `old` dims and element strides `st`, or
@@ -268,6 +286,135 @@ fn fusible(op: &Op) -> bool {
     )
 }
 
+/// A norm, or a softmax over the last axis: one block a row, loading through the input's dtype.
+fn row_kernel(p: &Program, id: NodeId) -> bool {
+    let node = p.node(id);
+    match node.op {
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } => true,
+        Op::Softmax { axis } => p
+            .node(node.inputs[0])
+            .tensor()
+            .is_some_and(|t| axis + 1 == t.shape.len()),
+        _ => false,
+    }
+}
+
+/// `(x, mask)` when softmax `sm` reads `x + mask` over `[B, H, Q, K]` (the sum read by it
+/// alone, not an output; `x` f32 of that shape, `mask` f32 broadcast to it): what the softmax
+/// kernel computes as it loads, in the same f32 arithmetic.
+fn masked(
+    p: &Program,
+    sm: NodeId,
+    live_consumers: &dyn Fn(NodeId) -> usize,
+    is_output: &[bool],
+) -> Option<(NodeId, NodeId)> {
+    let add = p.node(sm).inputs[0];
+    let node = p.node(add);
+    if !matches!(
+        node.op,
+        Op::Binary {
+            kind: petite_graph::BinaryOp::Add
+        }
+    ) || live_consumers(add) != 1
+        || is_output[add.index()]
+    {
+        return None;
+    }
+    let out = node.tensor()?;
+    if out.shape.len() != 4 || out.dtype != Dtype::F32 {
+        return None;
+    }
+    let full = |v: NodeId| p.node(v).tensor().is_some_and(|t| t.shape == out.shape);
+    let mask = |v: NodeId| {
+        p.node(v).tensor().is_some_and(|t| {
+            t.dtype == Dtype::F32
+                && t.shape.len() <= 4
+                && t.shape
+                    .iter()
+                    .rev()
+                    .zip(out.shape.iter().rev())
+                    .all(|(&m, &o)| m == o || m == 1)
+        })
+    };
+    let (a, b) = (node.inputs[0], node.inputs[1]);
+    if full(a) && mask(b) {
+        Some((a, b))
+    } else if full(b) && mask(a) {
+        Some((b, a))
+    } else {
+        None
+    }
+}
+
+/// `(x, s, dtype)` when `v = x · s` (a scalar multiply) in a 16-bit float dtype, read by one
+/// live node and not an output; `s` rounded to that dtype as the fused kernel rounds it.
+fn scaled(
+    p: &Program,
+    v: NodeId,
+    live_consumers: &dyn Fn(NodeId) -> usize,
+    is_output: &[bool],
+) -> Option<(NodeId, f32, Dtype)> {
+    let node = p.node(v);
+    let Op::BinaryScalar {
+        kind: petite_graph::BinaryOp::Mul,
+        scalar,
+        ..
+    } = node.op
+    else {
+        return None;
+    };
+    let d = node.tensor()?.dtype;
+    let x = node.inputs[0];
+    if p.node(x).tensor()?.dtype != d || live_consumers(v) != 1 || is_output[v.index()] {
+        return None;
+    }
+    let s = match d {
+        Dtype::Bf16 => petite_dtype::round_through_bf16(scalar as f32),
+        Dtype::F16 => half::f16::from_f32(scalar as f32).to_f32(),
+        _ => return None,
+    };
+    Some((x, s, d))
+}
+
+/// `v` read whole (its own shape, contiguous).
+fn whole(p: &Program, v: NodeId) -> StridedView {
+    let shape = p
+        .node(v)
+        .tensor()
+        .map(|t| t.shape.clone())
+        .unwrap_or_default();
+    StridedView {
+        base: v,
+        strides: contiguous_strides(&shape),
+        shape,
+    }
+}
+
+/// `x` as an in-place read of its input when `x` is a widening cast (bf16/f16 → f32) read by
+/// one live node and not a program output.
+fn widened(
+    p: &Program,
+    x: NodeId,
+    live_consumers: &dyn Fn(NodeId) -> usize,
+    is_output: &[bool],
+) -> Option<StridedView> {
+    let node = p.node(x);
+    let Op::Cast { to: Dtype::F32 } = node.op else {
+        return None;
+    };
+    let base = node.inputs[0];
+    let from = p.node(base).tensor()?.dtype;
+    if !matches!(from, Dtype::Bf16 | Dtype::F16) || live_consumers(x) != 1 || is_output[x.index()] {
+        return None;
+    }
+    let shape = node.tensor()?.shape.clone();
+    Some(StridedView {
+        base,
+        strides: contiguous_strides(&shape),
+        shape,
+    })
+}
+
 /// Plans the fusion of `program`'s `live` nodes; `is_output` marks program outputs (always
 /// materialized).
 pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusion> {
@@ -304,10 +451,66 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
             }
         }
     }
+    // Row kernels (norms, last-axis softmax) load their input through its dtype and compute in
+    // f32, so a widening cast (bf16/f16 → f32, exact) that feeds only one is read in place; and
+    // a softmax read only by a narrowing cast is run by that cast, writing its dtype.
+    let mut narrowing = vec![false; n];
+    let mut masks = HashMap::new();
+    for &id in &order {
+        let i = id.index();
+        if !live[i] || !row_kernel(program, id) {
+            continue;
+        }
+        let mut x = program.node(id).inputs[0];
+        let mut folded = None;
+        if let Some((a, m)) = masked(program, id, &live_consumers, is_output)
+            && role[m.index()] != Role::View
+        {
+            role[x.index()] = Role::View;
+            views.insert((id, 0), whole(program, a));
+            folded = Some(Folded {
+                mask: m,
+                scale: None,
+            });
+            x = a;
+        }
+        if role[x.index()] == Role::Plain
+            && let Some(v) = widened(program, x, &live_consumers, is_output)
+        {
+            role[x.index()] = Role::View;
+            let base = v.base;
+            views.insert((id, 0), v);
+            // Under a folded mask, a 16-bit scaling of the widened value folds in too.
+            if let Some(f) = &mut folded
+                && let Some((src, s, d)) = scaled(program, base, &live_consumers, is_output)
+            {
+                role[base.index()] = Role::View;
+                views.insert((id, 0), whole(program, src));
+                f.scale = Some((s, d));
+            }
+        }
+        if let Some(f) = folded {
+            masks.insert(id, f);
+        }
+        if matches!(program.node(id).op, Op::Softmax { .. })
+            && !is_output[i]
+            && live_consumers(id) == 1
+            && let Some(&c) = consumers[i].iter().find(|c| live[c.index()])
+            && matches!(program.node(c).op, Op::Cast { to } if to.is_float())
+        {
+            role[i] = Role::Narrowed;
+            narrowing[c.index()] = true;
+        }
+    }
     for &id in order.iter().rev() {
         let i = id.index();
         let node = program.node(id);
-        if !live[i] || !fusible(&node.op) || node.tensor().is_none() || role[i] == Role::View {
+        if !live[i]
+            || !fusible(&node.op)
+            || node.tensor().is_none()
+            || role[i] == Role::View
+            || narrowing[i]
+        {
             continue;
         }
         let mut cs: Vec<NodeId> = consumers[i]
@@ -391,6 +594,7 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
         kernels,
         source,
         views,
+        masks,
     })
 }
 
@@ -1007,5 +1211,84 @@ mod tests {
             .collect();
         assert_eq!(names, ["k", "v"]);
         assert!(groups[0].biases.is_none());
+    }
+
+    #[test]
+    fn row_kernels_read_widening_casts_in_place_fold_masks_and_narrow_into_their_cast() {
+        // rms_norm(cast_f32(x_bf16)); softmax(cast_f32(l_bf16) + mask) read by a bf16 cast.
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::Bf16, &[1, 3, 8]).unwrap();
+        let l = b.input("l", Dtype::Bf16, &[1, 2, 3, 5]).unwrap();
+        let mask = b.input("mask", Dtype::F32, &[1, 1, 3, 5]).unwrap();
+        let xw = b.cast(x, Dtype::F32).unwrap();
+        let n = b.rms_norm(xw, None, 1e-6).unwrap();
+        b.output("n", n).unwrap();
+        let ls = b.mul_scalar(l, 0.1).unwrap();
+        let lw = b.cast(ls, Dtype::F32).unwrap();
+        let s = b.add(lw, mask).unwrap();
+        let sm = b.softmax(s, -1).unwrap();
+        let out = b.cast(sm, Dtype::Bf16).unwrap();
+        b.output("p", out).unwrap();
+        let p = b.finish().unwrap();
+        let f = plan_all(&p);
+        let (n_id, p_id) = (n, out);
+        let norm_in = p.node(n_id).inputs[0];
+        assert_eq!(
+            f.role[norm_in.index()],
+            Role::View,
+            "the widening cast is never run"
+        );
+        assert_eq!(f.views[&(n_id, 0)].base, p.node(norm_in).inputs[0]);
+        let sm_id = p.node(p_id).inputs[0];
+        assert_eq!(f.role[sm_id.index()], Role::Narrowed);
+        assert_eq!(
+            f.role[p_id.index()],
+            Role::Plain,
+            "the cast runs the softmax"
+        );
+        let add = p.node(sm_id).inputs[0];
+        assert_eq!(
+            f.role[add.index()],
+            Role::View,
+            "the mask add is the softmax's"
+        );
+        let [lw_id, mask_id] = [p.node(add).inputs[0], p.node(add).inputs[1]];
+        assert_eq!(f.role[lw_id.index()], Role::View);
+        let ls_id = p.node(lw_id).inputs[0];
+        assert_eq!(
+            f.role[ls_id.index()],
+            Role::View,
+            "the bf16 scaling is the softmax's"
+        );
+        assert_eq!(
+            f.views[&(sm_id, 0)].base,
+            p.node(ls_id).inputs[0],
+            "reads l in place"
+        );
+        assert_eq!(f.masks[&sm_id].mask, mask_id);
+        assert_eq!(
+            f.masks[&sm_id].scale,
+            Some((petite_dtype::round_through_bf16(0.1), Dtype::Bf16)),
+            "the scalar rounded to bf16 first, as the fused kernel rounds it"
+        );
+        assert!(f.groups.is_empty(), "nothing left to fuse: {:?}", f.role);
+    }
+
+    #[test]
+    fn a_widening_cast_read_twice_or_narrowing_is_computed() {
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::F32, &[2, 8]).unwrap();
+        let y = b.input("y", Dtype::Bf16, &[2, 8]).unwrap();
+        let xn = b.cast(x, Dtype::Bf16).unwrap();
+        let yw = b.cast(y, Dtype::F32).unwrap();
+        let n1 = b.rms_norm(xn, None, 1e-6).unwrap();
+        let n2 = b.rms_norm(yw, None, 1e-6).unwrap();
+        b.output("n1", n1).unwrap();
+        b.output("n2", n2).unwrap();
+        b.output("yw", yw).unwrap();
+        let p = b.finish().unwrap();
+        let f = plan_all(&p);
+        assert!(f.views.is_empty(), "{:?}", f.views);
+        assert!(f.masks.is_empty());
     }
 }

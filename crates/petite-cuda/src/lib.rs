@@ -10,7 +10,8 @@
 //! - [`DeviceProgram`]: one program with its weights uploaded once in their declared dtype (the
 //!   host pages given back); runs node by node on the stream, values freed after their last
 //!   reader. GEMMs (linear, matmul, the patch convolution, attention's two products) go to
-//!   cuBLAS with f32 accumulation (bf16 inputs as bf16; f32 as exact f32, never TF32); every
+//!   cuBLAS with f32 accumulation (bf16 inputs as bf16; f32 as exact f32 unless the caller asks
+//!   for TF32, [`F32Matmul`]); every
 //!   other op is one of the module's kernels, computing in f32 and rounding once, as the
 //!   reference executor does.
 //! - [`DevTensor`]: a value on the device, so a caller can keep a program's outputs resident
@@ -25,7 +26,7 @@ pub mod plan;
 mod program;
 pub mod source;
 
-pub use device::{DevTensor, Device, DeviceInfo, Graph, Mark, Probe, probe};
+pub use device::{DevTensor, Device, DeviceInfo, F32Matmul, Graph, Mark, Probe, probe};
 pub use program::DeviceProgram;
 
 /// Errors of this crate.

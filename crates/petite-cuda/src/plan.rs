@@ -267,8 +267,9 @@ pub struct SoftmaxParams {
     pub dm: i32,
     /// Multiplies x before the mask is added.
     pub scale: f32,
-    /// Padding (the C struct's).
-    pub pad: i32,
+    /// Dtype code `x·scale` is rounded to before the mask is added (a 16-bit scaling op folded
+    /// in); f32 (0): not rounded.
+    pub dscale: i32,
     /// Heads (rows are `(b·H + h)·Q + q`).
     pub h: i64,
     /// Queries.

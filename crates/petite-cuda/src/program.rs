@@ -8,7 +8,7 @@ use petite_graph::{Dtype, NodeId, Op, Program, ReduceOp, ShapeDisplay, TensorTyp
 use petite_reference::Tensor;
 use petite_weights::WeightSource;
 
-use crate::device::{DevTensor, Device};
+use crate::device::{DevTensor, Device, F32Matmul};
 use crate::fuse::{Fusion, Role, Siblings};
 use crate::plan::{
     ConvParams, EwParams, Gemm, MatOperand, NormParams, Operand, RopeParams, SoftmaxParams,
@@ -45,12 +45,27 @@ pub struct DeviceProgram<'d> {
     sibling_of: HashMap<NodeId, usize>,
     /// Each sibling group's weights `[G, N, K]` and biases `[G, N]`, side by side.
     merged: Vec<(DevTensor, Option<DevTensor>)>,
+    /// How its f32 products are computed ([`DeviceProgram::set_f32_matmul`]).
+    f32_matmul: F32Matmul,
 }
 
 enum Slot {
     Empty,
     T(DevTensor),
     Tuple(Vec<DevTensor>),
+}
+
+/// [`SoftmaxParams`]' mask fields for rows `((b·H + h)·Q + q)` of `[B, H, Q, K]` logits and a
+/// mask of shape `ms` (rank ≤ 4, broadcast over its size-1 dims): `[H, Q, sb, sh, sq, sk]`.
+fn mask_strides(ms: &[usize], h: usize, nq: usize) -> [i64; 6] {
+    let mut dims = [1usize; 4];
+    dims[4 - ms.len()..].copy_from_slice(ms);
+    let [mb, mh, mq, mk] = dims;
+    let sk = i64::from(mk != 1);
+    let sq = if mq == 1 { 0 } else { mk as i64 };
+    let sh = if mh == 1 { 0 } else { (mq * mk) as i64 };
+    let sb = if mb == 1 { 0 } else { (mh * mq * mk) as i64 };
+    [h as i64, nq as i64, sb, sh, sq, sk]
 }
 
 /// Elementwise fusion ([`crate::fuse`]) is on unless `PETITE_CUDA_NO_FUSE` is set (to compare
@@ -140,28 +155,36 @@ impl<'d> DeviceProgram<'d> {
                 kernels: Vec::new(),
                 source: String::new(),
                 views: Default::default(),
+                masks: Default::default(),
             }
         };
         // Uses count the nodes that read a value from its buffer: fused roots read their
         // leaves; inlined nodes read nothing.
         let mut reads: Vec<Vec<NodeId>> = vec![Vec::new(); program.len()];
-        for (i, node) in program.nodes.iter().enumerate() {
+        for i in 0..program.len() {
             if !live[i] {
                 continue;
             }
-            let mut r = match fusion.role[i] {
-                Role::Plain => node
+            let operands = |c: usize| -> Vec<NodeId> {
+                let id = NodeId(c as u32);
+                program.nodes[c]
                     .inputs
                     .iter()
                     .enumerate()
-                    .map(|(j, &v)| {
-                        fusion
-                            .views
-                            .get(&(NodeId(i as u32), j))
-                            .map_or(v, |w| w.base)
+                    .map(|(j, &v)| fusion.views.get(&(id, j)).map_or(v, |w| w.base))
+                    .chain(fusion.masks.get(&id).map(|f| f.mask))
+                    .collect()
+            };
+            let mut r = match fusion.role[i] {
+                // A cast that runs a narrowed softmax reads the softmax's operands.
+                Role::Plain => operands(i)
+                    .into_iter()
+                    .flat_map(|v| match fusion.role[v.index()] {
+                        Role::Narrowed => operands(v.index()),
+                        _ => vec![v],
                     })
                     .collect(),
-                Role::Inlined | Role::View => Vec::new(),
+                Role::Inlined | Role::View | Role::Narrowed => Vec::new(),
                 Role::Root(g) => fusion.groups[g].leaves.clone(),
             };
             r.sort();
@@ -280,7 +303,13 @@ impl<'d> DeviceProgram<'d> {
             siblings,
             sibling_of,
             merged,
+            f32_matmul: F32Matmul::Exact,
         })
+    }
+
+    /// Sets how this program's f32 GEMMs run (exact f32 from [`DeviceProgram::load`]).
+    pub fn set_f32_matmul(&mut self, m: F32Matmul) {
+        self.f32_matmul = m;
     }
 
     /// Nodes computed inside fused kernels, fused kernel launches a run, and distinct kernels.
@@ -366,7 +395,10 @@ impl<'d> DeviceProgram<'d> {
         let mut marks: Vec<(NodeId, crate::device::Mark, crate::device::Mark)> = Vec::new();
         for &id in &self.order {
             if !self.live[id.index()]
-                || matches!(self.fusion.role[id.index()], Role::Inlined | Role::View)
+                || matches!(
+                    self.fusion.role[id.index()],
+                    Role::Inlined | Role::View | Role::Narrowed
+                )
             {
                 continue;
             }
@@ -551,17 +583,35 @@ impl<'d> DeviceProgram<'d> {
         if let Op::MatMul = node.op {
             return Ok(Slot::T(self.matmul(id, slots, out_ty)?));
         }
+        // Operand `i` of node `c`; one read in place (a widening cast's input) is the view's base.
+        let operand = |c: NodeId, i: usize| -> Result<&DevTensor> {
+            let v = p.node(c).inputs[i];
+            let v = self.fusion.views.get(&(c, i)).map_or(v, |w| w.base);
+            match &slots[v.index()] {
+                Slot::T(t) => Ok(t),
+                Slot::Tuple(_) => Err(err("tuple input")),
+                Slot::Empty => Err(err(format!("input {i} ({v}) is not available"))),
+            }
+        };
+        if let Op::Cast { .. } = node.op
+            && self.fusion.role[node.inputs[0].index()] == Role::Narrowed
+        {
+            let sm = node.inputs[0];
+            let Op::Softmax { axis } = p.node(sm).op else {
+                return Err(err("a narrowed node that is not a softmax"));
+            };
+            return Ok(Slot::T(self.softmax_node(
+                sm,
+                axis,
+                operand(sm, 0)?,
+                slots,
+                out_ty,
+            )?));
+        }
         let dev = self.dev;
         let n_in = node.inputs.len();
         let ins: Vec<&DevTensor> = (0..n_in)
-            .map(|i| {
-                let v = node.inputs[i];
-                match &slots[v.index()] {
-                    Slot::T(t) => Ok(t),
-                    Slot::Tuple(_) => Err(err("tuple input")),
-                    Slot::Empty => Err(err(format!("input {i} ({v}) is not available"))),
-                }
-            })
+            .map(|i| operand(id, i))
             .collect::<Result<_>>()
             .or_else(|e| {
                 if let Op::GetItem { .. } = node.op {
@@ -592,7 +642,7 @@ impl<'d> DeviceProgram<'d> {
             Op::RmsNorm { eps } => {
                 self.norm(1, ins[0], ins.get(1).copied(), None, *eps as f32, out_ty)?
             }
-            Op::Softmax { axis } => self.softmax(ins[0], *axis, out_ty)?,
+            Op::Softmax { axis } => self.softmax_node(id, *axis, ins[0], slots, out_ty)?,
             Op::Rope => {
                 let (x, c, s) = (ins[0], ins[1], ins[2]);
                 let out = dev.alloc(dt, out_shape)?;
@@ -753,6 +803,7 @@ impl<'d> DeviceProgram<'d> {
                 x.dtype(),
                 dev.ptr(&acc),
                 acc.dtype(),
+                self.f32_matmul,
             )?;
         }
         let views: Vec<DevTensor> = (0..parts)
@@ -911,7 +962,15 @@ impl<'d> DeviceProgram<'d> {
         }
         let acc = if dt == Dtype::F32 || b.is_none() {
             if k > 0 {
-                dev.gemm(&g, dev.ptr(w), dev.ptr(x), x.dtype(), dev.ptr(&out), dt)?;
+                dev.gemm(
+                    &g,
+                    dev.ptr(w),
+                    dev.ptr(x),
+                    x.dtype(),
+                    dev.ptr(&out),
+                    dt,
+                    self.f32_matmul,
+                )?;
             }
             if b.is_none() {
                 return Ok(out);
@@ -929,6 +988,7 @@ impl<'d> DeviceProgram<'d> {
                     x.dtype(),
                     dev.ptr(&acc),
                     Dtype::F32,
+                    self.f32_matmul,
                 )?;
             }
             acc
@@ -1007,7 +1067,7 @@ impl<'d> DeviceProgram<'d> {
             && obb.iter().enumerate().all(|(i, &y)| y == i as i64 * sb);
         if uniform {
             let g = g.batched(nb, sb, sa, (m * n) as i64)?;
-            dev.gemm(&g, pb, pa, ta.dtype(), po, out_ty.dtype)?;
+            dev.gemm(&g, pb, pa, ta.dtype(), po, out_ty.dtype, self.f32_matmul)?;
         } else {
             for i in 0..nb {
                 dev.gemm(
@@ -1017,6 +1077,7 @@ impl<'d> DeviceProgram<'d> {
                     ta.dtype(),
                     po + (i * m * n) as u64 * os,
                     out_ty.dtype,
+                    self.f32_matmul,
                 )?;
             }
         }
@@ -1070,6 +1131,7 @@ impl<'d> DeviceProgram<'d> {
             x.dtype(),
             dev.ptr(&acc),
             Dtype::F32,
+            self.f32_matmul,
         )?;
         self.bias(&acc, b, rows, o, &acc)?;
         // [N, OH·OW, O] → [N, O, OH, OW], rounded once to the output dtype.
@@ -1129,7 +1191,7 @@ impl<'d> DeviceProgram<'d> {
         out: &DevTensor,
         rows: usize,
         n: usize,
-        scale: f32,
+        scale: (f32, Dtype),
         mask: Option<(&DevTensor, [i64; 6])>,
     ) -> Result<()> {
         if rows == 0 || n == 0 {
@@ -1144,8 +1206,8 @@ impl<'d> DeviceProgram<'d> {
             dout: dtype_code(out.dtype()),
             has_mask: i32::from(mask.is_some()),
             dm: mask.map_or(0, |m| dtype_code(m.0.dtype())),
-            scale,
-            pad: 0,
+            scale: scale.0,
+            dscale: dtype_code(scale.1),
             h: ms[0],
             q: ms[1],
             msb: ms[2],
@@ -1162,13 +1224,44 @@ impl<'d> DeviceProgram<'d> {
         })
     }
 
+    /// Softmax node `sm` of `x`, with the mask the fusion plan folded into it, if any
+    /// ([`Fusion::masks`]: rank 4, last axis).
+    fn softmax_node(
+        &self,
+        sm: NodeId,
+        axis: usize,
+        x: &DevTensor,
+        slots: &[Slot],
+        out_ty: &TensorType,
+    ) -> Result<DevTensor> {
+        let Some(f) = self.fusion.masks.get(&sm) else {
+            return self.softmax(x, axis, out_ty);
+        };
+        let Slot::T(mt) = &slots[f.mask.index()] else {
+            return Err(err(format!("mask {} is not an available tensor", f.mask)));
+        };
+        let s = x.shape();
+        let out = self.dev.alloc(out_ty.dtype, &out_ty.shape)?;
+        let strides = mask_strides(mt.shape(), s[1], s[2]);
+        let scale = f.scale.unwrap_or((1.0, Dtype::F32));
+        self.softmax_rows(
+            x,
+            &out,
+            s[0] * s[1] * s[2],
+            s[3],
+            scale,
+            Some((mt, strides)),
+        )?;
+        Ok(out)
+    }
+
     fn softmax(&self, x: &DevTensor, axis: usize, out_ty: &TensorType) -> Result<DevTensor> {
         let s = x.shape();
         let r = s.len();
         if axis + 1 == r {
             let out = self.dev.alloc(out_ty.dtype, &out_ty.shape)?;
             let n = s[r - 1];
-            self.softmax_rows(x, &out, x.numel() / n.max(1), n, 1.0, None)?;
+            self.softmax_rows(x, &out, x.numel() / n.max(1), n, (1.0, Dtype::F32), None)?;
             return Ok(out);
         }
         // Move the axis last, softmax, move it back.
@@ -1184,7 +1277,14 @@ impl<'d> DeviceProgram<'d> {
             x.dtype(),
         )?;
         let n = s[axis];
-        self.softmax_rows(&moved, &moved, moved.numel() / n.max(1), n, 1.0, None)?;
+        self.softmax_rows(
+            &moved,
+            &moved,
+            moved.numel() / n.max(1),
+            n,
+            (1.0, Dtype::F32),
+            None,
+        )?;
         let mut inv = vec![0; r];
         for (i, &p) in perm.iter().enumerate() {
             inv[p] = i;
@@ -1226,23 +1326,11 @@ impl<'d> DeviceProgram<'d> {
                 q.dtype(),
                 dev.ptr(&logits),
                 Dtype::F32,
+                self.f32_matmul,
             )?;
         }
-        let m = match mask {
-            Some(mt) => {
-                let ms = mt.shape();
-                let mut dims = [1usize; 4];
-                dims[4 - ms.len()..].copy_from_slice(ms);
-                let [mb, mh, mq, mk] = dims;
-                let sk = i64::from(mk != 1);
-                let sq = if mq == 1 { 0 } else { mk as i64 };
-                let sh = if mh == 1 { 0 } else { (mq * mk) as i64 };
-                let sb = if mb == 1 { 0 } else { (mh * mq * mk) as i64 };
-                Some((mt, [h as i64, nq as i64, sb, sh, sq, sk]))
-            }
-            None => None,
-        };
-        self.softmax_rows(&logits, &logits, b * h * nq, nk, scale, m)?;
+        let m = mask.map(|mt| (mt, mask_strides(mt.shape(), h, nq)));
+        self.softmax_rows(&logits, &logits, b * h * nq, nk, (scale, Dtype::F32), m)?;
         let v32 = if v.dtype() == Dtype::F32 {
             v.clone()
         } else {
@@ -1259,6 +1347,7 @@ impl<'d> DeviceProgram<'d> {
                 Dtype::F32,
                 dev.ptr(&out32),
                 Dtype::F32,
+                self.f32_matmul,
             )?;
         }
         if out_ty.dtype == Dtype::F32 {

@@ -357,9 +357,19 @@ extern "C" __global__ void pt_norm(NormParams p, const void* x, const void* w, c
 }
 
 struct SoftmaxParams {
-  i64 rows; i64 n; int dx; int dout; int has_mask; int dm; float scale; int pad;
+  i64 rows; i64 n; int dx; int dout; int has_mask; int dm; float scale; int dscale;
   i64 h; i64 q; i64 msb; i64 msh; i64 msq; i64 msk;
 };
+
+// Softmax input j of a row: x·scale (rounded to dscale when a 16-bit scaling was folded in),
+// plus the mask.
+__device__ __forceinline__ float sm_in(const SoftmaxParams& p, const void* x, const void* mask, i64 base, i64 mbase, i64 j) {
+  float v = ldf(x, base + j, p.dx) * p.scale;
+  if (p.dscale == DT_BF16) v = bf2f(f2bf(v));
+  else if (p.dscale == DT_F16) v = h2f(f2h(v));
+  if (p.has_mask) v += ldf(mask, mbase + j * p.msk, p.dm);
+  return v;
+}
 
 // One block a row of n: y = softmax(x·scale + mask) in f32, max-subtracted. Row r is
 // ((b·H + h)·Q + q) when a mask is given (its strides broadcast it over [B, H, Q, K]).
@@ -375,21 +385,18 @@ extern "C" __global__ void pt_softmax(SoftmaxParams p, const void* x, const void
   }
   float m = -PT_INF;
   for (i64 j = threadIdx.x; j < p.n; j += blockDim.x) {
-    float v = ldf(x, base + j, p.dx) * p.scale;
-    if (p.has_mask) v += ldf(mask, mbase + j * p.msk, p.dm);
+    float v = sm_in(p, x, mask, base, mbase, j);
     m = fmaxf(m, v);
   }
   m = block_max_f(m, shf);
   float s = 0.0f;
   for (i64 j = threadIdx.x; j < p.n; j += blockDim.x) {
-    float v = ldf(x, base + j, p.dx) * p.scale;
-    if (p.has_mask) v += ldf(mask, mbase + j * p.msk, p.dm);
+    float v = sm_in(p, x, mask, base, mbase, j);
     s += expf(v - m);
   }
   s = block_sum_f(s, shf);
   for (i64 j = threadIdx.x; j < p.n; j += blockDim.x) {
-    float v = ldf(x, base + j, p.dx) * p.scale;
-    if (p.has_mask) v += ldf(mask, mbase + j * p.msk, p.dm);
+    float v = sm_in(p, x, mask, base, mbase, j);
     stf(out, base + j, p.dout, expf(v - m) / s);
   }
 }

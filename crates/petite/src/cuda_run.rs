@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use std::cell::OnceCell;
 
-use petite_cuda::{DevTensor, Device, DeviceProgram, Graph};
+use petite_cuda::{DevTensor, Device, DeviceProgram, F32Matmul, Graph};
 use petite_pi05::Pi05Config;
 use petite_pi05::inputs::Inputs;
 use petite_pi05::programs::{Precision, build_all, io, time_row_len};
@@ -59,12 +59,14 @@ pub struct CudaPolicy<'d> {
 
 impl<'d> CudaPolicy<'d> {
     /// Builds the programs at `precision`, uploads their weights from `weights` (declared
-    /// dtypes), runs the timestep table and keeps its rows on the device.
+    /// dtypes), runs the timestep table (exact f32) and keeps its rows on the device; the prefix
+    /// and the step run their f32 products as `f32_matmul` says.
     pub fn load(
         dev: &'d Device,
         cfg: &Pi05Config,
         weights: &dyn WeightSource,
         precision: Precision,
+        f32_matmul: F32Matmul,
     ) -> Result<Self> {
         let t0 = Instant::now();
         let progs = build_all(cfg, precision)?;
@@ -88,8 +90,10 @@ impl<'d> CudaPolicy<'d> {
             );
         }
         // The step's weights are read every step: the host copy is not needed once uploaded.
-        let prefix = DeviceProgram::load(dev, &progs.prefix, weights, false).map_err(cuda)?;
-        let step = DeviceProgram::load(dev, &progs.step, weights, false).map_err(cuda)?;
+        let mut prefix = DeviceProgram::load(dev, &progs.prefix, weights, false).map_err(cuda)?;
+        let mut step = DeviceProgram::load(dev, &progs.step, weights, false).map_err(cuda)?;
+        prefix.set_f32_matmul(f32_matmul);
+        step.set_f32_matmul(f32_matmul);
         let [[p16, p32], [s16, s32]] =
             [&progs.prefix, &progs.step].map(petite_cuda::plan::program_flops_by_dtype);
         let (flops, flops_f32) = ([p16 + p32, s16 + s32], [p32, s32]);

@@ -28,9 +28,14 @@ pub struct Args {
     /// Untimed warm-up chunks.
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
-    /// Numerics to measure.
-    #[arg(long, value_delimiter = ',', default_value = "bf16,f32")]
+    /// Numerics to measure: `bf16` (its f32 products as TF32, `petite pi05 run`'s default),
+    /// `bf16-exact` (its f32 products exact f32) and `f32`.
+    #[arg(long, value_delimiter = ',', default_value = "bf16,bf16-exact,f32")]
     pub dtypes: Vec<String>,
+    /// Keep the inputs (`inputs.safetensors`), each run's actions (`RUN-actions.safetensors`)
+    /// and timing JSON (`RUN.json`) in this directory instead of a temporary one.
+    #[arg(long)]
+    pub keep: Option<std::path::PathBuf>,
 }
 
 /// What PyTorch measures on the GPU: dense bf16 and f32 matmul rates and a copy's bandwidth.
@@ -52,32 +57,52 @@ torch.cuda.synchronize(); s.record()
 for _ in range(10): y.copy_(x)
 e.record(); torch.cuda.synchronize()
 bw = 2 * x.numel() * 10 / (s.elapsed_time(e) / 1e3)
-print(json.dumps({"bf16_flops": rate(torch.bfloat16), "f32_flops": rate(torch.float32), "copy_bytes_per_s": bw, "device": torch.cuda.get_device_name()}))
+f32 = rate(torch.float32)
+torch.backends.cuda.matmul.allow_tf32 = True
+tf32 = rate(torch.float32)
+print(json.dumps({"bf16_flops": rate(torch.bfloat16), "f32_flops": f32, "tf32_flops": tf32, "copy_bytes_per_s": bw, "device": torch.cuda.get_device_name()}))
 "#;
 
-/// H200 SXM datasheet rates, used only when PyTorch cannot measure.
-const DATASHEET: (f64, f64, f64) = (989e12, 67e12, 4.8e12);
+/// The GPU's rates a floor is computed from.
+struct Peaks {
+    /// Dense bf16 matmul, FLOP/s.
+    bf16: f64,
+    /// Dense f32 matmul without TF32, FLOP/s.
+    f32: f64,
+    /// Dense f32 matmul with TF32, FLOP/s.
+    tf32: f64,
+    /// Device-to-device copy, bytes/s (read + write).
+    copy: f64,
+    /// Where the figures come from.
+    source: String,
+}
 
-fn peaks() -> (f64, f64, f64, String) {
+/// H200 SXM datasheet rates (bf16, f32, TF32, bandwidth), used only when PyTorch cannot measure.
+const DATASHEET: [f64; 4] = [989e12, 67e12, 494e12, 4.8e12];
+
+fn peaks() -> Peaks {
     let out = Command::new("python3").args(["-c", PEAKS_PY]).output();
     if let Ok(o) = out
         && o.status.success()
         && let Ok(v) = serde_json::from_slice::<Value>(&o.stdout)
     {
         let g = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
-        return (
-            g("bf16_flops"),
-            g("f32_flops"),
-            g("copy_bytes_per_s"),
-            format!("measured with PyTorch on {}", v["device"]),
-        );
+        return Peaks {
+            bf16: g("bf16_flops"),
+            f32: g("f32_flops"),
+            tf32: g("tf32_flops"),
+            copy: g("copy_bytes_per_s"),
+            source: format!("measured with PyTorch on {}", v["device"]),
+        };
     }
-    (
-        DATASHEET.0,
-        DATASHEET.1,
-        DATASHEET.2,
-        "H200 datasheet (PyTorch could not measure here)".into(),
-    )
+    let [bf16, f32, tf32, copy] = DATASHEET;
+    Peaks {
+        bf16,
+        f32,
+        tf32,
+        copy,
+        source: "H200 datasheet (PyTorch could not measure here)".into(),
+    }
 }
 
 fn num(v: &Value, k: &str) -> Result<f64> {
@@ -92,23 +117,40 @@ pub fn run(a: &Args) -> Result<()> {
         Some(p) => p.clone(),
         None => util::full_checkpoint(&petite)?,
     };
-    let dir = tempfile::tempdir()?;
-    let inputs = dir.path().join("inputs.safetensors");
+    let tmp = tempfile::tempdir()?;
+    let dir = match &a.keep {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
+            d.as_path()
+        }
+        None => tmp.path(),
+    };
+    let inputs = dir.join("inputs.safetensors");
     super::pi05_run::write_inputs(&inputs)?;
-    let (bf16_rate, f32_rate, bw, source) = peaks();
+    let pk = peaks();
     println!(
-        "gpu bench: rates {source}: bf16 matmul {:.0} TFLOP/s, f32 matmul {:.1} TFLOP/s, copy {:.2} TB/s",
-        bf16_rate / 1e12,
-        f32_rate / 1e12,
-        bw / 1e12
+        "gpu bench: rates {}: bf16 matmul {:.0} TFLOP/s, f32 matmul {:.1} TFLOP/s (TF32 {:.0}), copy {:.2} TB/s",
+        pk.source,
+        pk.bf16 / 1e12,
+        pk.f32 / 1e12,
+        pk.tf32 / 1e12,
+        pk.copy / 1e12
     );
     let mut rows = Vec::new();
-    for dtype in &a.dtypes {
-        let json = dir.path().join(format!("{dtype}.json"));
-        let out = dir.path().join(format!("{dtype}-actions.safetensors"));
+    for run in &a.dtypes {
+        let (dtype, f32_matmul) = match run.as_str() {
+            "bf16" => ("bf16", "tf32"),
+            "bf16-exact" => ("bf16", "exact"),
+            "f32" => ("f32", "exact"),
+            other => bail!("--dtypes: unknown {other:?} (bf16, bf16-exact, f32)"),
+        };
+        let dtype_label = run;
+        let json = dir.join(format!("{run}.json"));
+        let out = dir.join(format!("{run}-actions.safetensors"));
         util::run(
             Command::new(&petite)
                 .args(["pi05", "run", "--device", "cuda", "--dtype", dtype])
+                .args(["--f32-matmul", f32_matmul])
                 .arg("--checkpoint")
                 .arg(&ck)
                 .arg("--inputs")
@@ -122,10 +164,16 @@ pub fn run(a: &Args) -> Result<()> {
         )?;
         let v: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
         // Each product at its own rate: f32 products (all of them in f32 mode; SigLIP in
-        // lerobot's bf16 mode) at the f32 rate, 16-bit ones at the bf16 rate.
+        // lerobot's bf16 mode) at the f32 rate, or TF32's when they run as TF32, 16-bit ones at
+        // the bf16 rate.
         let steps = num(&v, "steps")?;
+        let f32_rate = if f32_matmul == "tf32" {
+            pk.tf32
+        } else {
+            pk.f32
+        };
         let floor_s = |flops: f64, flops_f32: f64, bytes: f64| {
-            ((flops - flops_f32) / bf16_rate + flops_f32 / f32_rate).max(bytes / bw)
+            ((flops - flops_f32) / pk.bf16 + flops_f32 / f32_rate).max(bytes / pk.copy)
         };
         let floor = floor_s(
             num(&v, "prefix_flops")?,
@@ -140,11 +188,11 @@ pub fn run(a: &Args) -> Result<()> {
         let floor_ms = floor * 1e3;
         let median = num(&v, "median_chunk_ms")?;
         if !(median.is_finite() && median > 0.0 && floor_ms > 0.0) {
-            bail!("{dtype}: unusable figures: median {median} ms, floor {floor_ms} ms");
+            bail!("{run}: unusable figures: median {median} ms, floor {floor_ms} ms");
         }
         let gib = |k: &str| num(&v, k).map(|b| b / (1u64 << 30) as f64);
         rows.push(format!(
-            "| petite-cuda {dtype} | {median:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {floor_ms:.2} | {:.1}× |",
+            "| petite-cuda {dtype_label} | {median:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {floor_ms:.2} | {:.1}× |",
             num(&v, "median_prefix_ms")?,
             num(&v, "median_steps_ms")?,
             num(&v, "median_wall_ms")?,
@@ -152,7 +200,7 @@ pub fn run(a: &Args) -> Result<()> {
             gib("peak_pool_bytes")?,
             median / floor_ms
         ));
-        println!("gpu bench: {dtype}: {}", serde_json::to_string(&v)?);
+        println!("gpu bench: {run}: {}", serde_json::to_string(&v)?);
     }
     println!(
         "\n| run | chunk ms (median) | prefix ms | 10 steps ms | wall ms | weights GiB | peak buffers GiB | floor ms | × floor |\n|---|---|---|---|---|---|---|---|---|"

@@ -123,14 +123,42 @@ pub struct RunArgs {
     /// With `--device cuda`: also write the figures as JSON here.
     #[arg(long)]
     timing_json: Option<std::path::PathBuf>,
+    /// With `--device cuda`: how products of f32 operands run — `exact` (f32, no TF32: lerobot's
+    /// eager PyTorch) or `tf32` (TF32 tensor cores, f32 accumulation: what lerobot's
+    /// `compile_model=True` sets with `torch.set_float32_matmul_precision("high")`). Default:
+    /// `tf32` for `--dtype bf16` (the f32 SigLIP of lerobot's bf16 mode, inside bf16's error
+    /// bound), `exact` for `--dtype f32` (the parity mode).
+    #[arg(long, value_enum)]
+    f32_matmul: Option<F32MatmulArg>,
+}
+
+/// `--f32-matmul`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum F32MatmulArg {
+    /// Exact f32 products.
+    Exact,
+    /// TF32 tensor cores, f32 accumulation.
+    Tf32,
+}
+
+impl F32MatmulArg {
+    /// The command-line name.
+    fn name(self) -> &'static str {
+        match self {
+            F32MatmulArg::Exact => "exact",
+            F32MatmulArg::Tf32 => "tf32",
+        }
+    }
 }
 
 fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
     if a.device == petite::runtimes::Device::Cuda {
         return run_cuda(a);
     }
-    if a.repeat > 0 || a.timing_json.is_some() {
-        anyhow::bail!("--repeat and --timing-json time the GPU path: add --device cuda");
+    if a.repeat > 0 || a.timing_json.is_some() || a.f32_matmul.is_some() {
+        anyhow::bail!(
+            "--repeat, --timing-json and --f32-matmul are for the GPU path: add --device cuda"
+        );
     }
     let files = petite_pi05::run::RunFiles {
         checkpoint: &a.checkpoint,
@@ -169,8 +197,17 @@ fn run_cuda(a: RunArgs) -> anyhow::Result<()> {
     )?;
     drop(progs);
     let inputs = petite_pi05::inputs::Inputs::from_file(&a.inputs, &cfg)?;
+    let f32_matmul = a.f32_matmul.unwrap_or(match a.dtype {
+        super::PrecisionArg::Bf16 => F32MatmulArg::Tf32,
+        super::PrecisionArg::F32 => F32MatmulArg::Exact,
+    });
     dev.reset_peak()?;
-    let policy = CudaPolicy::load(&dev, &cfg, &ck, precision).context("loading onto the GPU")?;
+    let math = match f32_matmul {
+        F32MatmulArg::Exact => petite_cuda::F32Matmul::Exact,
+        F32MatmulArg::Tf32 => petite_cuda::F32Matmul::Tf32,
+    };
+    let policy =
+        CudaPolicy::load(&dev, &cfg, &ck, precision, math).context("loading onto the GPU")?;
     let (actions, first) = policy.chunk(&inputs)?;
     if let Some((i, v)) = actions.iter().enumerate().find(|(_, v)| !v.is_finite()) {
         anyhow::bail!("actions are not finite ({v} at index {i}); nothing written");
@@ -179,10 +216,11 @@ fn run_cuda(a: RunArgs) -> anyhow::Result<()> {
     petite_pi05::run::write_actions(&a.out, &cfg, &actions)?;
     let info = dev.info().clone();
     println!(
-        "pi05 run: wrote {} on {} (cuda, {}); load {:.3} s (kernels compiled in {:.3} s), first chunk {:.3} ms (prefix {:.3} ms, steps {:.3} ms)",
+        "pi05 run: wrote {} on {} (cuda, {}, f32 products {}); load {:.3} s (kernels compiled in {:.3} s), first chunk {:.3} ms (prefix {:.3} ms, steps {:.3} ms)",
         a.out.display(),
         info.name,
         a.dtype.name(),
+        f32_matmul.name(),
         policy.load_seconds,
         dev.compile_seconds(),
         first.total_ms,
@@ -193,6 +231,7 @@ fn run_cuda(a: RunArgs) -> anyhow::Result<()> {
         "device": info.name,
         "compute_capability": format!("{}.{}", info.compute_capability.0, info.compute_capability.1),
         "dtype": a.dtype.name(),
+        "f32_matmul": f32_matmul.name(),
         "load_seconds": policy.load_seconds,
         "compile_seconds": dev.compile_seconds(),
         "weight_bytes": policy.weight_bytes(),

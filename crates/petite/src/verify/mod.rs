@@ -194,7 +194,13 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         Device::Cpu => petite_pi05::run::run_model(&cfg, &ck, &inputs, Precision::F32)?.actions,
         Device::Cuda => {
             let dev = crate::runtimes::open_cuda()?;
-            let policy = crate::cuda_run::CudaPolicy::load(&dev, &cfg, &ck, Precision::F32)?;
+            let policy = crate::cuda_run::CudaPolicy::load(
+                &dev,
+                &cfg,
+                &ck,
+                Precision::F32,
+                petite_cuda::F32Matmul::Exact,
+            )?;
             policy.chunk(&inputs)?.0
         }
     };
