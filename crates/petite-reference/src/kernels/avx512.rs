@@ -5,7 +5,8 @@
 //! packs it — a third of the prefix's time. Here the output is vectorised along its columns
 //! (16 lanes, two vectors per tile), each lhs element is broadcast from its row (read in place),
 //! and the rhs is read in place when its rows are contiguous (`matmul`, `scores · v`) or packed
-//! once per depth chunk into 32-wide row panels when they are not (a linear's `wᵀ`, `kᵀ`).
+//! once per depth chunk into 32-wide row panels when they are not (a linear's `wᵀ`, `kᵀ`; a bf16
+//! weight is widened there, exactly, so it is never copied to f32 as a whole).
 //!
 //! Order: every output is a fused-multiply-add chain from zero over each depth chunk of
 //! [`super::matmul::depth_chunks`], then added to the output (or stored, for the first chunk
