@@ -503,6 +503,19 @@ impl<'a> Ctx<'_, 'a> {
             .map_err(|e| err(format!("weight {:?}: {e}", view.name)))
     }
 
+    /// The stored bits of `v` when it is a weight stored and declared bf16 (and 2-byte
+    /// aligned in its file): a product can widen them itself, with no f32 copy.
+    fn bf16_weight_bits(&self, v: NodeId) -> Result<Option<&[u16]>> {
+        if !matches!(self.slots[v.index()], Slot::Weight) {
+            return Ok(None);
+        }
+        let (view, declared) = self.weight_view(v)?;
+        if view.dtype != Dtype::Bf16 || declared.dtype != Dtype::Bf16 {
+            return Ok(None);
+        }
+        Ok(bytemuck::try_cast_slice::<u8, u16>(view.bytes).ok())
+    }
+
     fn weight_tensor(&self, v: NodeId) -> Result<Tensor> {
         let (view, declared) = self.weight_view(v)?;
         if declared.dtype.is_float() {
@@ -635,13 +648,15 @@ impl<'a> Ctx<'_, 'a> {
                 let n = wt.shape[0];
                 let rows: usize = xt.shape[..xt.rank() - 1].iter().product();
                 let x = self.floats(0)?;
-                let w = self.floats(1)?;
                 let b = if n_in == 3 {
                     Some(self.floats(2)?)
                 } else {
                     None
                 };
-                let y = kernels::linear(&x, rows, &w, n, b.as_deref())?;
+                let y = match self.bf16_weight_bits(self.input(1))? {
+                    Some(bits) => kernels::linear_bf16(&x, rows, bits, n, b.as_deref())?,
+                    None => kernels::linear(&x, rows, &self.floats(1)?, n, b.as_deref())?,
+                };
                 self.finish_float(y)
             }
             Op::MatMul => {

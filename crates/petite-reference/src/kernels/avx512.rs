@@ -5,7 +5,8 @@
 //! packs it — a third of the prefix's time. Here the output is vectorised along its columns
 //! (16 lanes, two vectors per tile), each lhs element is broadcast from its row (read in place),
 //! and the rhs is read in place when its rows are contiguous (`matmul`, `scores · v`) or packed
-//! once per depth chunk into 32-wide row panels when they are not (a linear's `wᵀ`, `kᵀ`).
+//! once per depth chunk into 32-wide row panels when they are not (a linear's `wᵀ`, `kᵀ`; a bf16
+//! weight is widened there, exactly, so it is never copied to f32 as a whole).
 //!
 //! Order: every output is a fused-multiply-add chain from zero over each depth chunk of
 //! [`super::matmul::depth_chunks`], then added to the output (or stored, for the first chunk
@@ -28,6 +29,33 @@ const TASK_BLOCKS: usize = 4;
 /// Below this many outputs a product runs as one task.
 const MIN_PARALLEL: usize = 1 << 14;
 
+/// The right operand of [`gemm`]: an f32 view, or the transpose of a row-major `n×k` matrix of
+/// bf16 bits (a bf16 linear's weight as stored), widened exactly while it is packed — no f32
+/// copy of the weight is made, and the result is the one of the widened f32 weight.
+#[derive(Clone, Copy)]
+pub(super) enum Rhs<'a> {
+    /// Any f32 view.
+    F32(MatRef<'a>),
+    /// `rhs[p, j] = widen(bits[j·k + p])`, `k×n`; `bits.len() == n·k`.
+    Bf16T {
+        /// The `n×k` row-major bits.
+        bits: &'a [u16],
+        /// Depth.
+        k: usize,
+        /// Columns of the product (rows of the stored matrix).
+        n: usize,
+    },
+}
+
+impl Rhs<'_> {
+    fn cols(&self) -> usize {
+        match self {
+            Rhs::F32(m) => m.cols(),
+            Rhs::Bf16T { n, .. } => *n,
+        }
+    }
+}
+
 /// Whether this CPU can run [`gemm`] (checked once; `is_x86_feature_detected` caches).
 pub(super) fn available() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
@@ -39,7 +67,7 @@ pub(super) fn available() -> bool {
 pub(super) fn gemm(
     dst: &mut [f32],
     lhs: MatRef<'_>,
-    rhs: MatRef<'_>,
+    rhs: Rhs<'_>,
     accumulate: bool,
     parallel: bool,
 ) {
@@ -85,27 +113,30 @@ pub(super) fn gemm(
 unsafe fn run_task(
     out: *mut f32,
     lhs: MatRef<'_>,
-    rhs: MatRef<'_>,
+    rhs: Rhs<'_>,
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
     accumulate: bool,
 ) {
     let (k, n) = (lhs.cols(), rhs.cols());
     let (lrs, _) = lhs.strides();
-    let (rrs, rcs) = rhs.strides();
     let width = cols.end - cols.start;
     let nblocks = width.div_ceil(NB);
-    let direct = rcs == 1;
+    // rhs rows read in place when contiguous
+    let direct = match rhs {
+        Rhs::F32(m) if m.strides().1 == 1 => Some(m),
+        _ => None,
+    };
     let chunks = depth_chunks(k);
     let max_kc = chunks.iter().map(|c| c.1).max().unwrap_or(0);
-    let mut packed = if direct {
+    let mut packed = if direct.is_some() {
         Vec::new()
     } else {
         vec![0.0f32; nblocks * max_kc * NB]
     };
     for (c, &(p0, kc)) in chunks.iter().enumerate() {
         let first = c == 0 && !accumulate;
-        if !direct {
+        if direct.is_none() {
             for b in 0..nblocks {
                 let j = cols.start + b * NB;
                 let w = NB.min(cols.end - j);
@@ -123,7 +154,8 @@ unsafe fn run_task(
                 // checked view; (p0, j) of rhs, inside its checked view (p0 < k, j < n); the
                 // packed panel of block b; output (i, j) < (m, n).
                 let a = unsafe { lhs.data().as_ptr().add(i * lrs + p0) };
-                let (bp, bs) = if direct {
+                let (bp, bs) = if let Some(rhs) = direct {
+                    let rrs = rhs.strides().0;
                     (unsafe { rhs.data().as_ptr().add(p0 * rrs + j) }, rrs)
                 } else {
                     (unsafe { packed.as_ptr().add(b * kc * NB) }, NB)
@@ -172,31 +204,60 @@ fn masks(w: usize) -> (__mmask16, __mmask16) {
 }
 
 /// `panel[p·32 + c] = rhs[p0 + p, j + c]` for `c < w`, zero beyond (a 32-wide row panel).
-/// A linear's weight (rhs rows strided, contiguous along the depth) is transposed 16 × 16 in
-/// registers; any other layout is copied element by element.
+/// A linear's weight (rhs rows strided, contiguous along the depth; f32 or bf16) is transposed
+/// 16 × 16 in registers; any other layout is copied element by element.
 #[target_feature(enable = "avx512f")]
-fn pack(panel: &mut [f32], rhs: MatRef<'_>, p0: usize, kc: usize, j: usize, w: usize) {
-    let (rs, cs) = rhs.strides();
-    let data = rhs.data();
+fn pack(panel: &mut [f32], rhs: Rhs<'_>, p0: usize, kc: usize, j: usize, w: usize) {
     if w < NB {
         panel.fill(0.0);
     }
-    if rs != 1 {
-        for c in 0..w {
-            for p in 0..kc {
-                panel[p * NB + c] = data[(j + c) * cs + (p0 + p) * rs];
+    match rhs {
+        Rhs::F32(m) if m.strides().0 != 1 => {
+            let (rs, cs) = m.strides();
+            let data = m.data();
+            for c in 0..w {
+                for p in 0..kc {
+                    panel[p * NB + c] = data[(j + c) * cs + (p0 + p) * rs];
+                }
             }
         }
-        return;
+        Rhs::F32(m) => {
+            let (cs, data) = (m.strides().1, m.data());
+            pack_transposed(panel, kc, w, |c, p, pw| {
+                let row = &data[(j + c) * cs + p0 + p..][..pw];
+                // SAFETY: the mask reads the first `pw` elements of `row`, all inside it.
+                unsafe { _mm512_maskz_loadu_ps(mask(pw), row.as_ptr()) }
+            });
+        }
+        Rhs::Bf16T { bits, k, .. } => pack_transposed(panel, kc, w, |c, p, pw| {
+            let row = &bits[(j + c) * k + p0 + p..][..pw];
+            let mut buf = [0u16; 16];
+            buf[..pw].copy_from_slice(row);
+            // SAFETY: 16 u16 read from `buf`, which is 16 long; widening a bf16 is placing its
+            // bits in the high half of an f32.
+            unsafe {
+                let h = _mm256_loadu_si256(buf.as_ptr().cast());
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            }
+        }),
     }
+}
+
+/// Fills a panel from the 16-wide depth pieces `load(c, p, pw)` of output column `j + c`
+/// (its `pw ≤ 16` elements from depth `p0 + p`, zero beyond), transposed 16 × 16 in registers.
+#[target_feature(enable = "avx512f")]
+fn pack_transposed(
+    panel: &mut [f32],
+    kc: usize,
+    w: usize,
+    load: impl Fn(usize, usize, usize) -> __m512,
+) {
     for c0 in (0..w).step_by(16) {
         for p in (0..kc).step_by(16) {
             let pw = 16.min(kc - p);
             let mut r = [_mm512_setzero_ps(); 16];
             for (i, v) in r.iter_mut().enumerate().take(w - c0) {
-                let row = &data[(j + c0 + i) * cs + p0 + p..][..pw];
-                // SAFETY: the mask reads the first `pw` elements of `row`, all inside it.
-                *v = unsafe { _mm512_maskz_loadu_ps(mask(pw), row.as_ptr()) };
+                *v = load(c0 + i, p, pw);
             }
             transpose16(&mut r);
             for (q, v) in r.iter().enumerate().take(pw) {

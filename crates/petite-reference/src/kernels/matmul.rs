@@ -237,7 +237,7 @@ pub fn gemm_f32(
     }
     #[cfg(target_arch = "x86_64")]
     if lhs.cs == 1 && super::avx512::available() {
-        super::avx512::gemm(dst, lhs, rhs, accumulate, parallel);
+        super::avx512::gemm(dst, lhs, super::avx512::Rhs::F32(rhs), accumulate, parallel);
         return Ok(());
     }
     let (lhs_rs, lhs_cs) = lhs.strides_isize()?;
@@ -365,6 +365,40 @@ pub fn linear(
     n: usize,
     bias: Option<&[f32]>,
 ) -> Result<Vec<f32>> {
+    linear_of(x, rows, Weight::F32(w), n, bias)
+}
+
+/// [`linear`] with the weight as bf16 bits (`[n×k]`, as a bf16 export stores it): the result
+/// is [`linear`]'s on the exactly widened weight, bit for bit. On AVX-512 the bits are widened
+/// while the product packs them, so no f32 copy of the weight is made.
+pub fn linear_bf16(
+    x: &[f32],
+    rows: usize,
+    w: &[u16],
+    n: usize,
+    bias: Option<&[f32]>,
+) -> Result<Vec<f32>> {
+    linear_of(x, rows, Weight::Bf16(w), n, bias)
+}
+
+/// A linear's `[n×k]` weight as stored.
+#[derive(Clone, Copy)]
+enum Weight<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+}
+
+fn linear_of(
+    x: &[f32],
+    rows: usize,
+    w: Weight<'_>,
+    n: usize,
+    bias: Option<&[f32]>,
+) -> Result<Vec<f32>> {
+    let w_len = match w {
+        Weight::F32(w) => w.len(),
+        Weight::Bf16(w) => w.len(),
+    };
     if rows == 0 {
         return Ok(Vec::new());
     }
@@ -375,10 +409,10 @@ pub fn linear(
         ));
     }
     let k = x.len() / rows;
-    if n.checked_mul(k) != Some(w.len()) {
+    if n.checked_mul(k) != Some(w_len) {
         return Err(kerr(
             "linear",
-            format!("weight has {} elements, expected [{n}, {k}]", w.len()),
+            format!("weight has {w_len} elements, expected [{n}, {k}]"),
         ));
     }
     let len = rows
@@ -399,9 +433,29 @@ pub fn linear(
     } else {
         false
     };
+    let lhs = MatRef::row_major(x, rows, k)?;
+    let widened: Vec<f32>;
+    let w = match w {
+        Weight::F32(w) => w,
+        Weight::Bf16(bits) => {
+            #[cfg(target_arch = "x86_64")]
+            if !ordered_by_isa(rows, k, n) && super::avx512::available() {
+                // The checks above: x is rows×k (row stride k, column stride 1), bits n×k.
+                let rhs = super::avx512::Rhs::Bf16T { bits, k, n };
+                super::avx512::gemm(&mut out, lhs, rhs, accumulate, true);
+                return Ok(out);
+            }
+            widened = bits
+                .par_iter()
+                .with_min_len(1 << 15)
+                .map(|&b| petite_dtype::bf16_bits_to_f32(b))
+                .collect();
+            &widened
+        }
+    };
     gemm_f32(
         &mut out,
-        MatRef::row_major(x, rows, k)?,
+        lhs,
         MatRef::row_major(w, n, k)?.t(),
         accumulate,
         true,
@@ -856,6 +910,29 @@ mod soundness {
             let mut got = seed;
             gemm_f32(&mut got, lhs, rhs, acc, par).unwrap();
             let bad = got.iter().zip(&want).position(|(x, y)| x.to_bits() != y.to_bits());
+            prop_assert!(bad.is_none(), "{}x{}x{} at {:?}", m, k, n, bad);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// A bf16 weight (widened while packed, on AVX-512) gives `linear`'s bits on the
+        /// widened f32 weight, whatever the shape, bias or tail.
+        #[test]
+        fn bf16_weight_gives_the_widened_weights_bits(
+            m in 1usize..30, k in 1usize..1100, n in 1usize..80, bias in any::<bool>(),
+        ) {
+            let bits: Vec<u16> = (0..n * k)
+                .map(|i| petite_dtype::bf16_bits(((i * 37 % 101) as f32 - 50.0) / 64.0))
+                .collect();
+            let wide: Vec<f32> = bits.iter().map(|&b| petite_dtype::bf16_bits_to_f32(b)).collect();
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0).collect();
+            let b: Vec<f32> = (0..n).map(|i| i as f32 * 0.25).collect();
+            let bias = bias.then_some(b.as_slice());
+            let want = linear(&x, m, &wide, n, bias).unwrap();
+            let got = linear_bf16(&x, m, &bits, n, bias).unwrap();
+            let bad = got.iter().zip(&want).position(|(p, q)| p.to_bits() != q.to_bits());
             prop_assert!(bad.is_none(), "{}x{}x{} at {:?}", m, k, n, bad);
         }
     }

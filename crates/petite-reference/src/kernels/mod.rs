@@ -14,13 +14,14 @@ mod matmul;
 mod norm;
 mod rope;
 mod shape;
+mod vmath;
 
-pub use activation::{gelu_tanh, gelu_tanh_scalar, silu, silu_scalar};
+pub use activation::{silu, silu_scalar};
 pub use attention::{SdpaShape, sdpa, softmax_lastdim};
 pub use conv::{Conv2dParams, conv2d, conv2d_out_hw};
 pub use elementwise::{broadcast_shape, broadcast_strides, broadcast_to, map_binary, map_ternary};
 pub use matmul::{
-    DEPTH_CHUNK, MatRef, ORDER_SHAPES, depth_chunks, gemm_f32, linear, matmul_batched,
+    DEPTH_CHUNK, MatRef, ORDER_SHAPES, depth_chunks, gemm_f32, linear, linear_bf16, matmul_batched,
     summation_order_check,
 };
 pub use norm::{layer_norm, rms_norm};
@@ -28,6 +29,7 @@ pub use rope::{rope_cos_sin, rope_inv_freq, rotary_halves};
 pub use shape::{
     Reduce, concat, cumsum_f32, cumsum_i64, gather_rows, permute, reduce_f32, slice_axis,
 };
+pub use vmath::{exp_in_place, exp_scalar, gelu_tanh, gelu_tanh_scalar};
 
 /// Number of elements of a shape (1 for a scalar).
 pub fn numel(shape: &[usize]) -> usize {
