@@ -395,23 +395,6 @@ pub struct Gemm {
     pub batch: i32,
 }
 
-/// How many K slices a linear of `rows` rows, `k` in and `n` out features is cut into
-/// ([`Gemm::linear_split`]): a few rows against many weights (a step's 50 action tokens) leave
-/// most of the GPU idle, as cuBLAS tiles only the output (~128 features a tile); cut so that
-/// ~128 tiles run, each slice ≥ 256 deep. 1 (no split) for f32 operands (kept exact and in
-/// one order) and for many rows.
-pub fn split_k(rows: usize, k: usize, n: usize, operands: Dtype) -> usize {
-    if operands == Dtype::F32 || rows > 128 || n == 0 {
-        return 1;
-    }
-    let tiles = n.div_ceil(128);
-    let mut s = 1;
-    while s < 16 && tiles * s < 128 && k % (2 * s) == 0 && k / (2 * s) >= 256 {
-        s *= 2;
-    }
-    s
-}
-
 fn i32_of(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Plan(format!("{what} {v} exceeds cuBLAS's int range")))
 }
@@ -435,18 +418,6 @@ impl Gemm {
             stride_c: 0,
             batch: 1,
         })
-    }
-
-    /// [`Gemm::linear`] with the inner dim cut into `splits` equal slices, one batch each,
-    /// whose f32 partial products land `rows · n` apart (summed by the caller).
-    pub fn linear_split(rows: usize, k: usize, n: usize, splits: usize) -> Result<Self> {
-        if splits == 0 || k % splits != 0 {
-            return Err(Error::Plan(format!("split-K of {k} into {splits}")));
-        }
-        let kc = k / splits;
-        let mut g = Gemm::linear(rows, k, n)?;
-        g.k = i32_of(kc, "in features")?;
-        g.batched(splits, kc as i64, kc as i64, (rows * n) as i64)
     }
 
     /// Row-major `c[m, n] = a[m, k] · b[k, n]` of dense operands: [`matmul_gemm`] of two
@@ -749,44 +720,6 @@ mod tests {
         assert_eq!(std::mem::size_of::<NormParams>(), 56);
         assert_eq!(std::mem::offset_of!(SoftmaxParams, h), 40);
         assert_eq!(std::mem::size_of::<RopeParams>(), 24 + 3 * 64);
-    }
-
-    #[test]
-    fn skinny_16_bit_linears_are_split_along_k_until_the_gpu_is_busy() {
-        // A step's 50 rows: down, o and q projections of the action expert.
-        assert_eq!(split_k(50, 4096, 1024, Dtype::Bf16), 16);
-        assert_eq!(split_k(50, 2048, 1024, Dtype::Bf16), 8);
-        assert_eq!(split_k(50, 1024, 2048, Dtype::Bf16), 4);
-        assert_eq!(
-            split_k(50, 1000, 1024, Dtype::Bf16),
-            2,
-            "slices stay ≥ 256 and exact"
-        );
-        assert_eq!(
-            split_k(968, 4096, 1024, Dtype::Bf16),
-            1,
-            "many rows fill the GPU"
-        );
-        assert_eq!(
-            split_k(50, 4096, 1024, Dtype::F32),
-            1,
-            "f32 stays one exact GEMM"
-        );
-        assert_eq!(
-            split_k(50, 4096, 16384, Dtype::Bf16),
-            1,
-            "128 tiles already"
-        );
-        let g = Gemm::linear_split(50, 4096, 1024, 16).unwrap();
-        assert_eq!(
-            (g.m, g.n, g.k, g.lda, g.ldb, g.ldc),
-            (1024, 50, 256, 4096, 4096, 1024)
-        );
-        assert_eq!(
-            (g.batch, g.stride_a, g.stride_b, g.stride_c),
-            (16, 256, 256, 50 * 1024)
-        );
-        assert!(Gemm::linear_split(50, 1000, 8, 3).is_err());
     }
 
     #[test]

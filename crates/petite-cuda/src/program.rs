@@ -813,7 +813,7 @@ impl<'d> DeviceProgram<'d> {
             for (i, o) in views.iter().enumerate() {
                 let a = acc.view(i * per * acc.dtype().size(), &out_ty.shape);
                 let bi = b.view(i * n * b.dtype().size(), &[n]);
-                self.bias(&a, 1, Some(&bi), rows, n, o)?;
+                self.bias(&a, Some(&bi), rows, n, o)?;
             }
         }
         Ok(views)
@@ -955,28 +955,11 @@ impl<'d> DeviceProgram<'d> {
         let n = w.shape()[0];
         let rows = x.numel() / k.max(1);
         let dt = out_ty.dtype;
-        let splits = crate::plan::split_k(rows, k, n, x.dtype());
+        let g = Gemm::linear(rows, k, n)?;
         let out = dev.alloc(dt, &out_ty.shape)?;
         if k == 0 {
             dev.memset_zero(&out)?;
         }
-        if splits > 1 {
-            // Partial products side by side, summed in slice order with the bias.
-            let g = Gemm::linear_split(rows, k, n, splits)?;
-            let acc = dev.alloc(Dtype::F32, &[splits, rows, n])?;
-            dev.gemm(
-                &g,
-                dev.ptr(w),
-                dev.ptr(x),
-                x.dtype(),
-                dev.ptr(&acc),
-                Dtype::F32,
-                self.f32_matmul,
-            )?;
-            self.bias(&acc, splits, b, rows, n, &out)?;
-            return Ok(out);
-        }
-        let g = Gemm::linear(rows, k, n)?;
         let acc = if dt == Dtype::F32 || b.is_none() {
             if k > 0 {
                 dev.gemm(
@@ -1010,16 +993,14 @@ impl<'d> DeviceProgram<'d> {
             }
             acc
         };
-        self.bias(&acc, 1, b, rows, n, &out)?;
+        self.bias(&acc, b, rows, n, &out)?;
         Ok(out)
     }
 
-    /// `out[r, c] = acc[r, c] + bias[c]` rounded to out's dtype (acc and out may alias when
-    /// `splits` is 1), `acc` being `splits` partial sums `rows · n` apart.
+    /// `out[r, c] = acc[r, c] + bias[c]` rounded to out's dtype (acc and out may alias).
     fn bias(
         &self,
         acc: &DevTensor,
-        splits: usize,
         b: Option<&DevTensor>,
         rows: usize,
         n: usize,
@@ -1031,14 +1012,8 @@ impl<'d> DeviceProgram<'d> {
         let db = b.map_or(0, |t| dtype_code(t.dtype()));
         let dout = dtype_code(out.dtype());
         let (pa, pb, po) = (dev.ptr(acc), b.map_or(0, |t| dev.ptr(t)), dev.ptr(out));
-        let splits = i32::try_from(splits).map_err(|_| err("too many K slices"))?;
         dev.launch("pt_bias", Device::cfg_elems(rows * n), |bl| {
-            bl.arg(&r)
-                .arg(&nn)
-                .arg(&splits)
-                .arg(&has)
-                .arg(&db)
-                .arg(&dout);
+            bl.arg(&r).arg(&nn).arg(&has).arg(&db).arg(&dout);
             Device::push_u64(bl, &pa);
             Device::push_u64(bl, &pb);
             Device::push_u64(bl, &po);
@@ -1158,7 +1133,7 @@ impl<'d> DeviceProgram<'d> {
             Dtype::F32,
             self.f32_matmul,
         )?;
-        self.bias(&acc, 1, b, rows, o, &acc)?;
+        self.bias(&acc, b, rows, o, &acc)?;
         // [N, OH·OW, O] → [N, O, OH, OW], rounded once to the output dtype.
         let dims = [n, o, oh, ow];
         let st = vec![(oh * ow * o) as i64, 1, (ow * o) as i64, o as i64];

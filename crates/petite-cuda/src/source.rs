@@ -488,13 +488,11 @@ extern "C" __global__ void pt_im2col(ConvParams p, const void* x, void* cols) {
   }
 }
 
-// out[r, c] = acc[r, c] (f32; the sum of `splits` partial products in order, for a split-K
-// GEMM) + bias[c], rounded once to the output dtype.
-extern "C" __global__ void pt_bias(i64 rows, i64 n, int splits, int has_bias, int db, int dout, const float* acc, const void* bias, void* out) {
+// out[r, c] = acc[r, c] (f32) + bias[c], rounded once to the output dtype.
+extern "C" __global__ void pt_bias(i64 rows, i64 n, int has_bias, int db, int dout, const float* acc, const void* bias, void* out) {
   i64 total = rows * n;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
     float v = acc[i];
-    for (int s = 1; s < splits; ++s) v += acc[(i64)s * total + i];
     if (has_bias) v += ldf(bias, i % n, db);
     stf(out, i, dout, v);
   }
