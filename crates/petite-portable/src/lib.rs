@@ -33,10 +33,11 @@ mod stream_tests;
 use std::path::PathBuf;
 
 pub use lower::{Lowered, lower, row_source};
-pub use mapping::write_mapping;
+pub use mapping::{mapping_seal, write_mapping, write_weights_at};
 pub use plan::{MemoryPlan, PlanStats, plan};
 pub use program::{
-    Constants, MethodSpec, export_portable, scalar_type, write_program, write_program_with,
+    Built, Constants, MethodSpec, build_program, export_portable, scalar_type, write_program,
+    write_program_with,
 };
 pub use report::{ExportReport, IoSpec, METHOD, plan_portable};
 pub use stored::{StoredWeight, check_weights, stored_key, stored_weights};

@@ -668,6 +668,9 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     save.finish(opts, &watch, report, table_text, &saved)
 }
 
+/// Hex digits of an export id (its length is part of every `.pte`'s layout).
+const EXPORT_ID_LEN: usize = 32;
+
 /// The export id: a hash of what the programs are made of — the weights' content as the mapping
 /// file's seal records it (its length and SHA-256, of all of a small file, sampled in a large
 /// one; the seal the file would have where the backend writes none) and `material` (config,
@@ -679,5 +682,5 @@ fn export_id(material: &str, seal: Option<&str>) -> String {
     if let Some(s) = seal {
         h.update(s.as_bytes());
     }
-    hex::encode(&h.finalize()[..16])
+    hex::encode(&h.finalize()[..EXPORT_ID_LEN / 2])
 }
