@@ -42,8 +42,9 @@ use crate::report::{
 use crate::{Error, Result};
 
 /// Weight bytes journaled together: a killed run loses at most about this much converted work
-/// (plus what was in flight); each group costs one sync and a sampled read-back of its seal.
-const GROUP: u64 = 256 << 20;
+/// (plus what was in flight); each group costs one sync and a sampled read-back of its seal
+/// (5.2 MiB of small reads), so groups are large.
+const GROUP: u64 = 1 << 30;
 
 /// What a journal's entries are here: groups of weights, in file order.
 const WEIGHTS: &str = "weights";
@@ -166,13 +167,29 @@ impl<'l> PortableStages<'l> {
         })
     }
 
-    /// Converts every weight of program `tag` not already in its partial file (journaled by an
-    /// earlier run, seal matching) into its place.
-    fn convert_program(&self, tag: &'static str, built: Built, dir: &Path) -> Result<Partial> {
+    /// Program `tag`'s partial file in `dir` and its weights' places.
+    fn lay_out(&self, tag: &'static str, built: Built, dir: &Path) -> Result<Partial> {
         let Built { builder, table, .. } = built;
         let (program, segments) = builder.build()?;
-        let path = partial_for(dir, tag, &self.identity, &program, &segments)?;
-        let places = petite_pte::deferred_places(&program, &segments)?;
+        Ok(Partial {
+            tag,
+            path: partial_for(dir, tag, &self.identity, &program, &segments)?,
+            table,
+            places: petite_pte::deferred_places(&program, &segments)?,
+            resumed: 0,
+        })
+    }
+
+    /// Converts every weight of `p` not already in its partial file (journaled by an earlier
+    /// run, seal matching) into its place.
+    fn convert_program(&self, p: Partial) -> Result<Partial> {
+        let Partial {
+            tag,
+            path,
+            table,
+            places,
+            ..
+        } = p;
         let groups = groups(&places);
         let mut journal = Journal::load(&path, WEIGHTS);
         let file = std::fs::OpenOptions::new()
@@ -212,13 +229,16 @@ impl<'l> PortableStages<'l> {
         let state = Mutex::new((journal, left));
         let total: u64 = todo.iter().map(|&(t, _)| table[t].nbytes()).sum();
         let pb = bar(self.opts.progress, total, &format!("convert {tag}"));
-        // A group is journaled once its every weight is written and synced.
+        // A group is journaled once its every weight is written and synced; the sync and the
+        // seal's read-back run outside the lock, so the other thread keeps converting.
         let done = |t: usize| -> petite_portable::Result<()> {
             let g = group_of[&t];
-            let mut st = state.lock().expect("no panics");
-            st.1[g] -= 1;
-            if st.1[g] > 0 {
-                return Ok(());
+            {
+                let mut st = state.lock().expect("no panics");
+                st.1[g] -= 1;
+                if st.1[g] > 0 {
+                    return Ok(());
+                }
             }
             let ps = &places[groups[g].clone()];
             let io = |op: &'static str, e: std::io::Error| petite_portable::Error::Io {
@@ -229,9 +249,11 @@ impl<'l> PortableStages<'l> {
             file.sync_data().map_err(|e| io("sync weights", e))?;
             let seal = group_seal(&file, ps).map_err(|e| io("read back weights", e))?;
             let (at, len) = extent(ps);
+            let mut st = state.lock().expect("no panics");
             st.0.done.insert(g, (at, len, seal));
             st.0.save()
                 .map_err(|e| io("save journal", std::io::Error::other(e.to_string())))?;
+            drop(st);
             crate::guard::stop_point(&format!("weights:{tag}:{g}"));
             Ok(())
         };
@@ -303,11 +325,19 @@ impl Stages for PortableStages<'_> {
         self.identity = identity.to_string();
         let dir = self.opts.out.join(crate::layout::ENGINES);
         let placeholder = "0".repeat(super::EXPORT_ID_LEN);
-        let table = self.table_method()?;
+        // Both laid out first, then their programs dropped (the timestep table's stand-in and
+        // the small constants are MiBs) before any weight is converted.
+        let laid = {
+            let table = self.table_method()?;
+            let mut laid = Vec::with_capacity(2);
+            for tag in ["prefix", "step"] {
+                laid.push(self.lay_out(tag, self.build(tag, &table, &placeholder)?, &dir)?);
+            }
+            laid
+        };
         let mut partials = Vec::with_capacity(2);
-        for tag in ["prefix", "step"] {
-            let built = self.build(tag, &table, &placeholder)?;
-            partials.push(self.convert_program(tag, built, &dir)?);
+        for p in laid {
+            partials.push(self.convert_program(p)?);
         }
         self.partials = partials;
         // Every weight is on storage in the partial files; the checkpoint was not changed
