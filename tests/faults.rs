@@ -9,7 +9,7 @@ mod common;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::{Scratch, case, ok, outputs, petite, report, resume, spawn_stopped};
