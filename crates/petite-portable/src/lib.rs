@@ -36,7 +36,7 @@ mod stream_tests;
 use std::path::PathBuf;
 
 pub use lower::{Lowered, lower, row_source};
-pub use mapping::{mapping_seal, write_mapping, write_weights_at};
+pub use mapping::{ReadStored, mapping_seal, write_mapping, write_weights_at};
 pub use plan::{MemoryPlan, PlanStats, plan};
 pub use program::{
     Built, Constants, MethodSpec, build_program, export_portable, scalar_type, write_program,

@@ -126,7 +126,7 @@ pub fn mapping_seal(
     table: &[StoredWeight],
     path: &Path,
     metadata: &[(String, String)],
-    read: &mut dyn FnMut(usize, u64, &mut [u8]) -> std::io::Result<()>,
+    read: &mut ReadStored<'_>,
 ) -> Result<String> {
     let layout = SafetensorsLayout::plan(path, &specs(table), metadata)?;
     let index = key_index(table);
@@ -180,6 +180,12 @@ fn key_index(table: &[StoredWeight]) -> HashMap<&str, usize> {
         .collect()
 }
 
+/// Reads bytes of a stored weight: `(index in table, offset within it, buffer)`.
+pub type ReadStored<'a> = dyn FnMut(usize, u64, &mut [u8]) -> std::io::Result<()> + 'a;
+
+/// Writes bytes of a stored weight: `(index in table, offset within it, absolute offset, bytes)`.
+type WriteStored<'a> = dyn Fn(usize, u64, u64, &[u8]) -> Result<()> + Sync + 'a;
+
 /// One banded conversion: which weights go where, and how bytes are written.
 struct Bands<'a> {
     table: &'a [StoredWeight],
@@ -190,7 +196,7 @@ struct Bands<'a> {
     fd: BorrowedFd<'a>,
     /// Writes bytes of a stored weight: `(index in table, offset within it, absolute offset,
     /// bytes)`.
-    write: &'a (dyn Fn(usize, u64, u64, &[u8]) -> Result<()> + Sync),
+    write: &'a WriteStored<'a>,
     /// A weight's every byte is written.
     done: &'a (dyn Fn(usize) -> Result<()> + Sync),
     band: usize,
