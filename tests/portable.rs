@@ -1,16 +1,16 @@
 //! `petite export --backend portable` end to end on the lerobot golden cases, as separate
 //! processes: what the files hold (kernel calls only, both methods of `step.pte`, planned memory,
-//! every weight copied once from the mapping file), a re-run reusing the mapping file with
-//! identical bytes, and the bad-input contract. Running the files in ExecuTorch's runtime (and
+//! every weight written once, straight into its `.pte`, no mapping file), a re-run and a killed
+//! run resumed giving identical bytes, and the bad-input contract. Running the files in ExecuTorch's runtime (and
 //! comparing with lerobot's goldens) needs a Python venv, so it lives where the repo's other
 //! runtime checks live: the portable tier of `cargo xtask conformance`
 //! (`xtask/src/conformance/portable.rs`), which CI runs after these tests.
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{Scratch, case, ok, outputs, report, verify_cmd};
+use common::{Scratch, case, ok, outputs, report, spawn_stopped, verify_cmd};
 use petite_pte::PteFile;
 
 fn export_cmd(c: &Path, out: &Path, extra: &[&str]) -> Command {
@@ -82,17 +82,17 @@ fn portable_export_writes_kernel_calls_and_copies_each_weight_once() {
                     );
                 }
             }
-            // Every weight byte went from the mapping file into a .pte once, in-kernel.
-            let t = &r["totals"];
-            let weights = t["weight_bytes"].as_u64().unwrap();
+            // Every weight converted straight into its .pte: no mapping file, no partial left.
+            let weights = r["totals"]["weight_bytes"].as_u64().unwrap();
             assert!(weights > 0);
+            assert_eq!(r["weights"]["bytes"].as_u64().unwrap(), weights);
+            assert_eq!(r["weights"]["resumed"], 0);
             assert_eq!(
-                t["weight_bytes_copied_in_kernel"].as_u64().unwrap(),
-                weights
+                r["totals"]["bytes_written_files"],
+                r["programs"]["prefix"]["bytes"].as_u64().unwrap()
+                    + r["programs"]["step"]["bytes"].as_u64().unwrap()
             );
-            let mapping = PathBuf::from(r["mapping"]["path"].as_str().unwrap());
-            assert!(mapping.starts_with(s.0.join("cache")) && mapping.exists());
-            assert_eq!(r["mapping"]["reused"], false);
+            assert!(!s.0.join("cache").exists() && !s.0.join("engines").exists());
             // f32 and bf16 store different bytes.
             let prefix_bytes = r["programs"]["prefix"]["bytes"].as_u64().unwrap();
             assert_eq!(
@@ -104,27 +104,30 @@ fn portable_export_writes_kernel_calls_and_copies_each_weight_once() {
 }
 
 #[test]
-fn rerun_reuses_the_mapping_file_and_gives_identical_bytes() {
+fn rerun_and_killed_run_resumed_give_identical_bytes() {
     let s = Scratch::new("rerun");
     let c = case("one_cam_mha_unpadded");
     ok(export_cmd(&c, &s.0, &["--dtype", "f32"]).output().unwrap());
     let first = outputs(&s.0);
     ok(export_cmd(&c, &s.0, &["--dtype", "f32"]).output().unwrap());
-    let r = report(&s.0);
-    assert_eq!(r["mapping"]["reused"], true);
     assert_eq!(first, outputs(&s.0));
-    // Another dtype is another mapping file (the old one is replaced, not kept beside it).
+    // Killed once the prefix's weights are journaled: the re-run keeps them.
+    let out = s.0.join("killed");
+    let mut child = spawn_stopped(
+        &mut export_cmd(&c, &out, &["--dtype", "f32"]),
+        "weights:prefix:0",
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!out.join("prefix.pte").exists());
+    ok(export_cmd(&c, &out, &["--dtype", "f32"]).output().unwrap());
+    let r = report(&out);
+    assert!(r["weights"]["resumed"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(first, outputs(&out));
+    assert!(!out.join("engines").exists());
+    // Another dtype is another export (the partial of the other is not reused).
     ok(export_cmd(&c, &s.0, &["--dtype", "bf16"]).output().unwrap());
-    let r = report(&s.0);
-    assert_eq!(r["mapping"]["reused"], false);
-    // One mapping file and its seal.
-    let mut cached: Vec<String> = std::fs::read_dir(s.0.join("cache"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    cached.sort();
-    assert_eq!(cached.len(), 2, "{cached:?}");
-    assert_eq!(format!("{}.seal", cached[0]), cached[1]);
+    assert_eq!(report(&s.0)["weights"]["resumed"], 0);
     assert_ne!(first.0, std::fs::read(s.0.join("prefix.pte")).unwrap());
 }
 

@@ -4,7 +4,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 mod tool;
 #[allow(unused_imports)] // not every test file runs a stand-in tool
@@ -118,4 +119,43 @@ pub fn error_line(err: &str) -> &str {
         "{err}"
     );
     last
+}
+
+/// Spawns `cmd` with the stop hook at `point` and waits until the child has stopped there.
+pub fn spawn_stopped(cmd: &mut Command, point: &str) -> Child {
+    let mut child = cmd
+        .env("PETITE_TEST_STOP_AT", point)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let t0 = Instant::now();
+    let failure = loop {
+        let mut status = 0;
+        // SAFETY: `status` is a live int; the pid is our own unreaped child. WUNTRACED reports
+        // a stop without reaping; WNOHANG keeps the loop bounded.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED | libc::WNOHANG) };
+        if r == pid {
+            if libc::WIFSTOPPED(status) {
+                return child;
+            }
+            // Reaped by waitpid already: std's wait below then reports ECHILD, which is fine.
+            break format!("child ended (status {status:#x}) before stop point {point}");
+        }
+        if t0.elapsed() > Duration::from_secs(120) {
+            break format!("never reached {point}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("{failure}");
+}
+
+/// Resumes a stopped child and collects its output.
+pub fn resume(child: Child) -> Output {
+    // SAFETY: kill takes no pointers; the pid is our own stopped, unreaped child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGCONT) };
+    child.wait_with_output().unwrap()
 }

@@ -8,11 +8,14 @@
 //! * [`export_portable`]: writes a one-method `.pte`; each weight is converted (and transposed
 //!   where the lowering stores it so) straight into the constant segment, in bounded chunks from
 //!   the mapped [`petite_weights::WeightSource`]: written once, never all in memory.
-//! * [`write_mapping`] + [`write_program`]: the exporter's two stages — every weight once in the
-//!   exact dtype and layout the `.pte` stores (a cacheable mapping file; transposes in tiled
-//!   column bands, two threads, source pages unmapped behind), then `.pte` files with
-//!   several methods whose constants are regions of that file, copied in-kernel
-//!   (`copy_file_range`).
+//! * [`build_program`] + [`write_weights_at`] + [`mapping_seal`]: what `petite export` uses —
+//!   a `.pte` of several methods laid out with its weights as deferred constants, then every
+//!   weight converted once, in the exact dtype and layout the `.pte` stores (transposes in
+//!   tiled column bands, two threads, source pages unmapped behind), straight into its place;
+//!   the seal a mapping file of those bytes would have, read from where they are.
+//! * [`write_mapping`] + [`write_program`]: the same weights as a cacheable mapping file (the
+//!   same banded converter), then `.pte` files whose constants are regions of it, copied
+//!   in-kernel (`copy_file_range`).
 //! * [`Error`]: every failure, naming the node, op or weight.
 //!
 //! Only operators registered by both `executorch-numpy-runtime` 1.4.0 and the `executorch` 1.5.1
@@ -33,10 +36,11 @@ mod stream_tests;
 use std::path::PathBuf;
 
 pub use lower::{Lowered, lower, row_source};
-pub use mapping::write_mapping;
+pub use mapping::{ReadStored, mapping_seal, write_mapping, write_weights_at};
 pub use plan::{MemoryPlan, PlanStats, plan};
 pub use program::{
-    Constants, MethodSpec, export_portable, scalar_type, write_program, write_program_with,
+    Built, Constants, MethodSpec, build_program, export_portable, scalar_type, write_program,
+    write_program_with,
 };
 pub use report::{ExportReport, IoSpec, METHOD, plan_portable};
 pub use stored::{StoredWeight, check_weights, stored_key, stored_weights};

@@ -14,8 +14,8 @@ use crate::convert::write_weight;
 use crate::lower::{Arg, Storage};
 use crate::report::report;
 use crate::{
-    Error, ExportReport, Lowered, METHOD, MemoryPlan, Result, check_weights, lower, plan,
-    row_source, stored_key, stored_weights,
+    Error, ExportReport, Lowered, METHOD, MemoryPlan, Result, StoredWeight, check_weights, lower,
+    plan, row_source, stored_key, stored_weights,
 };
 
 /// ExecuTorch scalar type of a petite dtype.
@@ -122,8 +122,18 @@ pub fn write_program_with(
     out: &Path,
     opts: WriteOptions,
 ) -> Result<(Vec<ExportReport>, WriteSummary)> {
-    let lows: Vec<&Lowered> = methods.iter().map(|m| m.lowered).collect();
-    let table = stored_weights(&lows);
+    let Built {
+        builder: pb,
+        table,
+        mut reports,
+    } = build_program(
+        methods,
+        match constants {
+            Constants::Mapping(map) => Some(map),
+            Constants::Stream(_) => None,
+        },
+        named,
+    )?;
     match constants {
         Constants::Stream(w) => check_weights(&table, w)?,
         Constants::Mapping(map) => {
@@ -145,6 +155,43 @@ pub fn write_program_with(
             }
         }
     }
+    let summary = match constants {
+        Constants::Mapping(_) => pb.write(out, opts)?,
+        Constants::Stream(weights) => {
+            let mut fill = |id: u64, mut dst: &mut dyn Write| -> std::io::Result<()> {
+                let w = &table[id as usize];
+                write_weight(&mut dst, weights, w, out).map_err(std::io::Error::other)
+            };
+            pb.write_streamed(out, opts, &mut fill)?
+        }
+    };
+    for r in &mut reports {
+        r.file_bytes = summary.file_len;
+    }
+    Ok((reports, summary))
+}
+
+/// A `.pte` program before it is written.
+pub struct Built {
+    /// The program; its constants are the stored weights, in one constant segment.
+    pub builder: ProgramBuilder,
+    /// The stored weights; a constant that is [`SegmentData::Deferred`] has its index here as id.
+    pub table: Vec<StoredWeight>,
+    /// Each method's report (`file_bytes` is 0 until the file is written).
+    pub reports: Vec<ExportReport>,
+}
+
+/// Builds the program of `methods` (constants shared: a weight read by two methods is stored
+/// once) with `named` blobs, nothing written: each weight's bytes are a region of `mapping` or,
+/// without one, [`SegmentData::Deferred`] data whose id is its index in [`Built::table`] (for a
+/// writer that converts it into its place).
+pub fn build_program(
+    methods: &[MethodSpec<'_>],
+    mapping: Option<&MappedSafetensors>,
+    named: &[(&str, &[u8])],
+) -> Result<Built> {
+    let lows: Vec<&Lowered> = methods.iter().map(|m| m.lowered).collect();
+    let table = stored_weights(&lows);
     let index: std::collections::HashMap<&str, usize> = table
         .iter()
         .enumerate()
@@ -167,8 +214,8 @@ pub fn write_program_with(
                     match stored_idx[i] {
                         Some(c) => c,
                         None => {
-                            let data = match constants {
-                                Constants::Mapping(map) => {
+                            let data = match mapping {
+                                Some(map) => {
                                     let r = map.file_range(&table[i].key)?;
                                     SegmentData::file_region(
                                         map.path(),
@@ -176,7 +223,7 @@ pub fn write_program_with(
                                         (r.end - r.start) as u64,
                                     )
                                 }
-                                Constants::Stream(_) => SegmentData::Deferred {
+                                None => SegmentData::Deferred {
                                     id: i as u64,
                                     len: table[i].nbytes(),
                                 },
@@ -202,20 +249,11 @@ pub fn write_program_with(
             16,
         )?;
     }
-    let summary = match constants {
-        Constants::Mapping(_) => pb.write(out, opts)?,
-        Constants::Stream(weights) => {
-            let mut fill = |id: u64, mut dst: &mut dyn Write| -> std::io::Result<()> {
-                let w = &table[id as usize];
-                write_weight(&mut dst, weights, w, out).map_err(std::io::Error::other)
-            };
-            pb.write_streamed(out, opts, &mut fill)?
-        }
-    };
-    for r in &mut reports {
-        r.file_bytes = summary.file_len;
-    }
-    Ok((reports, summary))
+    Ok(Built {
+        builder: pb,
+        table,
+        reports,
+    })
 }
 
 /// Lowers `program`, plans its memory and writes a `.pte` with one method, `forward`, to

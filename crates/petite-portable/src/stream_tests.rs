@@ -306,6 +306,69 @@ fn mapping_file_and_streamed_weights_equal_the_gathering_version() {
 }
 
 #[test]
+fn weights_written_in_place_equal_the_mapping_file_and_give_its_seal() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = checkpoint(
+        dir.path(),
+        &[
+            src("tall", Dtype::F32, &[300, 70]),
+            src("big", Dtype::F32, &[4096, 2100]),
+            src("v", Dtype::F32, &[1001]),
+            src("i", Dtype::I64, &[7]),
+        ],
+    );
+    let table = vec![
+        stored("tall", &ck, Dtype::Bf16, true),
+        stored("big", &ck, Dtype::Bf16, true),
+        stored("v", &ck, Dtype::F16, false),
+        stored("i", &ck, Dtype::I64, false),
+    ];
+    let map = dir.path().join("map.safetensors");
+    let meta = [("petite.mapping_key".to_string(), "k".to_string())];
+    crate::write_mapping(&table, &ck, &map, &meta, &mut |_, _| {}).unwrap();
+    let mapped = MappedSafetensors::open(&map).unwrap();
+    // Another file, other places (in another order, with gaps), written in place.
+    let pte = dir.path().join("in-place.bin");
+    let file = std::fs::File::create_new(&pte).unwrap();
+    let mut places = Vec::new();
+    let mut at = 77u64;
+    for t in [2, 0, 3, 1] {
+        places.push((t, at));
+        at += table[t].nbytes() + 13;
+    }
+    let finished = std::sync::Mutex::new(Vec::new());
+    crate::write_weights_at(&table, &places, &ck, &file, &pte, &mut |_, _| {}, &|t| {
+        finished.lock().unwrap().push(t);
+        Ok(())
+    })
+    .unwrap();
+    let mut finished = finished.into_inner().unwrap();
+    finished.sort();
+    assert_eq!(finished, vec![0, 1, 2, 3]);
+    let written = std::fs::read(&pte).unwrap();
+    for &(t, at) in &places {
+        let r = mapped.file_range(&table[t].key).unwrap();
+        let want = &std::fs::read(&map).unwrap()[r];
+        assert!(
+            &written[at as usize..at as usize + want.len()] == want,
+            "{}",
+            table[t].key
+        );
+    }
+    let seal = crate::mapping_seal(&table, &map, &meta, &mut |t, off, buf| {
+        let at = places.iter().find(|p| p.0 == t).unwrap().1;
+        buf.copy_from_slice(&written[(at + off) as usize..(at + off) as usize + buf.len()]);
+        Ok(())
+    })
+    .unwrap();
+    assert!(std::fs::metadata(&map).unwrap().len() > petite_weights::seal::FULL_LIMIT);
+    assert_eq!(
+        seal,
+        std::fs::read_to_string(petite_weights::seal::sidecar(&map)).unwrap()
+    );
+}
+
+#[test]
 fn wrong_shapes_and_dtypes_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let ck = checkpoint(

@@ -49,6 +49,6 @@ pub use error::{Error, Result};
 pub use model::Program;
 pub use reader::{PteFile, read_bytes};
 pub use writer::{
-    FillFn, Resume, Segment, SegmentData, WriteOptions, WriteSummary, to_bytes, write_pte,
-    write_pte_resumable, write_pte_streamed,
+    FillFn, Placed, Resume, Segment, SegmentData, WriteOptions, WriteSummary, deferred_places,
+    to_bytes, write_pte, write_pte_resumable, write_pte_streamed,
 };

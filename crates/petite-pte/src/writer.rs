@@ -285,6 +285,21 @@ pub trait Resume {
         offset: u64,
         len: u64,
     ) -> std::result::Result<(), Self::Error>;
+    /// Writes the deferred parts of a segment gathered from several sources ([`SegmentData::Parts`]),
+    /// each at its place in `file` (the writer writes the segment's other parts). Default: refused,
+    /// for callers whose deferred data are whole segments.
+    fn fill_parts(
+        &mut self,
+        file: &File,
+        parts: &[Placed],
+    ) -> std::result::Result<(), Self::Error> {
+        let _ = file;
+        Err(Error::Build(format!(
+            "{} deferred parts inside a segment: this writer resumes whole segments only",
+            parts.len()
+        ))
+        .into())
+    }
     /// Every segment is in place; an error here (an input changed meanwhile) leaves the
     /// partial file unrenamed, for a later run.
     fn ready(&mut self) -> std::result::Result<(), Self::Error>;
@@ -298,10 +313,56 @@ pub trait Resume {
     ) -> std::result::Result<(), Self::Error>;
 }
 
+/// Where deferred data goes in the file: its id, absolute offset and length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placed {
+    /// The [`SegmentData::Deferred`] id.
+    pub id: u64,
+    /// Absolute file offset of its first byte.
+    pub offset: u64,
+    /// Its length.
+    pub len: u64,
+}
+
+/// Every [`SegmentData::Deferred`] of `segments` (whole segments and parts of a
+/// [`SegmentData::Parts`] segment) with its place in the file [`write_pte_resumable`] writes:
+/// a caller can fill them before the file is finished (and before the rest of its bytes, such
+/// as named data, are known).
+pub fn deferred_places(program: &Program, segments: &[Segment]) -> Result<Vec<Placed>> {
+    let (_, _, base, _) = prepare(program, segments)?;
+    let layout = layout_segments(segments)?;
+    let mut out = Vec::new();
+    for (seg, at) in segments.iter().zip(&layout) {
+        if !seg.data.is_empty() {
+            place_deferred(&seg.data, base + at.offset, &mut out);
+        }
+    }
+    Ok(out)
+}
+
+fn place_deferred(data: &SegmentData, at: u64, out: &mut Vec<Placed>) {
+    match data {
+        SegmentData::Deferred { id, len } => out.push(Placed {
+            id: *id,
+            offset: at,
+            len: *len,
+        }),
+        SegmentData::Parts(parts) => {
+            let mut pos = at;
+            for p in parts.iter() {
+                place_deferred(p, pos, out);
+                pos += p.len();
+            }
+        }
+        SegmentData::Bytes(_) | SegmentData::File { .. } => {}
+    }
+}
+
 /// [`write_pte_streamed`] that a killed run can resume: the file is written in place at
 /// `partial` (opened as it is when an earlier run left it, never truncated), each segment the
 /// caller says is [done](Resume::done) is kept, every other one written (a whole-segment
-/// [`SegmentData::Deferred`] by [`Resume::fill`], straight into the file) and synced before
+/// [`SegmentData::Deferred`] by [`Resume::fill`], the deferred parts of a gathered segment by
+/// [`Resume::fill_parts`], straight into the file) and synced before
 /// [`Resume::finished`] hears of it; the program and padding are rewritten each time. Complete,
 /// the file is cut to its length, synced and renamed to `path` (then the directory synced).
 /// On error `partial` stays for the next run.
@@ -345,6 +406,37 @@ pub fn write_pte_resumable<R: Resume>(
                 SegmentData::Deferred { id, .. } => {
                     resume.fill(*id, &out, pos, len)?;
                     summary.bytes_copied_buffered += len;
+                }
+                SegmentData::Parts(parts)
+                    if parts
+                        .iter()
+                        .any(|p| matches!(p, SegmentData::Deferred { .. })) =>
+                {
+                    let mut deferred = Vec::new();
+                    let mut at = pos;
+                    for p in parts.iter() {
+                        if let SegmentData::Deferred { id, len } = p {
+                            deferred.push(Placed {
+                                id: *id,
+                                offset: at,
+                                len: *len,
+                            });
+                        } else {
+                            SegWriter {
+                                index: i,
+                                out: &out,
+                                out_path: partial,
+                                opts,
+                                buf: &mut buf,
+                                fill: &mut nested,
+                                summary: &mut summary,
+                            }
+                            .write(p, at)?;
+                        }
+                        at += p.len();
+                    }
+                    resume.fill_parts(&out, &deferred)?;
+                    summary.bytes_copied_buffered += deferred.iter().map(|d| d.len).sum::<u64>();
                 }
                 data => SegWriter {
                     index: i,

@@ -89,3 +89,73 @@ fn a_callback_writing_the_wrong_count_leaves_nothing() {
     assert!(err.contains("write_pte_streamed"), "{err}");
     assert!(!out.exists());
 }
+
+/// Deferred parts filled in place before the rest of the file, then finished by
+/// `write_pte_resumable` (which writes the other parts and hands the deferred ones to
+/// `Resume::fill_parts`): the same bytes as a streamed write.
+#[test]
+fn deferred_parts_filled_in_place_give_the_streamed_bytes() {
+    use std::os::unix::fs::FileExt;
+    struct InPlace(Vec<petite_pte::Placed>);
+    impl petite_pte::Resume for InPlace {
+        type Error = petite_pte::Error;
+        fn done(&mut self, _: &std::fs::File, _: usize, _: u64, _: u64) -> bool {
+            false
+        }
+        fn fill(&mut self, id: u64, _: &std::fs::File, _: u64, _: u64) -> petite_pte::Result<()> {
+            panic!("whole-segment fill of {id}")
+        }
+        fn fill_parts(
+            &mut self,
+            _: &std::fs::File,
+            parts: &[petite_pte::Placed],
+        ) -> petite_pte::Result<()> {
+            assert_eq!(parts, self.0.as_slice());
+            Ok(())
+        }
+        fn ready(&mut self) -> petite_pte::Result<()> {
+            Ok(())
+        }
+        fn finished(
+            &mut self,
+            _: &std::fs::File,
+            _: usize,
+            _: u64,
+            _: u64,
+        ) -> petite_pte::Result<()> {
+            Ok(())
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src.bin");
+    std::fs::write(&src, (0..64u8).collect::<Vec<_>>()).unwrap();
+    let streamed = dir.path().join("s.pte");
+    program(&src)
+        .0
+        .write_streamed(&streamed, WriteOptions::default(), &mut |_, w| {
+            w.write_all(&[0xAB; 33])
+        })
+        .unwrap();
+    let (program, segments) = program(&src).0.build().unwrap();
+    let places = petite_pte::deferred_places(&program, &segments).unwrap();
+    assert_eq!(places.len(), 1);
+    assert_eq!((places[0].id, places[0].len), (7, 33));
+    let partial = dir.path().join("p.pte.partial");
+    let f = std::fs::File::create_new(&partial).unwrap();
+    f.write_all_at(&[0xAB; 33], places[0].offset).unwrap();
+    let out = dir.path().join("p.pte");
+    petite_pte::write_pte_resumable(
+        &partial,
+        &out,
+        &program,
+        &segments,
+        WriteOptions::default(),
+        &mut InPlace(places),
+    )
+    .unwrap();
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(&streamed).unwrap()
+    );
+    assert!(!partial.exists());
+}

@@ -11,11 +11,12 @@
 //!   pi05.onnx.json                its interface (onnx)
 //!   report.json                   what the export measured (+ verify's result)
 //!   policy.json                   the runner's description; written last
-//!   cache/                        the mapping file, kept for the next run (tensorrt,
-//!                                 portable; the reference backend writes none)
+//!   cache/                        the mapping file, kept for the next run (tensorrt;
+//!                                 the reference and portable backends write none)
 //!   engines/                      engine files while building (or --keep-engines); the
-//!                                 reference backend's partial .pte files and their journals
-//!                                 ([`partial_pte`]) while it streams engines into them
+//!                                 reference and portable backends' partial .pte files and
+//!                                 their journals ([`partial_pte`]) while weights stream
+//!                                 into them
 //!   .petite.lock                  one writer per directory
 //! ```
 //!
@@ -72,7 +73,7 @@ pub fn staged(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}{}-staged", petite_fs::TMP_MARK))
 }
 
-/// A `.pte` whose engines are written in place, while it is written: `ENGINES/TAG-KEY.pte.partial`
+/// A `.pte` whose engines (or weights) are written in place, while it is written: `ENGINES/TAG-KEY.pte.partial`
 /// (`tag`: `prefix` or `step`; `key`: what identifies the export). Not a petite-fs temporary
 /// name, so the guard's clean-up of killed runs keeps it for the re-run to resume.
 pub fn partial_pte(engines: &Path, tag: &str, key: &str) -> PathBuf {

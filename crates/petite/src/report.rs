@@ -194,23 +194,23 @@ pub struct PortablePart {
     pub memory_budget: Option<u64>,
     /// The export's peak-memory estimate.
     pub memory_estimate: u64,
-    /// The portable mapping file.
-    pub mapping: PortableMapping,
+    /// The weights converted into the `.pte`s.
+    pub weights: PortableWeights,
     /// The two programs.
     pub programs: PortablePrograms,
 }
 
-/// The portable mapping file.
+/// The weights of a portable export, each converted from the checkpoint straight into its
+/// place in a `.pte` (no mapping file).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PortableMapping {
-    /// Where it is.
-    pub path: String,
-    /// Whether an earlier run's file was reused.
-    pub reused: bool,
-    /// Its size.
-    pub bytes: u64,
-    /// Tensors in it.
+pub struct PortableWeights {
+    /// Stored weights (a checkpoint tensor once per stored form).
     pub tensors: usize,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Bytes an interrupted earlier run had written into the partial `.pte`s, kept (journaled,
+    /// seals matching) rather than converted again.
+    pub resumed: u64,
 }
 
 /// `prefix.pte` and `step.pte` of a portable export.
@@ -231,8 +231,6 @@ pub struct PortableProgram {
     pub pte: String,
     /// Its size.
     pub bytes: u64,
-    /// Weight bytes copied with `copy_file_range`.
-    pub bytes_copied_in_kernel: u64,
     /// Its methods (petite-portable's `ExportReport`s).
     pub methods: serde_json::Value,
 }
@@ -297,8 +295,6 @@ pub struct Written {
     pub pte: bool,
     /// Engine files' bytes (engine backends).
     pub engines: Option<u64>,
-    /// Weight bytes copied with `copy_file_range` (portable).
-    pub copied_in_kernel: Option<u64>,
 }
 
 /// The export's totals. Ratios are per weight byte; which ones a report has depends on what the
@@ -309,9 +305,6 @@ pub struct Totals {
     pub seconds: f64,
     /// Weight bytes the programs hold or read.
     pub weight_bytes: u64,
-    /// Portable: weight bytes copied with `copy_file_range`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub weight_bytes_copied_in_kernel: Option<u64>,
     /// Bytes of the files this run wrote (mapping unless reused, programs, engines).
     pub bytes_written_files: u64,
     /// Storage bytes written (`/proc/self/io`), summed over stages.
@@ -348,7 +341,6 @@ impl Totals {
         Totals {
             seconds,
             weight_bytes: w.weight_bytes,
-            weight_bytes_copied_in_kernel: w.copied_in_kernel,
             bytes_written_files: files,
             bytes_written_storage: stages.iter().map(|s| s.bytes_written).sum(),
             bytes_read_storage: stages.iter().map(|s| s.bytes_read).sum(),

@@ -704,7 +704,6 @@ impl Stages for EngineStages<'_> {
                 programs: pte_bytes,
                 pte: true,
                 engines: (!self.in_place).then_some(engine_bytes),
-                copied_in_kernel: None,
             },
             engines_reused: reused,
             engines_built: built,

@@ -95,18 +95,8 @@ pub(super) struct Target<'a> {
 /// `staged`, resuming a partial file an earlier run of the same export left.
 pub(super) fn write(t: &Target<'_>, pb: ProgramBuilder, staged: &Path) -> Result<Written> {
     let (program, segments) = pb.build()?;
-    std::fs::create_dir_all(t.dir).map_err(|e| Error::io(t.dir, "create engine directory", e))?;
-    let mut h = Sha256::new();
-    h.update(t.identity.as_bytes());
-    h.update(b"|");
-    h.update(petite_pte::encode::encode_program(&program));
-    for s in &segments {
-        h.update(s.data.len().to_le_bytes());
-    }
-    let key = &hex::encode(h.finalize())[..16];
-    let partial = crate::layout::partial_pte(t.dir, t.tag, key);
-    clear_stale(t.dir, t.tag, &partial);
-    let journal = Journal::load(&partial);
+    let partial = partial_for(t.dir, t.tag, t.identity, &program, &segments)?;
+    let journal = Journal::load(&partial, SEGMENT);
     let engine_of = segments
         .iter()
         .enumerate()
@@ -131,7 +121,7 @@ pub(super) fn write(t: &Target<'_>, pb: ProgramBuilder, staged: &Path) -> Result
         WriteOptions::default(),
         &mut w,
     )?;
-    let _ = std::fs::remove_file(&w.journal.path);
+    w.journal.remove();
     let mut records = Vec::with_capacity(t.laid.engines.len());
     let mut built = 0;
     for (i, (name, len)) in t.laid.engines.iter().enumerate() {
@@ -163,6 +153,30 @@ pub(super) fn write(t: &Target<'_>, pb: ProgramBuilder, staged: &Path) -> Result
     })
 }
 
+/// The partial file of program `tag` (`program` laid out with `segments`) in `dir` (created):
+/// named by a hash of the inputs' `identity`, the program's bytes and its segments' lengths, so
+/// only the same export resumes it; `tag`'s other partial files there are removed.
+pub(super) fn partial_for(
+    dir: &Path,
+    tag: &str,
+    identity: &str,
+    program: &petite_pte::Program,
+    segments: &[petite_pte::Segment],
+) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, "create engine directory", e))?;
+    let mut h = Sha256::new();
+    h.update(identity.as_bytes());
+    h.update(b"|");
+    h.update(petite_pte::encode::encode_program(program));
+    for s in segments {
+        h.update(s.data.len().to_le_bytes());
+    }
+    let key = &hex::encode(h.finalize())[..16];
+    let partial = crate::layout::partial_pte(dir, tag, key);
+    clear_stale(dir, tag, &partial);
+    Ok(partial)
+}
+
 /// Removes `tag`'s partial files (and journals) in `dir` other than `keep`'s: they belong to
 /// another export (other inputs or settings), and one output directory holds one.
 fn clear_stale(dir: &Path, tag: &str, keep: &Path) {
@@ -183,12 +197,17 @@ fn clear_stale(dir: &Path, tag: &str, keep: &Path) {
     }
 }
 
-/// The segments of a partial `.pte` known to be on storage: `segment INDEX OFFSET LEN SEAL`
-/// lines, rewritten whole (petite-fs: temporary name, fsync, rename) after each segment.
-struct Journal {
+/// What a journal's entries are: whole segments (the engines written in place).
+const SEGMENT: &str = "segment";
+
+/// The parts of a partial `.pte` known to be on storage: `KIND INDEX OFFSET LEN SEAL` lines
+/// (`kind`: what an index counts, a segment or a group of weights), rewritten whole
+/// (petite-fs: temporary name, fsync, rename) after each part.
+pub(super) struct Journal {
     path: PathBuf,
+    kind: &'static str,
     /// Index → (offset, length, seal line).
-    done: BTreeMap<usize, (u64, u64, String)>,
+    pub(super) done: BTreeMap<usize, (u64, u64, String)>,
 }
 
 impl Journal {
@@ -198,9 +217,9 @@ impl Journal {
         PathBuf::from(s)
     }
 
-    /// The journal of `partial`; empty (and any journal removed) when the partial file is
-    /// missing.
-    fn load(partial: &Path) -> Journal {
+    /// The journal of `partial` (entries of `kind`); empty (and any journal removed) when the
+    /// partial file is missing.
+    pub(super) fn load(partial: &Path, kind: &'static str) -> Journal {
         let path = Self::path_of(partial);
         let mut done = BTreeMap::new();
         if partial.exists()
@@ -208,8 +227,9 @@ impl Journal {
         {
             for l in text.lines() {
                 let mut f = l.splitn(5, ' ');
-                if let (Some("segment"), Some(i), Some(o), Some(n), Some(seal)) =
+                if let (Some(k), Some(i), Some(o), Some(n), Some(seal)) =
                     (f.next(), f.next(), f.next(), f.next(), f.next())
+                    && k == kind
                     && let (Ok(i), Ok(o), Ok(n)) = (i.parse(), o.parse(), n.parse())
                 {
                     done.insert(i, (o, n, format!("{seal}\n")));
@@ -218,15 +238,20 @@ impl Journal {
         } else {
             let _ = std::fs::remove_file(&path);
         }
-        Journal { path, done }
+        Journal { path, kind, done }
     }
 
-    fn save(&self) -> Result<()> {
+    pub(super) fn save(&self) -> Result<()> {
         let mut text = String::new();
         for (i, (o, n, seal)) in &self.done {
-            text.push_str(&format!("segment {i} {o} {n} {seal}"));
+            text.push_str(&format!("{} {i} {o} {n} {seal}", self.kind));
         }
         Ok(petite_fs::write(&self.path, text.as_bytes())?)
+    }
+
+    /// Removes the journal (its partial file was renamed).
+    pub(super) fn remove(&self) {
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 

@@ -5,14 +5,15 @@
 //! removed unless kept. Every stage is measured ([`crate::memory`]) into `report.json`.
 //!
 //! A builder that writes engines in place and needs no mapping file (the reference backend,
-//! without `--keep-engines`; `in_place.rs`) skips both intermediates: each weight is read from
+//! without `--keep-engines`; `in_place.rs`) skips both intermediates (and so does the portable
+//! backend, converting each weight into its place in the `.pte`s; `portable.rs`): each weight is read from
 //! the checkpoint once and written once, straight into its engine's `.pte` segment. Its
 //! convert stage writes nothing and is reported as `fingerprint` (the seal the mapping file
 //! would have, for the export id); its `.pte`s are written as `engines/*.pte.partial` with a
 //! journal, so a killed run resumes from the finished segments.
 //!
 //! Files under `--out`: `prefix.pte`, `step.pte`, `report.json`, `cache/mapping-<key>.safetensors`
-//! (the mapping file, kept for the next run; not for the reference backend), `engines/` (only
+//! (the mapping file, kept for the next run; tensorrt only), `engines/` (only
 //! while building, or with `--keep-engines`). Finished engine files are named by a hash of their
 //! subgraph, the checkpoint's identity and the backend settings, so an interrupted export re-run
 //! with the same arguments reuses them. `--backend onnx` ([`onnx`]) writes `pi05.onnx`,
@@ -72,7 +73,7 @@ pub const ENGINE_ALIGNMENT: u64 = 4096;
 pub const DEFAULT_ENGINE_CAP: u64 = 512 << 20;
 /// Memory of the mapping-file conversion (a few 8 MiB chunks per thread, two threads).
 const CONVERT_BYTES: u64 = 48 << 20;
-/// Memory of the portable mapping file's banded transpose+convert: per thread an 8 MiB source
+/// Memory of the portable backend's banded transpose+convert into the `.pte`s: per thread an 8 MiB source
 /// band with its rows mapped (unmapped 2 MiB behind) and its converted output, plus readahead
 /// of the weight; measured 62 MiB above the process base at full size (`memcap`, README).
 const PORTABLE_CONVERT_BYTES: u64 = 80 << 20;
@@ -668,6 +669,9 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     save.finish(opts, &watch, report, table_text, &saved)
 }
 
+/// Hex digits of an export id (its length is part of every `.pte`'s layout).
+const EXPORT_ID_LEN: usize = 32;
+
 /// The export id: a hash of what the programs are made of — the weights' content as the mapping
 /// file's seal records it (its length and SHA-256, of all of a small file, sampled in a large
 /// one; the seal the file would have where the backend writes none) and `material` (config,
@@ -679,5 +683,5 @@ fn export_id(material: &str, seal: Option<&str>) -> String {
     if let Some(s) = seal {
         h.update(s.as_bytes());
     }
-    hex::encode(&h.finalize()[..16])
+    hex::encode(&h.finalize()[..EXPORT_ID_LEN / 2])
 }

@@ -394,7 +394,6 @@ impl Stages for OnnxStages<'_> {
                 programs: model_bytes,
                 pte: false,
                 engines: None,
-                copied_in_kernel: None,
             },
             engines_reused: 0,
             engines_built: 0,
