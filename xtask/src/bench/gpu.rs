@@ -1,8 +1,9 @@
-//! `cargo xtask bench gpu`: pi0.5 chunks on CUDA GPU 0 through petite-cuda (full size, bf16
-//! and f32): per-chunk latency (median of the timed chunks after warm-up, CUDA events) with the
+//! `cargo xtask bench gpu`: pi0.5 chunks on CUDA GPU 0 through petite-cuda (full size, bf16 with
+//! its f32 products as TF32 and exact, and f32): per-chunk latency (median of the timed chunks after warm-up, CUDA events) with the
 //! prefix/steps split and peak device memory, beside the physical floor of the same programs —
 //! their dense FLOPs at the GPU's matrix rate for the dtype each product reads (bf16, or f32 for
-//! the f32 products, SigLIP's in lerobot's bf16 mode) and their weight bytes at its memory
+//! the f32 products, SigLIP's in lerobot's bf16 mode, or TF32 where they run so) and their
+//! weight bytes at its memory
 //! bandwidth, both measured in the same run with PyTorch on the same GPU when python3 has a
 //! CUDA torch (else the H200 datasheet's rates, said so).
 //!
