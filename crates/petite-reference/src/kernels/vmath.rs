@@ -125,13 +125,13 @@ fn gelu<V: Lanes>(x: V) -> V {
     x.div(e.add(V::splat(1.0)))
 }
 
-/// [`exp`] of one f32.
+/// `exp` (the one implementation shared with the AVX-512 lanes) of one f32.
 #[inline]
 pub fn exp_scalar(x: f32) -> f32 {
     exp(x)
 }
 
-/// The tanh GELU of one f32 (see [`gelu`]).
+/// The tanh GELU of one f32 (the one implementation shared with the AVX-512 lanes).
 #[inline]
 pub fn gelu_tanh_scalar(x: f32) -> f32 {
     gelu(x)
