@@ -402,10 +402,19 @@ pub fn write_pte_resumable<R: Resume>(
         pos = start;
         let len = seg.data.len();
         if !resume.done(&out, i, pos, len) {
+            let mut w = SegWriter {
+                index: i,
+                out: &out,
+                out_path: partial,
+                opts,
+                buf: &mut buf,
+                fill: &mut nested,
+                summary: &mut summary,
+            };
             match &seg.data {
                 SegmentData::Deferred { id, .. } => {
                     resume.fill(*id, &out, pos, len)?;
-                    summary.bytes_copied_buffered += len;
+                    w.summary.bytes_copied_buffered += len;
                 }
                 SegmentData::Parts(parts)
                     if parts
@@ -422,32 +431,14 @@ pub fn write_pte_resumable<R: Resume>(
                                 len: *len,
                             });
                         } else {
-                            SegWriter {
-                                index: i,
-                                out: &out,
-                                out_path: partial,
-                                opts,
-                                buf: &mut buf,
-                                fill: &mut nested,
-                                summary: &mut summary,
-                            }
-                            .write(p, at)?;
+                            w.write(p, at)?;
                         }
                         at += p.len();
                     }
                     resume.fill_parts(&out, &deferred)?;
-                    summary.bytes_copied_buffered += deferred.iter().map(|d| d.len).sum::<u64>();
+                    w.summary.bytes_copied_buffered += deferred.iter().map(|d| d.len).sum::<u64>();
                 }
-                data => SegWriter {
-                    index: i,
-                    out: &out,
-                    out_path: partial,
-                    opts,
-                    buf: &mut buf,
-                    fill: &mut nested,
-                    summary: &mut summary,
-                }
-                .write(data, pos)?,
+                data => w.write(data, pos)?,
             }
             out.sync_data()
                 .map_err(|e| Error::io(partial, "sync segment", e))?;

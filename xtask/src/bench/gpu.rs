@@ -145,7 +145,6 @@ pub fn run(a: &Args) -> Result<()> {
             "f32" => ("f32", "exact"),
             other => bail!("--dtypes: unknown {other:?} (bf16, bf16-exact, f32)"),
         };
-        let dtype_label = run;
         let json = dir.join(format!("{run}.json"));
         let out = dir.join(format!("{run}-actions.safetensors"));
         util::run(
@@ -193,7 +192,7 @@ pub fn run(a: &Args) -> Result<()> {
         }
         let gib = |k: &str| num(&v, k).map(|b| b / (1u64 << 30) as f64);
         rows.push(format!(
-            "| petite-cuda {dtype_label} | {median:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {floor_ms:.2} | {:.1}× |",
+            "| petite-cuda {run} | {median:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {floor_ms:.2} | {:.1}× |",
             num(&v, "median_prefix_ms")?,
             num(&v, "median_steps_ms")?,
             num(&v, "median_wall_ms")?,
