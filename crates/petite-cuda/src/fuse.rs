@@ -40,6 +40,14 @@ pub enum Role {
     /// A last-axis softmax whose only reader is a narrowing cast: the cast runs it with its own
     /// dtype as the output (one launch, the same bits: the kernel rounds once either way).
     Narrowed,
+    /// A matmul with a `[1, H, Q, D]` result (attention: `[B, H, Q, D]`) whose only reader is
+    /// a permute `[0, 2, 1, 3]` (merging heads): the permute runs it, its GEMM writing
+    /// `[B, Q, H, D]` directly (a leading dimension of `H·D`) instead of a copy after it.
+    Transposed,
+    /// A norm whose only readers are in one fused group of its shape: that group's kernel
+    /// computes it row by row (one block a row, as `pt_norm`) and applies its own ops to each
+    /// element as it is normalized ([`Group::prologue`]).
+    Prologue,
 }
 
 /// A matmul operand read in place: `base`'s buffer seen with `shape` and element `strides`.
@@ -62,6 +70,9 @@ pub struct Group {
     pub leaves: Vec<NodeId>,
     /// Nodes computed by the kernel (the root and those inlined into it).
     pub nodes: usize,
+    /// A norm ([`Role::Prologue`]) the kernel computes first, one block a row: it is then
+    /// launched as a row kernel, with the norm's parameters and operands before `n`.
+    pub prologue: Option<NodeId>,
 }
 
 /// The fusion plan of one program.
@@ -437,12 +448,19 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
     };
     let mut views = HashMap::new();
     for &id in &order {
-        if !live[id.index()] || !matches!(program.node(id).op, Op::MatMul) {
+        let operands = match program.node(id).op {
+            Op::MatMul => 2,
+            Op::Attention { .. } => 3,
+            _ => 0,
+        };
+        if !live[id.index()] || operands == 0 {
             continue;
         }
-        for j in 0..2 {
+        for j in 0..operands {
+            // Attention reads q, k and v as row-major `[S, D]` blocks a head.
             if let Some((v, chain)) = operand_view(program, id, j, &live_consumers, is_output)
-                && crate::plan::MatOperand::from_view(&v.shape, &v.strides).is_ok()
+                && crate::plan::MatOperand::from_view(&v.shape, &v.strides)
+                    .is_ok_and(|m| operands == 2 || (v.shape.len() == 4 && m.col_stride == 1))
             {
                 for c in chain {
                     role[c.index()] = Role::View;
@@ -454,7 +472,7 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
     // Row kernels (norms, last-axis softmax) load their input through its dtype and compute in
     // f32, so a widening cast (bf16/f16 → f32, exact) that feeds only one is read in place; and
     // a softmax read only by a narrowing cast is run by that cast, writing its dtype.
-    let mut narrowing = vec![false; n];
+    let mut runs_input = vec![false; n];
     let mut masks = HashMap::new();
     for &id in &order {
         let i = id.index();
@@ -499,7 +517,32 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
             && matches!(program.node(c).op, Op::Cast { to } if to.is_float())
         {
             role[i] = Role::Narrowed;
-            narrowing[c.index()] = true;
+            runs_input[c.index()] = true;
+        }
+    }
+    // A head-merging permute of a matmul's or attention's result is written by their GEMM.
+    for &id in &order {
+        let i = id.index();
+        if !live[i]
+            || role[i] != Role::Plain
+            || !matches!(&program.node(id).op, Op::Permute { perm } if perm == &[0, 2, 1, 3])
+        {
+            continue;
+        }
+        let m = program.node(id).inputs[0];
+        let producer = program.node(m);
+        if matches!(producer.op, Op::MatMul | Op::Attention { .. })
+            && role[m.index()] == Role::Plain
+            && live_consumers(m) == 1
+            && !is_output[m.index()]
+            && producer.tensor().is_some_and(|t| {
+                // Attention steps through B itself; a matmul's GEMM batches heads only.
+                t.shape.len() == 4
+                    && (t.shape[0] == 1 || matches!(producer.op, Op::Attention { .. }))
+            })
+        {
+            role[m.index()] = Role::Transposed;
+            runs_input[i] = true;
         }
     }
     for &id in order.iter().rev() {
@@ -509,7 +552,7 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
             || !fusible(&node.op)
             || node.tensor().is_none()
             || role[i] == Role::View
-            || narrowing[i]
+            || runs_input[i]
         {
             continue;
         }
@@ -549,22 +592,59 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
             }
         }
     }
+    // A norm read only inside one group of its own shape is that group's prologue.
+    let mut prologue_of: Vec<Option<NodeId>> = vec![None; roots.len()];
+    for &id in &order {
+        let i = id.index();
+        if !live[i]
+            || role[i] != Role::Plain
+            || is_output[i]
+            || !matches!(
+                program.node(id).op,
+                Op::LayerNorm { .. } | Op::RmsNorm { .. }
+            )
+        {
+            continue;
+        }
+        let mut cs = consumers[i].iter().filter(|c| live[c.index()]);
+        let Some(g) = cs.next().and_then(|c| group_of[c.index()]) else {
+            continue;
+        };
+        if cs.all(|c| group_of[c.index()] == Some(g))
+            && prologue_of[g].is_none()
+            && program.node(roots[g]).tensor().map(|t| &t.shape)
+                == program.node(id).tensor().map(|t| &t.shape)
+        {
+            prologue_of[g] = Some(id);
+        }
+    }
     let mut source = fused_prelude();
     let mut kernels: Vec<String> = Vec::new();
     let mut by_body: HashMap<String, usize> = HashMap::new();
     let mut groups = Vec::with_capacity(roots.len());
     for (g, &root) in roots.iter().enumerate() {
-        let mut cg = Gen {
-            program,
-            group: g,
-            group_of: &group_of,
-            body: String::new(),
-            memo: HashMap::new(),
-            leaves: Vec::new(),
-            vars: 0,
+        let generate = |prologue: Option<NodeId>| {
+            let mut cg = Gen {
+                program,
+                group: g,
+                group_of: &group_of,
+                body: String::new(),
+                memo: HashMap::new(),
+                leaves: Vec::new(),
+                vars: 0,
+                prologue,
+                root_coords: Vec::new(),
+            };
+            cg.kernel_body(root).map(|body| (body, cg.leaves, prologue))
         };
-        let body = cg.kernel_body(root)?;
-        let leaves = cg.leaves;
+        // A prologue read anywhere but at its own element falls back to a plain group.
+        let (body, leaves, prologue) = match prologue_of[g].map(|n| generate(Some(n))) {
+            Some(Ok(x)) => x,
+            _ => generate(None)?,
+        };
+        if let Some(n) = prologue {
+            role[n.index()] = Role::Prologue;
+        }
         let k = match by_body.get(&body) {
             Some(&k) => k,
             None => {
@@ -573,9 +653,14 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
                 let params: String = (0..leaves.len())
                     .map(|j| format!(", const void* p{j}"))
                     .collect();
+                let norm = if prologue.is_some() {
+                    "NormParams np, const void* nx, const void* nw, const void* nb, "
+                } else {
+                    ""
+                };
                 let _ = write!(
                     source,
-                    "extern \"C\" __global__ void {name}(i64 n{params}, void* po) {{\n{body}}}\n"
+                    "extern \"C\" __global__ void {name}({norm}i64 n{params}, void* po) {{\n{body}}}\n"
                 );
                 kernels.push(name);
                 by_body.insert(body, k);
@@ -586,6 +671,7 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
             kernel: k,
             leaves,
             nodes: size[g],
+            prologue,
         });
     }
     Ok(Fusion {
@@ -689,6 +775,10 @@ struct Gen<'a> {
     memo: HashMap<(NodeId, Vec<String>), String>,
     leaves: Vec<NodeId>,
     vars: usize,
+    /// The norm computed in the kernel's header ([`Role::Prologue`]), held in `nv`.
+    prologue: Option<NodeId>,
+    /// The root's coordinates: where the prologue may be read.
+    root_coords: Vec<String>,
 }
 
 fn gen_err(id: NodeId, p: &Program, msg: impl std::fmt::Display) -> Error {
@@ -717,10 +807,29 @@ impl Gen<'_> {
             .clone();
         let r = t.shape.len();
         let mut coords = Vec::with_capacity(r);
-        let _ = writeln!(
-            self.body,
-            "  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {{"
-        );
+        match self.prologue {
+            Some(norm) => {
+                // One block a row of the norm: its statistics, then each element normalized as
+                // `pt_norm` stores it (rounded to the norm's dtype) and run through the group.
+                let d = self
+                    .program
+                    .node(norm)
+                    .tensor()
+                    .ok_or_else(|| gen_err(norm, self.program, "tuple norm"))?
+                    .dtype;
+                let y = store_f("norm_elem(np, nx, nw, nb, base, jj, nm, nr)", d);
+                let _ = writeln!(
+                    self.body,
+                    "  __shared__ double shd[32];\n  const i64 row = blockIdx.x;\n  if (row >= np.rows) return;\n  const i64 base = row * np.d;\n  float nm, nr;\n  norm_stats(np, nx, base, shd, &nm, &nr);\n  for (i64 jj = threadIdx.x; jj < np.d; jj += blockDim.x) {{\n    const i64 i = base + jj;\n    const float nv = {y};"
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    self.body,
+                    "  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {{"
+                );
+            }
+        }
         let _ = writeln!(self.body, "    i64 r = i;");
         for d in (0..r).rev() {
             let s = t.shape[d];
@@ -732,6 +841,7 @@ impl Gen<'_> {
             }
         }
         coords.reverse();
+        self.root_coords = coords.clone();
         let v = self.value(root, &coords)?;
         let store = match t.dtype {
             Dtype::F32 => format!("((float*)po)[i] = {v};"),
@@ -764,6 +874,13 @@ impl Gen<'_> {
             .ok_or_else(|| gen_err(id, p, "tuple value"))?
             .clone();
         let dt = t.dtype;
+        if Some(id) == self.prologue {
+            return if c == self.root_coords.as_slice() {
+                Ok("nv".to_string())
+            } else {
+                Err(gen_err(id, p, "a prologue norm read off its own element"))
+            };
+        }
         let v = if self.group_of[id.index()] != Some(self.group) {
             // A materialized value: load it (dense, row-major).
             let j = match self.leaves.iter().position(|&l| l == id) {
@@ -1290,5 +1407,146 @@ mod tests {
         let f = plan_all(&p);
         assert!(f.views.is_empty(), "{:?}", f.views);
         assert!(f.masks.is_empty());
+    }
+
+    /// adaRMS as pi0.5's step writes it: `cast_bf16(rms(cast_f32(x)) · (1 + scale) + shift)`.
+    fn ada_rms(norm_out: bool) -> (Program, NodeId, NodeId) {
+        let (norm_shape, mod_shape) = (&[1, 3, 8], &[1, 1, 8]);
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::Bf16, norm_shape).unwrap();
+        let scale = b.input("scale", Dtype::F32, mod_shape).unwrap();
+        let shift = b.input("shift", Dtype::F32, mod_shape).unwrap();
+        let xf = b.cast(x, Dtype::F32).unwrap();
+        let n = b.rms_norm(xf, None, 1e-6).unwrap();
+        let s1 = b.add_scalar(scale, 1.0).unwrap();
+        let m = b.mul(n, s1).unwrap();
+        let m = b.add(m, shift).unwrap();
+        let y = b.cast(m, Dtype::Bf16).unwrap();
+        b.output("y", y).unwrap();
+        if norm_out {
+            b.output("n", n).unwrap();
+        }
+        (b.finish().unwrap(), n, y)
+    }
+
+    #[test]
+    fn a_norm_read_only_by_its_own_elements_is_its_groups_prologue() {
+        let (p, n, y) = ada_rms(false);
+        let f = plan_all(&p);
+        assert_eq!(f.role[n.index()], Role::Prologue);
+        let Role::Root(g) = f.role[y.index()] else {
+            panic!("the cast roots the group: {:?}", f.role[y.index()]);
+        };
+        let grp = &f.groups[g];
+        assert_eq!(grp.prologue, Some(n));
+        assert!(!grp.leaves.contains(&n), "the norm has no buffer to read");
+        // The widening cast is still read in place by the norm, inside the fused kernel.
+        assert_eq!(f.views[&(n, 0)].base, p.node(p.node(n).inputs[0]).inputs[0]);
+        let name = &f.kernels[grp.kernel];
+        let src = &f.source;
+        let at = src
+            .find(&format!("void {name}(NormParams np"))
+            .expect("row kernel signature");
+        let body = &src[at..];
+        assert!(body.contains("norm_stats(np, nx, base, shd, &nm, &nr);"));
+        // The norm's f32 value is used as stored (f32: unrounded), then the group's ops.
+        assert!(body.contains("const float nv = (norm_elem(np, nx, nw, nb, base, jj, nm, nr));"));
+        assert!(src.contains("__device__ __forceinline__ float norm_elem("));
+    }
+
+    #[test]
+    fn a_norm_read_off_its_own_elements_or_by_an_output_stays_a_kernel() {
+        // The group's root broadcasts the norm over a leading dim: read at other elements.
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::F32, &[3, 8]).unwrap();
+        let e = b.input("e", Dtype::F32, &[2, 3, 8]).unwrap();
+        let n = b.rms_norm(x, None, 1e-6).unwrap();
+        let y = b.mul(e, n).unwrap();
+        b.output("y", y).unwrap();
+        let p = b.finish().unwrap();
+        let f = plan_all(&p);
+        assert_eq!(f.role[n.index()], Role::Plain);
+        assert!(f.groups.iter().all(|g| g.prologue.is_none()));
+        // A norm that is an output is materialized.
+        let (p, n, _) = ada_rms(true);
+        assert_eq!(plan_all(&p).role[n.index()], Role::Plain);
+    }
+
+    #[test]
+    fn a_head_merging_permute_runs_the_product_it_permutes() {
+        for batch in [1, 2] {
+            let mut b = Builder::new();
+            let pr = b.input("p", Dtype::Bf16, &[batch, 4, 5, 6]).unwrap();
+            let v = b.input("v", Dtype::Bf16, &[batch, 4, 6, 8]).unwrap();
+            let q = b.input("q", Dtype::F32, &[batch, 4, 5, 8]).unwrap();
+            let mm = b.matmul(pr, v).unwrap();
+            let pm = b.permute(mm, &[0, 2, 1, 3]).unwrap();
+            b.output("o", pm).unwrap();
+            let at = b.attention(q, q, q, None, 0.5).unwrap();
+            let pa = b.permute(at, &[0, 2, 1, 3]).unwrap();
+            b.output("a", pa).unwrap();
+            let p = b.finish().unwrap();
+            let f = plan_all(&p);
+            // A matmul's GEMM batches heads only; attention steps through B itself.
+            let want = if batch == 1 {
+                Role::Transposed
+            } else {
+                Role::Plain
+            };
+            assert_eq!(f.role[mm.index()], want, "batch {batch}");
+            assert_eq!(f.role[at.index()], Role::Transposed, "batch {batch}");
+            assert_eq!(f.role[pa.index()], Role::Plain, "the permute runs it");
+        }
+        // Another permute, or a second reader, keeps the product's own buffer.
+        let mut b = Builder::new();
+        let q = b.input("q", Dtype::F32, &[1, 4, 5, 8]).unwrap();
+        let at = b.attention(q, q, q, None, 0.5).unwrap();
+        let pa = b.permute(at, &[0, 1, 3, 2]).unwrap();
+        b.output("a", pa).unwrap();
+        let at2 = b.attention(q, q, q, None, 0.5).unwrap();
+        let pb = b.permute(at2, &[0, 2, 1, 3]).unwrap();
+        b.output("b", pb).unwrap();
+        b.output("at2", at2).unwrap();
+        let p = b.finish().unwrap();
+        let f = plan_all(&p);
+        assert_eq!(f.role[at.index()], Role::Plain);
+        assert_eq!(f.role[at2.index()], Role::Plain);
+    }
+
+    #[test]
+    fn attention_reads_heads_split_out_of_a_projection_in_place() {
+        // [B, S, H·D] → [B, S, H, D] → [B, H, S, D], as SigLIP splits q, k and v.
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::F32, &[3, 5, 4 * 8]).unwrap();
+        let split = |b: &mut Builder| {
+            let r = b.reshape(x, &[3, 5, 4, 8]).unwrap();
+            (r, b.permute(r, &[0, 2, 1, 3]).unwrap())
+        };
+        let (rq, q) = split(&mut b);
+        let (_, k) = split(&mut b);
+        let (_, v) = split(&mut b);
+        let at = b.attention(q, k, v, None, 0.5).unwrap();
+        b.output("a", at).unwrap();
+        let p = b.finish().unwrap();
+        let f = plan_all(&p);
+        for (j, t) in [q, k, v].into_iter().enumerate() {
+            let w = &f.views[&(at, j)];
+            assert_eq!(w.base, x);
+            assert_eq!(w.shape, vec![3, 4, 5, 8]);
+            assert_eq!(w.strides, vec![5 * 32, 8, 32, 1], "operand {j}");
+            assert_eq!(f.role[t.index()], Role::View);
+        }
+        assert_eq!(f.role[rq.index()], Role::View);
+        // A transposed k (last stride not 1) is not a row-major head block: computed.
+        let mut b = Builder::new();
+        let q = b.input("q", Dtype::F32, &[1, 2, 5, 8]).unwrap();
+        let kt = b.input("kt", Dtype::F32, &[1, 2, 8, 5]).unwrap();
+        let k = b.permute(kt, &[0, 1, 3, 2]).unwrap();
+        let at = b.attention(q, k, q, None, 0.5).unwrap();
+        b.output("a", at).unwrap();
+        let p = b.finish().unwrap();
+        let f = plan_all(&p);
+        assert!(!f.views.contains_key(&(at, 1)));
+        assert!(matches!(f.role[k.index()], Role::Root(_)));
     }
 }

@@ -595,6 +595,54 @@ pub fn attention_gemms(
     Ok((logits, pv))
 }
 
+/// Where one attention operand's heads lie in memory: row-major `[S, D]` blocks, `ld`
+/// elements between rows, `head` elements between heads (0: one head shared by all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadLayout {
+    /// Elements between rows (tokens).
+    pub ld: i64,
+    /// Elements between heads.
+    pub head: i64,
+}
+
+/// The two GEMMs of attention batched one head at a time over q `[1, H, Q, D]`, k `[1, KVH,
+/// K, D]`, v `[1, KVH, K, Dv]` read in place through [`HeadLayout`]s (heads split out of a
+/// projection's `[S, H·D]` rows need no copy), with the f32 logits dense `[H, Q, K]` and the
+/// output written through `out` (`[1, Q, H, Dv]` — heads merged — when its `ld` is `H·Dv`).
+/// Only where one stride reaches every head's K/V block: `KVH == H` or `KVH == 1`; `None`
+/// otherwise.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_gemms_per_head(
+    h: usize,
+    kvh: usize,
+    q: usize,
+    k: usize,
+    d: usize,
+    dv: usize,
+    [lq, lk, lv, lo]: [HeadLayout; 4],
+) -> Result<Option<(Gemm, Gemm)>> {
+    let kv_step = |l: HeadLayout| match kvh {
+        _ if kvh == h => Some(l.head),
+        1 => Some(0),
+        _ => None,
+    };
+    let (Some(sk), Some(sv)) = (kv_step(lk), kv_step(lv)) else {
+        return Ok(None);
+    };
+    let ld = |v: i64, what: &str| i32_of(v.max(1) as usize, what);
+    // logits [Q, K] = q [Q, D] · kᵀ: a linear with x = q's block, w = k's block.
+    let mut logits = Gemm::linear(q, d, k)?;
+    logits.lda = ld(lk.ld, "k row stride")?;
+    logits.ldb = ld(lq.ld, "q row stride")?;
+    let logits = logits.batched(h, sk, lq.head, (q * k) as i64)?;
+    // out [Q, Dv] = probs [Q, K] · v [K, Dv]: cuBLAS's A is v, B is probs.
+    let mut pv = Gemm::matmul(q, k, dv)?;
+    pv.lda = ld(lv.ld, "v row stride")?;
+    pv.ldc = ld(lo.ld, "output row stride")?;
+    let pv = pv.batched(h, sv, (q * k) as i64, lo.head)?;
+    Ok(Some((logits, pv)))
+}
+
 /// Multiply-add FLOPs (2 a product) of a program's dense ops — linear, matmul, convolution and
 /// attention's two products — from the declared shapes: what a roofline floor is computed
 /// from. Elementwise ops are not counted (memory-bound; their bytes are not weights).
@@ -760,5 +808,65 @@ mod tests {
             (4, 40, 48, 30)
         );
         assert!(attention_gemms(1, 3, 2, 1, 1, 1, 1).is_err());
+    }
+
+    #[test]
+    fn attention_per_head_reads_split_heads_and_writes_merged_ones() {
+        // SigLIP: 16 heads of 72 split out of [256, 1152] rows, written as [256, 16, 72].
+        let split = HeadLayout { ld: 1152, head: 72 };
+        let (l, pv) =
+            attention_gemms_per_head(16, 16, 256, 256, 72, 72, [split, split, split, split])
+                .unwrap()
+                .unwrap();
+        // logitsᵀ [K, Q] = k [K, D] · qᵀ, a head a batch, every leading dimension the row stride.
+        assert!(l.trans_a && !l.trans_b);
+        assert_eq!(
+            (l.m, l.n, l.k, l.lda, l.ldb, l.ldc),
+            (256, 256, 72, 1152, 1152, 256)
+        );
+        assert_eq!(
+            (l.batch, l.stride_a, l.stride_b, l.stride_c),
+            (16, 72, 72, 256 * 256)
+        );
+        assert!(!pv.trans_a && !pv.trans_b);
+        assert_eq!(
+            (pv.m, pv.n, pv.k, pv.lda, pv.ldb, pv.ldc),
+            (72, 256, 256, 1152, 256, 1152)
+        );
+        assert_eq!(
+            (pv.batch, pv.stride_a, pv.stride_b, pv.stride_c),
+            (16, 72, 256 * 256, 72)
+        );
+        // One KV head shared by all: batch stride 0.
+        let dense = |s: usize, d: usize| HeadLayout {
+            ld: d as i64,
+            head: (s * d) as i64,
+        };
+        let (l, pv) = attention_gemms_per_head(
+            8,
+            1,
+            5,
+            7,
+            4,
+            4,
+            [
+                dense(5, 4),
+                dense(7, 4),
+                dense(7, 4),
+                HeadLayout { ld: 32, head: 4 },
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (l.stride_a, l.stride_b, pv.stride_a, pv.ldc, pv.stride_c),
+            (0, 20, 0, 32, 4)
+        );
+        // Two KV heads for four query heads: no one stride reaches them.
+        assert!(
+            attention_gemms_per_head(4, 2, 5, 7, 4, 4, [dense(5, 4); 4])
+                .unwrap()
+                .is_none()
+        );
     }
 }

@@ -11,8 +11,8 @@ use petite_weights::WeightSource;
 use crate::device::{DevTensor, Device, F32Matmul};
 use crate::fuse::{Fusion, Role, Siblings};
 use crate::plan::{
-    ConvParams, EwParams, Gemm, MatOperand, NormParams, Operand, RopeParams, SoftmaxParams,
-    attention_gemms, contiguous_strides,
+    ConvParams, EwParams, Gemm, HeadLayout, MatOperand, NormParams, Operand, RopeParams,
+    SoftmaxParams, attention_gemms, attention_gemms_per_head, contiguous_strides,
 };
 use crate::source::{EwOp, dtype_code};
 use crate::{Error, Result};
@@ -67,6 +67,10 @@ fn mask_strides(ms: &[usize], h: usize, nq: usize) -> [i64; 6] {
     let sb = if mb == 1 { 0 } else { (mh * mq * mk) as i64 };
     [h as i64, nq as i64, sb, sh, sq, sk]
 }
+
+/// How far ahead of the upload [`DeviceProgram::load`] asks for weight bytes: as the reference
+/// executor does, enough to keep a disk busy, small beside an 8 GB device's memory.
+const PREFETCH_AHEAD: usize = 256 << 20;
 
 /// Elementwise fusion ([`crate::fuse`]) is on unless `PETITE_CUDA_NO_FUSE` is set (to compare
 /// fused and unfused runs).
@@ -176,16 +180,24 @@ impl<'d> DeviceProgram<'d> {
                     .collect()
             };
             let mut r = match fusion.role[i] {
-                // A cast that runs a narrowed softmax reads the softmax's operands.
+                // A cast that runs a narrowed softmax reads the softmax's operands, a permute
+                // that runs a transposed product the product's.
                 Role::Plain => operands(i)
                     .into_iter()
                     .flat_map(|v| match fusion.role[v.index()] {
-                        Role::Narrowed => operands(v.index()),
+                        Role::Narrowed | Role::Transposed => operands(v.index()),
                         _ => vec![v],
                     })
                     .collect(),
-                Role::Inlined | Role::View | Role::Narrowed => Vec::new(),
-                Role::Root(g) => fusion.groups[g].leaves.clone(),
+                Role::Inlined | Role::View | Role::Narrowed | Role::Transposed | Role::Prologue => {
+                    Vec::new()
+                }
+                Role::Root(g) => {
+                    let group = &fusion.groups[g];
+                    let mut r = group.leaves.clone();
+                    r.extend(group.prologue.map_or(Vec::new(), |n| operands(n.index())));
+                    r
+                }
             };
             r.sort();
             r.dedup();
@@ -243,9 +255,29 @@ impl<'d> DeviceProgram<'d> {
                 sibling_of.insert(l, g);
             }
         }
-        for w in program.weights() {
-            if !live[w.node.index()] {
-                continue;
+        // Readahead: the next PREFETCH_AHEAD bytes of weights are asked for before each upload
+        // (`MADV_WILLNEED`), so a cold file is read in large requests, not fault by fault by
+        // the copy.
+        let live_weights: Vec<_> = program
+            .weights()
+            .into_iter()
+            .filter(|w| live[w.node.index()])
+            .collect();
+        let mut ranges = Vec::with_capacity(live_weights.len());
+        // Byte offset of each weight in upload order (and the total after the last).
+        let mut at = vec![0usize];
+        for w in &live_weights {
+            let r = w.stored_range(weights.tensor(&w.name)?.dtype.size());
+            at.push(at[at.len() - 1] + r.as_ref().map_or(0, |r| r.len()));
+            ranges.push(r);
+        }
+        let mut ahead = 0usize;
+        for (i, w) in live_weights.iter().enumerate() {
+            while ahead < ranges.len() && (ahead <= i || at[ahead] - at[i] < PREFETCH_AHEAD) {
+                if let Some(r) = &ranges[ahead] {
+                    weights.prefetch_range(&live_weights[ahead].name, r.start, r.end)?;
+                }
+                ahead += 1;
             }
             let view = weights.tensor(&w.name)?;
             let stored = view.dtype;
@@ -397,7 +429,7 @@ impl<'d> DeviceProgram<'d> {
             if !self.live[id.index()]
                 || matches!(
                     self.fusion.role[id.index()],
-                    Role::Inlined | Role::View | Role::Narrowed
+                    Role::Inlined | Role::View | Role::Narrowed | Role::Transposed | Role::Prologue
                 )
             {
                 continue;
@@ -580,8 +612,35 @@ impl<'d> DeviceProgram<'d> {
                 return Err(err("tuple result"));
             }
         };
-        if let Op::MatMul = node.op {
-            return Ok(Slot::T(self.matmul(id, slots, out_ty)?));
+        match node.op {
+            Op::MatMul => return Ok(Slot::T(self.matmul(id, slots, out_ty, None)?)),
+            Op::Attention { scale } => {
+                return Ok(Slot::T(self.attention(
+                    id,
+                    scale as f32,
+                    slots,
+                    out_ty,
+                    None,
+                )?));
+            }
+            _ => {}
+        }
+        // A head-merging permute runs the product it permutes, which writes its layout.
+        if let Op::Permute { .. } = node.op
+            && self.fusion.role[node.inputs[0].index()] == Role::Transposed
+        {
+            let m = node.inputs[0];
+            let m_ty = p
+                .node(m)
+                .tensor()
+                .ok_or_else(|| err("a transposed tuple"))?;
+            return Ok(Slot::T(match p.node(m).op {
+                Op::MatMul => self.matmul(m, slots, m_ty, Some(out_ty))?,
+                Op::Attention { scale } => {
+                    self.attention(m, scale as f32, slots, m_ty, Some(out_ty))?
+                }
+                _ => return Err(err("a transposed node that is not a matmul or attention")),
+            }));
         }
         // Operand `i` of node `c`; one read in place (a widening cast's input) is the view's base.
         let operand = |c: NodeId, i: usize| -> Result<&DevTensor> {
@@ -636,12 +695,7 @@ impl<'d> DeviceProgram<'d> {
                 *padding,
                 out_ty,
             )?,
-            Op::LayerNorm { eps } => {
-                self.norm(0, ins[0], Some(ins[1]), Some(ins[2]), *eps as f32, out_ty)?
-            }
-            Op::RmsNorm { eps } => {
-                self.norm(1, ins[0], ins.get(1).copied(), None, *eps as f32, out_ty)?
-            }
+            Op::LayerNorm { .. } | Op::RmsNorm { .. } => self.norm(id, slots, out_ty)?,
             Op::Softmax { axis } => self.softmax_node(id, *axis, ins[0], slots, out_ty)?,
             Op::Rope => {
                 let (x, c, s) = (ins[0], ins[1], ins[2]);
@@ -657,14 +711,7 @@ impl<'d> DeviceProgram<'d> {
                 })?;
                 out
             }
-            Op::Attention { scale } => self.attention(
-                ins[0],
-                ins[1],
-                ins[2],
-                ins.get(3).copied(),
-                *scale as f32,
-                out_ty,
-            )?,
+            Op::Attention { .. } => return Err(err("attention is evaluated above")),
             Op::Embedding => {
                 let (table, idx) = (ins[0], ins[1]);
                 let out = dev.alloc(dt, out_shape)?;
@@ -709,11 +756,20 @@ impl<'d> DeviceProgram<'d> {
                 let out = dev.alloc(dt, out_shape)?;
                 let (o, nn, ii, d) = (outer as i64, n as i64, inner as i64, dtype_code(dt));
                 let (px, po) = (dev.ptr(x), dev.ptr(&out));
-                dev.launch("pt_cumsum", Device::cfg_elems(outer * inner), |b| {
-                    b.arg(&o).arg(&nn).arg(&ii).arg(&d);
-                    Device::push_u64(b, &px);
-                    Device::push_u64(b, &po);
-                })?;
+                // Integers: a block a line (exact in any order); floats: a thread a line, in
+                // order (f64 running sum).
+                let (name, cfg, lines) = if dt.is_float() {
+                    ("pt_cumsum", Device::cfg_elems(outer * inner), o)
+                } else {
+                    ("pt_cumsum_i", Device::cfg_rows(outer * inner)?, o * ii)
+                };
+                if outer * inner > 0 {
+                    dev.launch(name, cfg, |b| {
+                        b.arg(&lines).arg(&nn).arg(&ii).arg(&d);
+                        Device::push_u64(b, &px);
+                        Device::push_u64(b, &po);
+                    })?;
+                }
                 out
             }
             Op::Reduce { kind, axes, .. } => self.reduce(ins[0], *kind, axes, out_ty)?,
@@ -842,13 +898,67 @@ impl<'d> DeviceProgram<'d> {
         }
         ptrs.push(dev.ptr(&out));
         let f = &self.fused[group.kernel];
-        dev.launch_fn(f, Device::cfg_elems(n as usize), |b| {
+        let Some(norm) = group.prologue else {
+            return dev
+                .launch_fn(f, Device::cfg_elems(n as usize), |b| {
+                    b.arg(&n);
+                    for p in &ptrs {
+                        Device::push_u64(b, p);
+                    }
+                })
+                .map(|()| Slot::T(out));
+        };
+        // One block a row of the prologue norm, its parameters and operands first.
+        let (prm, nptrs) = self.norm_args(norm, slots, t.dtype)?;
+        dev.launch_fn(f, Device::cfg_rows(prm.rows as usize)?, |b| {
+            b.arg(&prm);
+            for p in &nptrs {
+                Device::push_u64(b, p);
+            }
             b.arg(&n);
             for p in &ptrs {
                 Device::push_u64(b, p);
             }
         })?;
         Ok(Slot::T(out))
+    }
+
+    /// `pt_norm`'s parameters and `[x, weight, bias]` pointers (0 where absent) for norm node
+    /// `id` over its operands (x possibly read through a widening cast's input), writing `dout`.
+    fn norm_args(&self, id: NodeId, slots: &[Slot], dout: Dtype) -> Result<(NormParams, [u64; 3])> {
+        let node = self.program.node(id);
+        let (kind, eps) = match node.op {
+            Op::LayerNorm { eps } => (0, eps),
+            Op::RmsNorm { eps } => (1, eps),
+            _ => return Err(err("not a norm")),
+        };
+        let mut ins: [Option<&DevTensor>; 3] = [None; 3];
+        for (j, &v) in node.inputs.iter().enumerate().take(3) {
+            let v = self.fusion.views.get(&(id, j)).map_or(v, |w| w.base);
+            ins[j] = match &slots[v.index()] {
+                Slot::T(t) => Some(t),
+                _ => return Err(err(format!("norm input {j} ({v}) is not available"))),
+            };
+        }
+        let x = ins[0].ok_or_else(|| err("norm without input"))?;
+        let (w, b) = (ins[1], ins[2]);
+        let d = *x.shape().last().unwrap_or(&1);
+        let prm = NormParams {
+            rows: (x.numel() / d.max(1)) as i64,
+            d: d as i64,
+            kind,
+            has_w: i32::from(w.is_some()),
+            has_b: i32::from(b.is_some()),
+            dx: dtype_code(x.dtype()),
+            dw: w.map_or(0, |t| dtype_code(t.dtype())),
+            db: b.map_or(0, |t| dtype_code(t.dtype())),
+            dout: dtype_code(dout),
+            eps: eps as f32,
+            offset: 1.0,
+        };
+        let dev = self.dev;
+        let ptr = |t: Option<&DevTensor>| t.map_or(0, |t| dev.ptr(t));
+        Ok((prm, [dev.ptr(x), ptr(w), ptr(b)]))
     }
 
     fn ew_launch(&self, p: EwParams, ins: &[&DevTensor], out: &DevTensor) -> Result<()> {
@@ -1023,7 +1133,16 @@ impl<'d> DeviceProgram<'d> {
     /// Batched matmul with broadcast batch dims, each operand read in place through its
     /// strides where the fusion plan found a view ([`crate::fuse::StridedView`]): one
     /// strided-batched GEMM when the batch offsets are uniform, else one GEMM a batch.
-    fn matmul(&self, id: NodeId, slots: &[Slot], out_ty: &TensorType) -> Result<DevTensor> {
+    /// Matmul `id`, its operands read through their views. With `into` (the type of the
+    /// head-merging permute reading its `[1, H, Q, D]` result, [`Role::Transposed`]), the
+    /// GEMMs write `[1, Q, H, D]` directly: a leading dimension of `H·D`, `D` between heads.
+    fn matmul(
+        &self,
+        id: NodeId,
+        slots: &[Slot],
+        out_ty: &TensorType,
+        into: Option<&TensorType>,
+    ) -> Result<DevTensor> {
         let dev = self.dev;
         let node = self.program.node(id);
         let mut ops: Vec<(&DevTensor, MatOperand)> = Vec::with_capacity(2);
@@ -1049,7 +1168,12 @@ impl<'d> DeviceProgram<'d> {
         let obb = b.batch_offsets(ob)?;
         let (m, k, n) = (a.rows, a.cols, b.cols);
         let nb = oa.len();
-        let out = dev.alloc(out_ty.dtype, &out_ty.shape)?;
+        let out = dev.alloc(out_ty.dtype, &into.unwrap_or(out_ty).shape)?;
+        // Row stride and batch stride of the output (batches are heads when transposed).
+        let (ldc, sc) = match into {
+            Some(_) => (nb * n, n),
+            None => (n, m * n),
+        };
         if k == 0 {
             dev.memset_zero(&out)?;
             return Ok(out);
@@ -1057,7 +1181,8 @@ impl<'d> DeviceProgram<'d> {
         let es = ta.dtype().size() as u64;
         let os = out_ty.dtype.size() as u64;
         let (pa, pb, po) = (dev.ptr(ta), dev.ptr(tb), dev.ptr(&out));
-        let g = crate::plan::matmul_gemm(a, b)?;
+        let mut g = crate::plan::matmul_gemm(a, b)?;
+        g.ldc = i32::try_from(ldc).map_err(|_| err(format!("output row stride {ldc}")))?;
         let (sa, sb) = (
             oa.get(1).copied().unwrap_or(0),
             obb.get(1).copied().unwrap_or(0),
@@ -1066,7 +1191,7 @@ impl<'d> DeviceProgram<'d> {
             && oa.iter().enumerate().all(|(i, &x)| x == i as i64 * sa)
             && obb.iter().enumerate().all(|(i, &y)| y == i as i64 * sb);
         if uniform {
-            let g = g.batched(nb, sb, sa, (m * n) as i64)?;
+            let g = g.batched(nb, sb, sa, sc as i64)?;
             dev.gemm(&g, pb, pa, ta.dtype(), po, out_ty.dtype, self.f32_matmul)?;
         } else {
             for i in 0..nb {
@@ -1075,7 +1200,7 @@ impl<'d> DeviceProgram<'d> {
                     pb + obb[i] as u64 * es,
                     pa + oa[i] as u64 * es,
                     ta.dtype(),
-                    po + (i * m * n) as u64 * os,
+                    po + (i * sc) as u64 * os,
                     out_ty.dtype,
                     self.f32_matmul,
                 )?;
@@ -1140,42 +1265,15 @@ impl<'d> DeviceProgram<'d> {
         self.strided_copy(&acc, &dims, st, 0, out_ty.dtype)
     }
 
-    fn norm(
-        &self,
-        kind: i32,
-        x: &DevTensor,
-        w: Option<&DevTensor>,
-        b: Option<&DevTensor>,
-        eps: f32,
-        out_ty: &TensorType,
-    ) -> Result<DevTensor> {
+    fn norm(&self, id: NodeId, slots: &[Slot], out_ty: &TensorType) -> Result<DevTensor> {
         let dev = self.dev;
-        let d = *x.shape().last().unwrap_or(&1);
-        let rows = x.numel() / d.max(1);
+        let (prm, [px, pw, pb]) = self.norm_args(id, slots, out_ty.dtype)?;
         let out = dev.alloc(out_ty.dtype, &out_ty.shape)?;
-        if rows == 0 || d == 0 {
+        if prm.rows == 0 || prm.d == 0 {
             return Ok(out);
         }
-        let prm = NormParams {
-            rows: rows as i64,
-            d: d as i64,
-            kind,
-            has_w: i32::from(w.is_some()),
-            has_b: i32::from(b.is_some()),
-            dx: dtype_code(x.dtype()),
-            dw: w.map_or(0, |t| dtype_code(t.dtype())),
-            db: b.map_or(0, |t| dtype_code(t.dtype())),
-            dout: dtype_code(out_ty.dtype),
-            eps,
-            offset: 1.0,
-        };
-        let (px, pw, pb, po) = (
-            dev.ptr(x),
-            w.map_or(0, |t| dev.ptr(t)),
-            b.map_or(0, |t| dev.ptr(t)),
-            dev.ptr(&out),
-        );
-        dev.launch("pt_norm", Device::cfg_rows(rows)?, |bl| {
+        let po = dev.ptr(&out);
+        dev.launch("pt_norm", Device::cfg_rows(prm.rows as usize)?, |bl| {
             bl.arg(&prm);
             Device::push_u64(bl, &px);
             Device::push_u64(bl, &pw);
@@ -1300,34 +1398,176 @@ impl<'d> DeviceProgram<'d> {
     }
 
     /// `softmax(q·kᵀ·scale + mask)·v` in f32: logits by one cuBLAS GEMM (f32 out), the scaled,
-    /// masked softmax in place, v widened to f32, the second GEMM in f32.
+    /// masked softmax in place, v widened to f32, the second GEMM in f32. q, k and v are read
+    /// where they lie (heads split out of a projection through [`Fusion::views`]) when one head
+    /// a batch reaches them ([`attention_gemms_per_head`]), else made dense first. With `into`
+    /// ([`Role::Transposed`]) the result is written as `[1, Q, H, Dv]`.
     fn attention(
+        &self,
+        id: NodeId,
+        scale: f32,
+        slots: &[Slot],
+        out_ty: &TensorType,
+        into: Option<&TensorType>,
+    ) -> Result<DevTensor> {
+        let node = self.program.node(id);
+        // Each operand: its buffer, shape and element strides.
+        let mut ops: Vec<(&DevTensor, Vec<usize>, Vec<i64>)> = Vec::with_capacity(4);
+        for j in 0..node.inputs.len() {
+            let (v, view) = match self.fusion.views.get(&(id, j)) {
+                Some(w) => (w.base, Some(w)),
+                None => (node.inputs[j], None),
+            };
+            let t = match &slots[v.index()] {
+                Slot::T(t) => t,
+                _ => return Err(err(format!("input {j} ({v}) is not available"))),
+            };
+            ops.push(match view {
+                Some(w) => (t, w.shape.clone(), w.strides.clone()),
+                None => (t, t.shape().to_vec(), contiguous_strides(t.shape())),
+            });
+        }
+        let (b, h, nq, d) = (ops[0].1[0], ops[0].1[1], ops[0].1[2], ops[0].1[3]);
+        let (kvh, nk) = (ops[1].1[1], ops[1].1[2]);
+        let dv = ops[2].1[3];
+        let dims = [b, h, nq, nk];
+        let mask = ops.get(3).map(|(t, ..)| *t);
+        let is_dense = |(t, s, st): &(&DevTensor, Vec<usize>, Vec<i64>)| {
+            t.shape() == s.as_slice() && *st == contiguous_strides(s)
+        };
+        let dense = ops[..3].iter().all(is_dense);
+        let dense_layout = |rows: usize, cols: usize| HeadLayout {
+            ld: cols as i64,
+            head: (rows * cols) as i64,
+        };
+        // The f32 PV product is the result when the result is f32: written merged (`into`) or
+        // dense. A 16-bit result is converted (and moved) from a dense f32 product.
+        let direct = out_ty.dtype == Dtype::F32;
+        let lo = match into {
+            Some(_) if direct => HeadLayout {
+                ld: (h * dv) as i64,
+                head: dv as i64,
+            },
+            _ => dense_layout(nq, dv),
+        };
+        let layout = |st: &[i64]| HeadLayout {
+            ld: st[2],
+            head: st[1],
+        };
+        // v's GEMM reads f32: a 16-bit v is widened into a dense copy first.
+        let v16 = ops[2].0.dtype() != Dtype::F32;
+        let per_head = if !dense || into.is_some() {
+            let lv = if v16 {
+                dense_layout(nk, dv)
+            } else {
+                layout(&ops[2].2)
+            };
+            attention_gemms_per_head(
+                h,
+                kvh,
+                nq,
+                nk,
+                d,
+                dv,
+                [layout(&ops[0].2), layout(&ops[1].2), lv, lo],
+            )?
+        } else {
+            None
+        };
+        let merged = into.is_some() && direct;
+        let (q, k, v, gemms, batches) = match per_head {
+            Some(g) => {
+                let v = if v16 {
+                    self.strided_copy(ops[2].0, &ops[2].1, ops[2].2.clone(), 0, Dtype::F32)?
+                } else {
+                    ops[2].0.clone()
+                };
+                // One head a GEMM batch, the B batches one after another.
+                let vb = if v16 {
+                    (kvh * nk * dv) as i64
+                } else {
+                    ops[2].2[0]
+                };
+                // A batch's output is H·Q·Dv elements, heads merged or not.
+                let ob = (h * nq * dv) as i64;
+                let batches = (b, [ops[0].2[0], ops[1].2[0], vb, ob]);
+                (ops[0].0.clone(), ops[1].0.clone(), v, g, batches)
+            }
+            None => {
+                // Dense operands, the `H / KVH` query heads of a KV head as one block.
+                let dense_of = |o: &(&DevTensor, Vec<usize>, Vec<i64>)| -> Result<DevTensor> {
+                    if is_dense(o) {
+                        Ok(o.0.clone())
+                    } else {
+                        self.strided_copy(o.0, &o.1, o.2.clone(), 0, o.0.dtype())
+                    }
+                };
+                let g = attention_gemms(b, h, kvh, nq, nk, d, dv)?;
+                (
+                    dense_of(&ops[0])?,
+                    dense_of(&ops[1])?,
+                    dense_of(&ops[2])?,
+                    g,
+                    (1, [0; 4]),
+                )
+            }
+        };
+        let merged = merged && per_head.is_some();
+        let shape = if merged {
+            into.map_or(&out_ty.shape, |t| &t.shape)
+        } else {
+            &out_ty.shape
+        };
+        let out32 = self.attention_run(&q, &k, &v, dims, gemms, batches, mask, scale, shape)?;
+        if direct && (merged || into.is_none()) {
+            return Ok(out32);
+        }
+        let os = contiguous_strides(&out_ty.shape);
+        let (to, st) = match into {
+            Some(t) => (t, vec![os[0], os[2], os[1], os[3]]),
+            None => (out_ty, os),
+        };
+        self.strided_copy(&out32, &to.shape, st, 0, to.dtype)
+    }
+
+    /// Attention's GEMMs and softmax over `dims` `[B, H, Q, K]`: f32 logits from q and k, the
+    /// scaled, masked softmax in place, then the PV GEMM (v widened to f32 when it is not) into
+    /// a new f32 tensor of `out_shape` (laid out as `gpv` writes it). `(n, [q, k, v, out])`:
+    /// the GEMMs run `n` times, stepping each operand by its element stride (the logits are
+    /// dense): `n` is 1 where the GEMMs batch over B themselves.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_run(
         &self,
         q: &DevTensor,
         k: &DevTensor,
         v: &DevTensor,
+        [b, h, nq, nk]: [usize; 4],
+        (gl, gpv): (Gemm, Gemm),
+        (loops, [sq, sk, sv, so]): (usize, [i64; 4]),
         mask: Option<&DevTensor>,
         scale: f32,
-        out_ty: &TensorType,
+        out_shape: &[usize],
     ) -> Result<DevTensor> {
         let dev = self.dev;
-        let (b, h, nq, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
-        let (kvh, nk) = (k.shape()[1], k.shape()[2]);
-        let dv = v.shape()[3];
-        let (gl, gpv) = attention_gemms(b, h, kvh, nq, nk, d, dv)?;
         let logits = dev.alloc(Dtype::F32, &[b, h, nq, nk])?;
-        if d == 0 {
+        let (es, sl) = (
+            q.dtype().size() as u64,
+            (b / loops * h * nq * nk) as u64 * 4,
+        );
+        if gl.k == 0 {
             dev.memset_zero(&logits)?;
         } else {
-            dev.gemm(
-                &gl,
-                dev.ptr(k),
-                dev.ptr(q),
-                q.dtype(),
-                dev.ptr(&logits),
-                Dtype::F32,
-                self.f32_matmul,
-            )?;
+            for i in 0..loops as u64 {
+                dev.gemm(
+                    &gl,
+                    dev.ptr(k) + i * sk as u64 * es,
+                    dev.ptr(q) + i * sq as u64 * es,
+                    q.dtype(),
+                    dev.ptr(&logits) + i * sl,
+                    Dtype::F32,
+                    self.f32_matmul,
+                )?;
+            }
         }
         let m = mask.map(|mt| (mt, mask_strides(mt.shape(), h, nq)));
         self.softmax_rows(&logits, &logits, b * h * nq, nk, (scale, Dtype::F32), m)?;
@@ -1336,30 +1576,23 @@ impl<'d> DeviceProgram<'d> {
         } else {
             self.strided_copy(v, v.shape(), contiguous_strides(v.shape()), 0, Dtype::F32)?
         };
-        let out32 = dev.alloc(Dtype::F32, &out_ty.shape)?;
+        let out32 = dev.alloc(Dtype::F32, out_shape)?;
         if nk == 0 {
             dev.memset_zero(&out32)?;
         } else {
-            dev.gemm(
-                &gpv,
-                dev.ptr(&v32),
-                dev.ptr(&logits),
-                Dtype::F32,
-                dev.ptr(&out32),
-                Dtype::F32,
-                self.f32_matmul,
-            )?;
+            for i in 0..loops as u64 {
+                dev.gemm(
+                    &gpv,
+                    dev.ptr(&v32) + i * sv as u64 * 4,
+                    dev.ptr(&logits) + i * sl,
+                    Dtype::F32,
+                    dev.ptr(&out32) + i * so as u64 * 4,
+                    Dtype::F32,
+                    self.f32_matmul,
+                )?;
+            }
         }
-        if out_ty.dtype == Dtype::F32 {
-            return Ok(out32);
-        }
-        self.strided_copy(
-            &out32,
-            &out_ty.shape,
-            contiguous_strides(&out_ty.shape),
-            0,
-            out_ty.dtype,
-        )
+        Ok(out32)
     }
 
     /// Reduction over `axes`: those axes moved last (a copy unless they already are), then one

@@ -21,6 +21,7 @@ pub const KERNELS: &[&str] = &[
     "pt_rope",
     "pt_gather",
     "pt_cumsum",
+    "pt_cumsum_i",
     "pt_reduce",
     "pt_im2col",
     "pt_bias",
@@ -96,12 +97,14 @@ impl EwOp {
     }
 }
 
-/// What generated (fused) kernels build on: the dtype loads and stores and `pt_ew`'s per-op
-/// arithmetic, so a fused kernel computes each op exactly as `pt_ew` does.
+/// What generated (fused) kernels build on: the dtype loads and stores, `pt_ew`'s per-op
+/// arithmetic and `pt_norm`'s formula, so a fused kernel computes each op exactly as `pt_ew`
+/// (and a prologue norm as `pt_norm`) does.
 pub fn fused_prelude() -> String {
     let mut s = String::with_capacity(8 << 10);
     s.push_str(PRELUDE);
     s.push_str(EW_FUNCS);
+    s.push_str(NORM_FUNCS);
     s
 }
 
@@ -114,6 +117,7 @@ pub fn module_source() -> String {
     s.push_str(EW_STRUCT);
     s.push_str(EW_FUNCS);
     s.push_str(EW);
+    s.push_str(NORM_FUNCS);
     s.push_str(ROWS);
     s.push_str(MISC);
     s
@@ -214,6 +218,46 @@ __device__ __forceinline__ float block_max_f(float v, float* sh) {
   float t = sh[0];
   for (int k = 1; k < (int)(blockDim.x >> 5); ++k) t = fmaxf(t, sh[k]);
   return t;
+}
+"#;
+
+/// The norms' row statistics and per-element formula: `pt_norm` and the fused kernels that
+/// compute a norm as their prologue share them, so both give the same bits.
+const NORM_FUNCS: &str = r#"
+struct NormParams { i64 rows; i64 d; int kind; int has_w; int has_b; int dx; int dw; int db; int dout; float eps; float offset; };
+
+// Row statistics, by the whole block: layer norm's f32 mean and 1/std (mean and biased variance
+// summed in f64), or RMS norm's 1/rms (*a unused).
+__device__ __forceinline__ void norm_stats(const NormParams& p, const void* x, i64 base, double* shd, float* a, float* r) {
+  double s = 0.0;
+  if (p.kind == 0) {
+    for (i64 j = threadIdx.x; j < p.d; j += blockDim.x) s += (double)ldf(x, base + j, p.dx);
+    double mean = block_sum_d(s, shd) / (double)p.d;
+    double v = 0.0;
+    for (i64 j = threadIdx.x; j < p.d; j += blockDim.x) { double c = (double)ldf(x, base + j, p.dx) - mean; v += c * c; }
+    double var = block_sum_d(v, shd) / (double)p.d;
+    *a = (float)mean;
+    *r = 1.0f / sqrtf((float)var + p.eps);
+  } else {
+    for (i64 j = threadIdx.x; j < p.d; j += blockDim.x) { double v = (double)ldf(x, base + j, p.dx); s += v * v; }
+    float ms = (float)(block_sum_d(s, shd) / (double)p.d);
+    *a = 0.0f;
+    *r = 1.0f / sqrtf(ms + p.eps);
+  }
+}
+
+// Element j of the row at `base`, in f32, before it is stored in the norm's dtype.
+__device__ __forceinline__ float norm_elem(const NormParams& p, const void* x, const void* w, const void* b, i64 base, i64 j, float a, float r) {
+  float y;
+  if (p.kind == 0) {
+    y = (ldf(x, base + j, p.dx) - a) * r;
+    if (p.has_w) y *= ldf(w, j, p.dw);
+    if (p.has_b) y += ldf(b, j, p.db);
+  } else {
+    y = ldf(x, base + j, p.dx) * r;
+    if (p.has_w) y = y * (p.offset + ldf(w, j, p.dw));
+  }
+  return y;
 }
 "#;
 
@@ -321,39 +365,15 @@ extern "C" __global__ void pt_ew(EwParams p, const void* a, const void* b, const
 "#;
 
 const ROWS: &str = r#"
-struct NormParams { i64 rows; i64 d; int kind; int has_w; int has_b; int dx; int dw; int db; int dout; float eps; float offset; };
-
 // One block a row: layer norm (kind 0, mean and biased variance in f64) or RMS norm (kind 1).
 extern "C" __global__ void pt_norm(NormParams p, const void* x, const void* w, const void* b, void* out) {
   __shared__ double shd[32];
   i64 row = blockIdx.x;
   if (row >= p.rows) return;
   const i64 base = row * p.d;
-  double s = 0.0;
-  if (p.kind == 0) {
-    for (i64 j = threadIdx.x; j < p.d; j += blockDim.x) s += (double)ldf(x, base + j, p.dx);
-    double mean = block_sum_d(s, shd) / (double)p.d;
-    double v = 0.0;
-    for (i64 j = threadIdx.x; j < p.d; j += blockDim.x) { double c = (double)ldf(x, base + j, p.dx) - mean; v += c * c; }
-    double var = block_sum_d(v, shd) / (double)p.d;
-    float m = (float)mean;
-    float rstd = 1.0f / sqrtf((float)var + p.eps);
-    for (i64 j = threadIdx.x; j < p.d; j += blockDim.x) {
-      float y = (ldf(x, base + j, p.dx) - m) * rstd;
-      if (p.has_w) y *= ldf(w, j, p.dw);
-      if (p.has_b) y += ldf(b, j, p.db);
-      stf(out, base + j, p.dout, y);
-    }
-  } else {
-    for (i64 j = threadIdx.x; j < p.d; j += blockDim.x) { double v = (double)ldf(x, base + j, p.dx); s += v * v; }
-    float ms = (float)(block_sum_d(s, shd) / (double)p.d);
-    float r = 1.0f / sqrtf(ms + p.eps);
-    for (i64 j = threadIdx.x; j < p.d; j += blockDim.x) {
-      float y = ldf(x, base + j, p.dx) * r;
-      if (p.has_w) y = y * (p.offset + ldf(w, j, p.dw));
-      stf(out, base + j, p.dout, y);
-    }
-  }
+  float a, r;
+  norm_stats(p, x, base, shd, &a, &r);
+  for (i64 j = threadIdx.x; j < p.d; j += blockDim.x) stf(out, base + j, p.dout, norm_elem(p, x, w, b, base, j, a, r));
 }
 
 struct SoftmaxParams {
@@ -443,6 +463,30 @@ extern "C" __global__ void pt_cumsum(i64 outer, i64 n, i64 inner, int dt, const 
   }
 }
 
+// Integer inclusive cumsum, one block a line of n (stride `inner`): each thread sums its run
+// of the line, the runs' totals are scanned, then each thread writes its run. Wrapping u64
+// sums are exact in any order, so the result is the serial one's.
+extern "C" __global__ void pt_cumsum_i(i64 lines, i64 n, i64 inner, int dt, const void* x, void* out) {
+  __shared__ u64 sh[1024];
+  i64 line = blockIdx.x;
+  if (line >= lines) return;
+  i64 o = line / inner, in = line % inner;
+  i64 base = o * n * inner + in;
+  i64 per = (n + blockDim.x - 1) / blockDim.x;
+  i64 lo = (i64)threadIdx.x * per, hi = lo + per < n ? lo + per : n;
+  u64 acc = 0;
+  for (i64 k = lo; k < hi; ++k) acc += (u64)ldi(x, base + k * inner, dt);
+  sh[threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u64 run = 0;
+    for (unsigned t = 0; t < blockDim.x; ++t) { u64 v = sh[t]; sh[t] = run; run += v; }
+  }
+  __syncthreads();
+  acc = sh[threadIdx.x];
+  for (i64 k = lo; k < hi; ++k) { acc += (u64)ldi(x, base + k * inner, dt); sti(out, base + k * inner, dt, (i64)acc); }
+}
+
 // Reduction of each contiguous row of n: kind 0 sum, 1 mean (f64), 2 max (NaN wins).
 extern "C" __global__ void pt_reduce(i64 rows, i64 n, int kind, int dt, const void* x, void* out) {
   __shared__ double shd[32];
@@ -464,10 +508,23 @@ extern "C" __global__ void pt_reduce(i64 rows, i64 n, int kind, int dt, const vo
       s = block_sum_d(s, shd);
       if (threadIdx.x == 0) stf(out, row, dt, (float)(kind == 1 ? s / (double)n : s));
     }
-  } else if (threadIdx.x == 0) {
-    u64 s = 0; i64 m = 0;
-    for (i64 j = 0; j < n; ++j) { i64 v = ldi(x, row * n + j, dt); s += (u64)v; if (j == 0 || v > m) m = v; }
-    sti(out, row, dt, kind == 2 ? m : (i64)s);
+  } else {
+    // Wrapping sums and maxima are exact in any order: the whole block takes part.
+    __shared__ u64 shs[32];
+    __shared__ i64 shm[32];
+    u64 s = 0; i64 m = (i64)0x8000000000000000ULL;
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) { i64 v = ldi(x, row * n + j, dt); s += (u64)v; if (v > m) m = v; }
+    for (int o = 16; o > 0; o >>= 1) {
+      s += __shfl_xor_sync(0xffffffffu, s, o);
+      i64 t = __shfl_xor_sync(0xffffffffu, m, o);
+      if (t > m) m = t;
+    }
+    if ((threadIdx.x & 31) == 0) { shs[threadIdx.x >> 5] = s; shm[threadIdx.x >> 5] = m; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int k = 1; k < (int)(blockDim.x >> 5); ++k) { s += shs[k]; if (shm[k] > m) m = shm[k]; }
+      sti(out, row, dt, kind == 2 ? m : (i64)s);
+    }
   }
 }
 
