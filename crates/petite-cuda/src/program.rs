@@ -68,10 +68,6 @@ fn mask_strides(ms: &[usize], h: usize, nq: usize) -> [i64; 6] {
     [h as i64, nq as i64, sb, sh, sq, sk]
 }
 
-/// How far ahead of the upload [`DeviceProgram::load`] asks for weight bytes: as the reference
-/// executor does, enough to keep a disk busy, small beside an 8 GB device's memory.
-const PREFETCH_AHEAD: usize = 256 << 20;
-
 /// Elementwise fusion ([`crate::fuse`]) is on unless `PETITE_CUDA_NO_FUSE` is set (to compare
 /// fused and unfused runs).
 fn fusing() -> bool {
@@ -255,29 +251,9 @@ impl<'d> DeviceProgram<'d> {
                 sibling_of.insert(l, g);
             }
         }
-        // Readahead: the next PREFETCH_AHEAD bytes of weights are asked for before each upload
-        // (`MADV_WILLNEED`), so a cold file is read in large requests, not fault by fault by
-        // the copy.
-        let live_weights: Vec<_> = program
-            .weights()
-            .into_iter()
-            .filter(|w| live[w.node.index()])
-            .collect();
-        let mut ranges = Vec::with_capacity(live_weights.len());
-        // Byte offset of each weight in upload order (and the total after the last).
-        let mut at = vec![0usize];
-        for w in &live_weights {
-            let r = w.stored_range(weights.tensor(&w.name)?.dtype.size());
-            at.push(at[at.len() - 1] + r.as_ref().map_or(0, |r| r.len()));
-            ranges.push(r);
-        }
-        let mut ahead = 0usize;
-        for (i, w) in live_weights.iter().enumerate() {
-            while ahead < ranges.len() && (ahead <= i || at[ahead] - at[i] < PREFETCH_AHEAD) {
-                if let Some(r) = &ranges[ahead] {
-                    weights.prefetch_range(&live_weights[ahead].name, r.start, r.end)?;
-                }
-                ahead += 1;
+        for w in program.weights() {
+            if !live[w.node.index()] {
+                continue;
             }
             let view = weights.tensor(&w.name)?;
             let stored = view.dtype;
