@@ -619,15 +619,7 @@ impl<'d> DeviceProgram<'d> {
             }));
         }
         // Operand `i` of node `c`; one read in place (a widening cast's input) is the view's base.
-        let operand = |c: NodeId, i: usize| -> Result<&DevTensor> {
-            let v = p.node(c).inputs[i];
-            let v = self.fusion.views.get(&(c, i)).map_or(v, |w| w.base);
-            match &slots[v.index()] {
-                Slot::T(t) => Ok(t),
-                Slot::Tuple(_) => Err(err("tuple input")),
-                Slot::Empty => Err(err(format!("input {i} ({v}) is not available"))),
-            }
-        };
+        let operand = |c: NodeId, i: usize| self.in_place(c, i, slots).map(|(t, _)| t);
         if let Op::Cast { .. } = node.op
             && self.fusion.role[node.inputs[0].index()] == Role::Narrowed
         {
@@ -899,6 +891,22 @@ impl<'d> DeviceProgram<'d> {
         Ok(Slot::T(out))
     }
 
+    /// Operand `j` of node `id` as it is read: the buffer (a view's base where the fusion plan
+    /// reads the operand in place, [`Fusion::views`]) and that view.
+    fn in_place<'s>(
+        &'s self,
+        id: NodeId,
+        j: usize,
+        slots: &'s [Slot],
+    ) -> Result<(&'s DevTensor, Option<&'s crate::fuse::StridedView>)> {
+        let view = self.fusion.views.get(&(id, j));
+        let v = view.map_or(self.program.node(id).inputs[j], |w| w.base);
+        match &slots[v.index()] {
+            Slot::T(t) => Ok((t, view)),
+            _ => Err(err(format!("input {j} ({v}) is not available"))),
+        }
+    }
+
     /// `pt_norm`'s parameters and `[x, weight, bias]` pointers (0 where absent) for norm node
     /// `id` over its operands (x possibly read through a widening cast's input), writing `dout`.
     fn norm_args(&self, id: NodeId, slots: &[Slot], dout: Dtype) -> Result<(NormParams, [u64; 3])> {
@@ -909,12 +917,8 @@ impl<'d> DeviceProgram<'d> {
             _ => return Err(err("not a norm")),
         };
         let mut ins: [Option<&DevTensor>; 3] = [None; 3];
-        for (j, &v) in node.inputs.iter().enumerate().take(3) {
-            let v = self.fusion.views.get(&(id, j)).map_or(v, |w| w.base);
-            ins[j] = match &slots[v.index()] {
-                Slot::T(t) => Some(t),
-                _ => return Err(err(format!("norm input {j} ({v}) is not available"))),
-            };
+        for (j, i) in ins.iter_mut().enumerate().take(node.inputs.len()) {
+            *i = Some(self.in_place(id, j, slots)?.0);
         }
         let x = ins[0].ok_or_else(|| err("norm without input"))?;
         let (w, b) = (ins[1], ins[2]);
@@ -1120,17 +1124,9 @@ impl<'d> DeviceProgram<'d> {
         into: Option<&TensorType>,
     ) -> Result<DevTensor> {
         let dev = self.dev;
-        let node = self.program.node(id);
         let mut ops: Vec<(&DevTensor, MatOperand)> = Vec::with_capacity(2);
         for j in 0..2 {
-            let (v, view) = match self.fusion.views.get(&(id, j)) {
-                Some(w) => (w.base, Some(w)),
-                None => (node.inputs[j], None),
-            };
-            let t = match &slots[v.index()] {
-                Slot::T(t) => t,
-                _ => return Err(err(format!("input {j} ({v}) is not available"))),
-            };
+            let (t, view) = self.in_place(id, j, slots)?;
             let m = match view {
                 Some(w) => MatOperand::from_view(&w.shape, &w.strides)?,
                 None => MatOperand::dense(t.shape())?,
@@ -1390,14 +1386,7 @@ impl<'d> DeviceProgram<'d> {
         // Each operand: its buffer, shape and element strides.
         let mut ops: Vec<(&DevTensor, Vec<usize>, Vec<i64>)> = Vec::with_capacity(4);
         for j in 0..node.inputs.len() {
-            let (v, view) = match self.fusion.views.get(&(id, j)) {
-                Some(w) => (w.base, Some(w)),
-                None => (node.inputs[j], None),
-            };
-            let t = match &slots[v.index()] {
-                Slot::T(t) => t,
-                _ => return Err(err(format!("input {j} ({v}) is not available"))),
-            };
+            let (t, view) = self.in_place(id, j, slots)?;
             ops.push(match view {
                 Some(w) => (t, w.shape.clone(), w.strides.clone()),
                 None => (t, t.shape().to_vec(), contiguous_strides(t.shape())),
