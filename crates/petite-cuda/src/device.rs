@@ -815,3 +815,53 @@ impl Device {
         b.arg(v);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NVRTC — nobody here wrote it; no GPU needed — compiles the fixed module and every fused
+    /// kernel source that `fuse::plan` generates for pi0.5's full-size bf16 and f32 programs,
+    /// to machine code for the H200 (`sm_90`) and Jetson Orin (`sm_87`), with the options the
+    /// runtime uses. Needs libnvrtc on the library path: `cargo xtask conformance --only nvrtc`
+    /// installs it (pip) and runs this; without it the test fails, it never skips.
+    #[test]
+    #[ignore = "needs libnvrtc: cargo xtask conformance --only nvrtc"]
+    fn nvrtc_compiles_every_generated_source_for_sm90_and_sm87() {
+        // SAFETY: only asks whether the dynamic library can be loaded.
+        assert!(
+            unsafe { cudarc::nvrtc::sys::is_culib_present() },
+            "libnvrtc not found on the library path"
+        );
+        let cfg = petite_pi05::Pi05Config::default();
+        let mut sources = vec![("module".to_string(), module_source())];
+        for prec in [petite_pi05::Precision::Bf16, petite_pi05::Precision::F32] {
+            let progs = petite_pi05::build_all(&cfg, prec).unwrap();
+            for (name, p) in [
+                ("timestep_table", &progs.timestep_table),
+                ("prefix", &progs.prefix),
+                ("step", &progs.step),
+            ] {
+                let roots: Vec<_> = p.outputs.iter().map(|o| o.value).collect();
+                let live = p.ancestors(&roots);
+                let mut out = vec![false; p.len()];
+                for o in &p.outputs {
+                    out[o.value.index()] = true;
+                }
+                let f = crate::fuse::plan(p, &live, &out).unwrap();
+                assert!(f.kernels.iter().all(|k| f.source.contains(k.as_str())));
+                sources.push((
+                    format!("{prec:?} {name} ({} kernels)", f.kernels.len()),
+                    f.source,
+                ));
+            }
+        }
+        for cc in [(9, 0), (8, 7)] {
+            for (what, src) in &sources {
+                let image = compile_cubin(cc, src, "petite_test.cu")
+                    .unwrap_or_else(|e| panic!("sm_{}{} {what}: {e}", cc.0, cc.1));
+                eprintln!("sm_{}{} {what}: {} bytes of CUBIN", cc.0, cc.1, image.len());
+            }
+        }
+    }
+}

@@ -12,6 +12,7 @@ mod aarch64;
 mod gpu;
 pub(crate) use gpu::petite_bin;
 mod lerobot;
+mod nvrtc;
 mod onnx;
 pub use onnx::REQUIREMENTS as ONNX_REQUIREMENTS;
 mod policy;
@@ -76,6 +77,9 @@ pub enum Tier {
     /// petite cross-built for aarch64, a golden exported and verified under qemu-aarch64 (4 KiB
     /// and 64 KiB pages), byte-identical to x86-64.
     Aarch64,
+    /// NVRTC (pip, no GPU) compiles every CUDA source petite-cuda generates for pi0.5's
+    /// full-size programs, for sm_90 (H200) and sm_87 (Jetson Orin).
+    Nvrtc,
 }
 
 /// Runs every conformance tier.
@@ -104,6 +108,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if on(Tier::Aarch64) {
         aarch64::run()?;
+    }
+    if on(Tier::Nvrtc) {
+        nvrtc::run()?;
     }
     // Only when asked for by name: it needs a GPU, and fails without one.
     if args.only.contains(&Tier::Gpu) {
