@@ -3,8 +3,9 @@
 //! Why not `gemm`'s own AVX-512 path: `gemm` computes `dst = lhs · rhs` column-major, so a
 //! row-major `x · wᵀ` (every linear) makes it gather the weight element by element while it
 //! packs it — a third of the prefix's time. Here the output is vectorised along its columns
-//! (16 lanes, two vectors per tile), each lhs element is broadcast from its row (read in place),
-//! and the rhs is read in place when its rows are contiguous (`matmul`, `scores · v`) or packed
+//! (16 lanes, two vectors per tile), each lhs element is broadcast from its row (read in place
+//! for short products; for tall ones from a copy of the 12-row tile in 16-float line pieces,
+//! since rows a power-of-two apart would share L1 sets), and the rhs is read in place when its rows are contiguous (`matmul`, `scores · v`) or packed
 //! once per depth chunk into 32-wide row panels when they are not (a linear's `wᵀ`, `kᵀ`; a bf16
 //! weight is widened there, exactly, so it is never copied to f32 as a whole).
 //!
