@@ -3,8 +3,9 @@
 //! Why not `gemm`'s own AVX-512 path: `gemm` computes `dst = lhs · rhs` column-major, so a
 //! row-major `x · wᵀ` (every linear) makes it gather the weight element by element while it
 //! packs it — a third of the prefix's time. Here the output is vectorised along its columns
-//! (16 lanes, two vectors per tile), each lhs element is broadcast from its row (read in place),
-//! and the rhs is read in place when its rows are contiguous (`matmul`, `scores · v`) or packed
+//! (16 lanes, two vectors per tile), each lhs element is broadcast from its row (read in place
+//! for short products; for tall ones from a copy of the 12-row tile in 16-float line pieces,
+//! since rows a power-of-two apart would share L1 sets), and the rhs is read in place when its rows are contiguous (`matmul`, `scores · v`) or packed
 //! once per depth chunk into 32-wide row panels when they are not (a linear's `wᵀ`, `kᵀ`; a bf16
 //! weight is widened there, exactly, so it is never copied to f32 as a whole).
 //!
@@ -23,9 +24,13 @@ const NB: usize = 32;
 /// Output rows per tile: `2·MR` accumulators, plus two rhs vectors and a broadcast, of the 32
 /// vector registers.
 const MR: usize = 12;
-/// Column blocks per task: the packed rhs of a task (4 · 32 · 512 floats, 256 KiB) stays in L2
-/// while every row tile of the task reads it.
-const TASK_BLOCKS: usize = 4;
+/// Column blocks per task when the lhs has many rows: the packed rhs of a task (16 · 32 · 512
+/// floats, 1 MiB) stays in L2 while every row tile of the task reads it, and each lhs row tile
+/// is copied (and read from memory) once per 512 output columns.
+const TASK_BLOCKS: usize = 16;
+/// Column blocks per task for a short lhs (fewer than `8·MR` rows), where packing the rhs
+/// outweighs re-reading the lhs: a smaller panel (256 KiB).
+const TASK_BLOCKS_SHORT: usize = 4;
 /// Below this many outputs a product runs as one task.
 const MIN_PARALLEL: usize = 1 << 14;
 
@@ -74,7 +79,12 @@ pub(super) fn gemm(
     let (m, n) = (lhs.rows(), rhs.cols());
     debug_assert!(available() && lhs.strides().1 == 1 && dst.len() == m * n);
     let blocks = n.div_ceil(NB);
-    let groups = blocks.div_ceil(TASK_BLOCKS);
+    let tb = if m >= 8 * MR {
+        TASK_BLOCKS
+    } else {
+        TASK_BLOCKS_SHORT
+    };
+    let groups = blocks.div_ceil(tb);
     // Rows are split too when there are few column groups, so that two (or a few) threads
     // have several tasks each; a function of the shape only.
     let row_parts = if parallel && m * n >= MIN_PARALLEL {
@@ -88,8 +98,8 @@ pub(super) fn gemm(
         .collect();
     let out = SendPtr(dst.as_mut_ptr());
     let task = |&(g, r0): &(usize, usize)| {
-        let j0 = g * TASK_BLOCKS * NB;
-        let j1 = (j0 + TASK_BLOCKS * NB).min(n);
+        let j0 = g * tb * NB;
+        let j1 = (j0 + tb * NB).min(n);
         let r1 = (r0 + rows_per).min(m);
         // SAFETY: AVX-512F is present (`available`, checked by the caller); the tile lies inside
         // the checked shapes (rows r0..r1 ≤ m, columns j0..j1 ≤ n), and tasks write disjoint
@@ -129,6 +139,12 @@ unsafe fn run_task(
     };
     let chunks = depth_chunks(k);
     let max_kc = chunks.iter().map(|c| c.1).max().unwrap_or(0);
+    let pack_a = rows.end - rows.start >= 8 * MR;
+    let mut apanel = if pack_a {
+        vec![0.0f32; max_kc.div_ceil(16) * MR * 16]
+    } else {
+        Vec::new()
+    };
     let mut packed = if direct.is_some() {
         Vec::new()
     } else {
@@ -146,14 +162,24 @@ unsafe fn run_task(
         let mut i = rows.start;
         while i < rows.end {
             let r = MR.min(rows.end - i);
+            // SAFETY: rows i..i+r < m and depth p0..p0+kc ≤ k of lhs, a checked view with
+            // column stride 1; the panel holds ⌈max_kc/16⌉·MR·16 floats.
+            let a_in = unsafe { lhs.data().as_ptr().add(i * lrs + p0) };
+            // A short lhs is read in place (few row tiles: copying them costs more than
+            // their rows sharing cache sets).
+            let (a, a_rs) = if pack_a {
+                // SAFETY: as above.
+                unsafe { pack_lhs(&mut apanel, a_in, lrs, r, kc) };
+                (apanel.as_ptr(), 16)
+            } else {
+                (a_in, lrs)
+            };
             for b in 0..nblocks {
                 let j = cols.start + b * NB;
                 let w = NB.min(cols.end - j);
                 let (m0, m1) = masks(w);
-                // SAFETY (pointer offsets): row i < m and depth p0 < k of lhs, which is a
-                // checked view; (p0, j) of rhs, inside its checked view (p0 < k, j < n); the
-                // packed panel of block b; output (i, j) < (m, n).
-                let a = unsafe { lhs.data().as_ptr().add(i * lrs + p0) };
+                // SAFETY (pointer offsets): (p0, j) of rhs, inside its checked view (p0 < k,
+                // j < n); the packed panel of block b; output (i, j) < (m, n).
                 let (bp, bs) = if let Some(rhs) = direct {
                     let rrs = rhs.strides().0;
                     (unsafe { rhs.data().as_ptr().add(p0 * rrs + j) }, rrs)
@@ -163,7 +189,7 @@ unsafe fn run_task(
                 let d = unsafe { out.add(i * n + j) };
                 let t = Tile {
                     a,
-                    a_rs: lrs,
+                    a_rs,
                     b: bp,
                     b_rs: bs,
                     kc,
@@ -173,27 +199,66 @@ unsafe fn run_task(
                     m1,
                     first,
                 };
-                // SAFETY: the tile's reads lie in lhs rows i..i+r (columns p0..p0+kc) and in rhs
-                // rows p0..p0+kc, columns j..j+w (masked beyond w) or the packed panel; its
-                // writes in output rows i..i+r, columns j..j+w (masked).
+                // SAFETY: the tile's reads lie in the lhs panel (rows < r written), in rhs rows p0..p0+kc, columns j..j+w (masked beyond w) or the
+                // packed panel; its writes in output rows i..i+r, columns j..j+w (masked).
                 unsafe {
-                    match r {
-                        12 => tile::<12>(t),
-                        11 => tile::<11>(t),
-                        10 => tile::<10>(t),
-                        9 => tile::<9>(t),
-                        8 => tile::<8>(t),
-                        7 => tile::<7>(t),
-                        6 => tile::<6>(t),
-                        5 => tile::<5>(t),
-                        4 => tile::<4>(t),
-                        3 => tile::<3>(t),
-                        2 => tile::<2>(t),
-                        _ => tile::<1>(t),
+                    if pack_a {
+                        tile_rows::<true>(r, t)
+                    } else {
+                        tile_rows::<false>(r, t)
                     }
                 }
             }
             i += r;
+        }
+    }
+}
+
+/// An lhs row tile copied into `panel` as 16-float pieces: depth `16·q + e` of row `r`
+/// (`r < rows ≤ MR`) at `panel[(q·MR + r)·16 + e]`, zero past `kc`. A tile then reads
+/// `MR` consecutive lines per 16 depth steps, whatever the lhs row stride (rows of a
+/// power-of-two stride would share L1 sets), and the copy needs no shuffles.
+///
+/// # Safety
+/// AVX-512F; `a + r·rs + p` readable for `r < rows`, `p < kc`; `panel.len() ≥ kc.div_ceil(16)·MR·16`.
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_lhs(panel: &mut [f32], a: *const f32, rs: usize, rows: usize, kc: usize) {
+    debug_assert!(rows <= MR && panel.len() >= kc.div_ceil(16) * MR * 16);
+    for (q, p) in (0..kc).step_by(16).enumerate() {
+        let k = mask(kc - p);
+        for r in 0..rows {
+            let o = &mut panel[(q * MR + r) * 16..][..16];
+            // SAFETY: the mask reads a[r·rs + p ..][..min(16, kc − p)], inside the caller's
+            // range; 16 floats are written inside `o`, which is 16 long.
+            unsafe {
+                let v = _mm512_maskz_loadu_ps(k, a.add(r * rs + p));
+                _mm512_storeu_ps(o.as_mut_ptr(), v);
+            }
+        }
+    }
+}
+
+/// [`tile`] for `r` (1..=MR) rows.
+///
+/// # Safety
+/// As [`tile`]'s, for `R = r`.
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_rows<const PACKED: bool>(r: usize, t: Tile) {
+    // SAFETY: as the function's contract states.
+    unsafe {
+        match r {
+            12 => tile::<12, PACKED>(t),
+            11 => tile::<11, PACKED>(t),
+            10 => tile::<10, PACKED>(t),
+            9 => tile::<9, PACKED>(t),
+            8 => tile::<8, PACKED>(t),
+            7 => tile::<7, PACKED>(t),
+            6 => tile::<6, PACKED>(t),
+            5 => tile::<5, PACKED>(t),
+            4 => tile::<4, PACKED>(t),
+            3 => tile::<3, PACKED>(t),
+            2 => tile::<2, PACKED>(t),
+            _ => tile::<1, PACKED>(t),
         }
     }
 }
@@ -232,11 +297,16 @@ fn pack(panel: &mut [f32], rhs: Rhs<'_>, p0: usize, kc: usize, j: usize, w: usiz
         Rhs::Bf16T { bits, k, .. } => pack_transposed(panel, kc, w, |c, p, pw| {
             let row = &bits[(j + c) * k + p0 + p..][..pw];
             let mut buf = [0u16; 16];
-            buf[..pw].copy_from_slice(row);
-            // SAFETY: 16 u16 read from `buf`, which is 16 long; widening a bf16 is placing its
+            let src = if pw == 16 {
+                row
+            } else {
+                buf[..pw].copy_from_slice(row);
+                &buf[..]
+            };
+            // SAFETY: 16 u16 read from `src`, which is 16 long; widening a bf16 is placing its
             // bits in the high half of an f32.
             unsafe {
-                let h = _mm256_loadu_si256(buf.as_ptr().cast());
+                let h = _mm256_loadu_si256(src.as_ptr().cast());
                 _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
             }
         }),
@@ -313,8 +383,8 @@ fn transpose16(r: &mut [__m512; 16]) {
     }
 }
 
-/// One output tile's operands: `R` rows of `a` (stride `a_rs`, contiguous along the depth),
-/// `kc` rows of `b` (stride `b_rs`, 32 columns, lanes outside `m0`/`m1` not read), the output at
+/// One output tile's operands: `R` rows of `a` (in place, row stride `a_rs`, contiguous along
+/// the depth; or packed by [`pack_lhs`]), `kc` rows of `b` (stride `b_rs`, 32 columns, lanes outside `m0`/`m1` not read), the output at
 /// `d` (row stride `d_rs`).
 #[derive(Clone, Copy)]
 struct Tile {
@@ -334,24 +404,41 @@ struct Tile {
 /// the chunk, then stored (`first`) or added to the output.
 ///
 /// # Safety
-/// AVX-512F; `a + r·a_rs + p` readable for `r < R`, `p < kc`; `b + p·b_rs + lane` readable for
+/// AVX-512F; `a + r·a_rs + p` (in place) or `a + (p/16·MR + r)·16 + p%16` (`PACKED`)
+/// readable for `r < R`, `p < kc`; `b + p·b_rs + lane` readable for
 /// `p < kc` and every lane set in `m0` (lanes 0..16) / `m1` (lanes 16..32); `d + r·d_rs + lane`
 /// readable and writable for the same lanes and `r < R`.
 #[target_feature(enable = "avx512f")]
-unsafe fn tile<const R: usize>(t: Tile) {
+unsafe fn tile<const R: usize, const PACKED: bool>(t: Tile) {
     let mut acc0 = [_mm512_setzero_ps(); R];
     let mut acc1 = [_mm512_setzero_ps(); R];
-    for p in 0..t.kc {
-        // SAFETY: as the function's contract states.
-        unsafe {
-            let bp = t.b.add(p * t.b_rs);
-            let b0 = _mm512_maskz_loadu_ps(t.m0, bp);
-            let b1 = _mm512_maskz_loadu_ps(t.m1, bp.add(16));
-            for r in 0..R {
-                let a = _mm512_set1_ps(*t.a.add(r * t.a_rs + p));
-                acc0[r] = _mm512_fmadd_ps(a, b0, acc0[r]);
-                acc1[r] = _mm512_fmadd_ps(a, b1, acc1[r]);
+    // One depth step `p` with row 0's lhs element at `a`: both rhs vectors, then per row a
+    // broadcast and two FMAs.
+    macro_rules! step {
+        ($a:expr, $a_rs:expr, $p:expr) => {
+            // SAFETY: as the function's contract states (`a + r·a_rs` is row r's element at
+            // depth p).
+            unsafe {
+                let (a, bp) = ($a, t.b.add($p * t.b_rs));
+                let b0 = _mm512_maskz_loadu_ps(t.m0, bp);
+                let b1 = _mm512_maskz_loadu_ps(t.m1, bp.add(16));
+                for r in 0..R {
+                    let a = _mm512_set1_ps(*a.add(r * $a_rs));
+                    acc0[r] = _mm512_fmadd_ps(a, b0, acc0[r]);
+                    acc1[r] = _mm512_fmadd_ps(a, b1, acc1[r]);
+                }
             }
+        };
+    }
+    if PACKED {
+        for (q, p0) in (0..t.kc).step_by(16).enumerate() {
+            for e in 0..16.min(t.kc - p0) {
+                step!(t.a.add(q * MR * 16 + e), 16, p0 + e);
+            }
+        }
+    } else {
+        for p in 0..t.kc {
+            step!(t.a.add(p), t.a_rs, p);
         }
     }
     for r in 0..R {

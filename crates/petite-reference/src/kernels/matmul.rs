@@ -915,6 +915,48 @@ mod soundness {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(12))]
+
+        /// Tall products (on AVX-512: the lhs row tiles copied into panels, 16-block tasks),
+        /// f32 or bf16 weight, bias or not: the plain loop's bits on the (widened) weight.
+        #[test]
+        fn tall_products_give_the_plain_loops_bits(
+            m in 96usize..230, k in 3usize..1100, n in 2usize..600,
+            bf16 in any::<bool>(), bias in any::<bool>(),
+        ) {
+            let seq = |len: usize, seed: u32| -> Vec<f32> {
+                let mut s = seed;
+                (0..len).map(|_| {
+                    s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    ((s >> 8) as f32 / (1u32 << 24) as f32) - 0.5
+                }).collect()
+            };
+            let x = seq(m * k, 3);
+            let bits: Vec<u16> = seq(n * k, 4).iter().map(|&v| petite_dtype::bf16_bits(v)).collect();
+            let w: Vec<f32> = if bf16 {
+                bits.iter().map(|&b| petite_dtype::bf16_bits_to_f32(b)).collect()
+            } else {
+                seq(n * k, 4)
+            };
+            let b = seq(n, 5);
+            let mut want = vec![0.0f32; m * n];
+            if bias {
+                want.chunks_exact_mut(n).for_each(|r| r.copy_from_slice(&b));
+            }
+            let lhs = MatRef::row_major(&x, m, k).unwrap();
+            fma_loop(&mut want, lhs, MatRef::row_major(&w, n, k).unwrap().t(), bias);
+            let bias = bias.then_some(b.as_slice());
+            let got = if bf16 {
+                linear_bf16(&x, m, &bits, n, bias).unwrap()
+            } else {
+                linear(&x, m, &w, n, bias).unwrap()
+            };
+            let bad = got.iter().zip(&want).position(|(p, q)| p.to_bits() != q.to_bits());
+            prop_assert!(bad.is_none(), "{}x{}x{} at {:?}", m, k, n, bad);
+        }
+    }
+
+    proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
         /// A bf16 weight (widened while packed, on AVX-512) gives `linear`'s bits on the
