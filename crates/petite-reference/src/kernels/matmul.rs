@@ -634,7 +634,8 @@ mod tests {
         o
     }
 
-    fn seq(n: usize, seed: u32) -> Vec<f32> {
+    /// `n` pseudo-random values in [-0.5, 0.5) from `seed` (an LCG: the same on every CPU).
+    pub(super) fn seq(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed;
         (0..n)
             .map(|_| {
@@ -888,13 +889,7 @@ mod soundness {
             m in 1usize..40, k in 3usize..1100, n in 2usize..80,
             rt in any::<bool>(), acc in any::<bool>(), par in any::<bool>(),
         ) {
-            let seq = |len: usize, seed: u32| -> Vec<f32> {
-                let mut s = seed;
-                (0..len).map(|_| {
-                    s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    ((s >> 8) as f32 / (1u32 << 24) as f32) - 0.5
-                }).collect()
-            };
+            let seq = super::tests::seq;
             let a = seq(m * k, 7);
             let b = seq(k * n, 8);
             let lhs = MatRef::row_major(&a, m, k).unwrap();
@@ -924,13 +919,7 @@ mod soundness {
             m in 96usize..230, k in 3usize..1100, n in 2usize..600,
             bf16 in any::<bool>(), bias in any::<bool>(),
         ) {
-            let seq = |len: usize, seed: u32| -> Vec<f32> {
-                let mut s = seed;
-                (0..len).map(|_| {
-                    s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    ((s >> 8) as f32 / (1u32 << 24) as f32) - 0.5
-                }).collect()
-            };
+            let seq = super::tests::seq;
             let x = seq(m * k, 3);
             let bits: Vec<u16> = seq(n * k, 4).iter().map(|&v| petite_dtype::bf16_bits(v)).collect();
             let w: Vec<f32> = if bf16 {
