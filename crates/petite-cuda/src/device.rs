@@ -148,6 +148,11 @@ fn ptx_for(cc: (i32, i32)) -> Result<(Ptx, f64)> {
     compile_cached(cc, &module_source(), "petite_kernels.cu")
 }
 
+/// A program's fused kernels compiled for `cc` (any thread: needs NVRTC, not the context).
+pub(crate) fn compile_fused(cc: (i32, i32), source: &str) -> Result<(Ptx, f64)> {
+    compile_cached(cc, source, "petite_fused.cu")
+}
+
 /// Compiles `source` for the device of compute capability `cc` with petite's arithmetic
 /// options, once per process per source (reference engines of one shape share their fused
 /// kernels). Machine code (CUBIN for `sm_XY`) when NVRTC knows the architecture, so the driver
@@ -163,8 +168,33 @@ fn compile_cached(cc: (i32, i32), source: &str, name: &str) -> Result<(Ptx, f64)
         return Ok((p.clone(), 0.0));
     }
     let t0 = std::time::Instant::now();
+    let opts = cubin_options(cc);
+    // Machine code from an earlier process, when the disk cache holds it ([`crate::kcache`]).
+    let cached = nvrtc_version().ok().and_then(|v| {
+        let path = crate::kcache::dir()?.join(crate::kcache::file_name(&v, cc, &opts, source));
+        Some(path)
+    });
+    if let Some(code) = cached
+        .as_deref()
+        .and_then(|p| crate::kcache::read(p, source))
+    {
+        let image = Ptx::from_binary(code);
+        cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, image.clone());
+        trace(format_args!("{name}: machine code from the disk cache"));
+        return Ok((image, 0.0));
+    }
     let image = match compile_cubin(cc, source, name) {
-        Ok(bin) => Ptx::from_binary(bin),
+        Ok(bin) => {
+            if let Some(p) = &cached
+                && let Err(e) = crate::kcache::write(p, source, &bin)
+            {
+                trace(format_args!("{}: not cached: {e}", p.display()));
+            }
+            Ptx::from_binary(bin)
+        }
         Err(_) => {
             let arch: &'static str =
                 Box::leak(format!("compute_{}{}", cc.0, cc.1).into_boxed_str());
@@ -190,6 +220,35 @@ fn compile_cached(cc: (i32, i32), source: &str, name: &str) -> Result<(Ptx, f64)
     Ok((image, t0.elapsed().as_secs_f64()))
 }
 
+/// NVRTC's options for machine code for `sm_XY` (the same arithmetic as the PTX path).
+fn cubin_options(cc: (i32, i32)) -> Vec<String> {
+    vec![
+        "--ftz=false".to_string(),
+        "--prec-div=true".to_string(),
+        "--prec-sqrt=true".to_string(),
+        "--fmad=false".to_string(),
+        format!("--gpu-architecture=sm_{}{}", cc.0, cc.1),
+    ]
+}
+
+/// NVRTC's version, `major.minor` (part of the disk cache's key).
+fn nvrtc_version() -> Result<String> {
+    let (mut a, mut b) = (0, 0);
+    // SAFETY: both are valid out pointers; fails cleanly where the library is missing.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b) }
+        .result()
+        .map(|_| format!("{a}.{b}"))
+        .map_err(|e| Error::Compile(format!("nvrtcVersion: {e}")))
+}
+
+/// Where loading spends its time, on stderr, when `PETITE_CUDA_TRACE` is set.
+pub(crate) fn trace(msg: std::fmt::Arguments<'_>) {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("PETITE_CUDA_TRACE").is_some()) {
+        eprintln!("petite-cuda: {msg}");
+    }
+}
+
 /// NVRTC straight to machine code for `sm_XY` (the same options as the PTX path).
 fn compile_cubin(cc: (i32, i32), source: &str, name: &str) -> Result<Vec<u8>> {
     use cudarc::nvrtc::{result, sys};
@@ -197,13 +256,7 @@ fn compile_cubin(cc: (i32, i32), source: &str, name: &str) -> Result<Vec<u8>> {
     let nm = std::ffi::CString::new(name).map_err(|e| Error::Compile(e.to_string()))?;
     let prog =
         result::create_program(&src, Some(&nm)).map_err(|e| Error::Compile(e.to_string()))?;
-    let opts = vec![
-        "--ftz=false".to_string(),
-        "--prec-div=true".to_string(),
-        "--prec-sqrt=true".to_string(),
-        "--fmad=false".to_string(),
-        format!("--gpu-architecture=sm_{}{}", cc.0, cc.1),
-    ];
+    let opts = cubin_options(cc);
     // SAFETY: `prog` is a live program created above and destroyed once below; the size
     // query precedes a buffer of that size.
     let out = unsafe {
@@ -383,6 +436,10 @@ impl Device {
             .map_err(blas("set workspace"))?;
         }
         let (ptx, compile_seconds) = ptx_for(info.compute_capability)?;
+        trace(format_args!(
+            "{} (sm_{}{}) opened, kernels compiled in {compile_seconds:.2} s",
+            info.name, info.compute_capability.0, info.compute_capability.1
+        ));
         let module = ctx
             .load_module(ptx)
             .map_err(driver("load the kernels' PTX"))?;
@@ -524,29 +581,6 @@ impl Device {
         })
     }
 
-    /// Copies little-endian element bytes into `dst` (a value or a part of one; waits for the
-    /// copy).
-    pub(crate) fn upload_into(&self, dst: &DevTensor, bytes: &[u8]) -> Result<()> {
-        if bytes.len() != dst.bytes() {
-            return Err(Error::Plan(format!(
-                "{} bytes for {}{:?}",
-                bytes.len(),
-                dst.dtype().name(),
-                dst.shape()
-            )));
-        }
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: `dst` lies inside a live buffer of this device (its offset and size were
-        // checked when the view was made); the host slice outlives the synchronous wait below.
-        unsafe {
-            cudarc::driver::result::memcpy_htod_async(self.ptr(dst), bytes, self.stream.cu_stream())
-        }
-        .map_err(driver("copy to the device"))?;
-        self.synchronize()
-    }
-
     /// Copies little-endian element bytes to a new device value (waits for the copy).
     pub fn upload_bytes(&self, dtype: Dtype, shape: &[usize], bytes: &[u8]) -> Result<DevTensor> {
         let t = self.alloc(dtype, shape)?;
@@ -592,6 +626,11 @@ impl Device {
         Ok(Tensor::from_bytes(t.dtype(), t.shape(), &bytes)?)
     }
 
+    /// The context (for page-locked staging buffers and events).
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
     /// The device address of `t`'s first element.
     pub(crate) fn ptr(&self, t: &DevTensor) -> u64 {
         let (p, _sync) = t.buf.device_ptr(&self.stream);
@@ -604,14 +643,8 @@ impl Device {
             .ok_or_else(|| Error::Plan(format!("no kernel {name}")))
     }
 
-    /// Compiles `source` (with petite's arithmetic options; cached per process) and loads the
-    /// kernels `names` from it, in that order.
-    pub(crate) fn compile_functions(
-        &self,
-        source: &str,
-        names: &[String],
-    ) -> Result<(Vec<CudaFunction>, f64)> {
-        let (ptx, secs) = compile_cached(self.info.compute_capability, source, "petite_fused.cu")?;
+    /// Loads `names` from a module compiled by [`compile_fused`].
+    pub(crate) fn load_functions(&self, ptx: Ptx, names: &[String]) -> Result<Vec<CudaFunction>> {
         let module = self
             .ctx
             .load_module(ptx)
@@ -624,10 +657,10 @@ impl Device {
                     .map_err(driver(format!("load kernel {k}")))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok((fs, secs))
+        Ok(fs)
     }
 
-    /// Launches `f` (a kernel of [`Device::compile_functions`]) with `cfg`, `args` pushing
+    /// Launches `f` (a kernel of [`Device::load_functions`]) with `cfg`, `args` pushing
     /// its arguments.
     pub(crate) fn launch_fn<'a>(
         &'a self,

@@ -22,9 +22,11 @@
 
 mod device;
 pub mod fuse;
+mod kcache;
 pub mod plan;
 mod program;
 pub mod source;
+mod upload;
 
 pub use device::{DevTensor, Device, DeviceInfo, F32Matmul, Graph, Mark, Probe, probe};
 pub use program::DeviceProgram;

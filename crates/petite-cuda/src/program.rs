@@ -91,43 +91,6 @@ fn err(msg: impl Into<String>) -> Error {
     Error::Plan(msg.into())
 }
 
-/// Stored weight bytes as the declared dtype's bytes: borrowed as they are when the dtypes
-/// agree, else converted through f32 (bf16/f16 rounded to nearest even, as the reference
-/// executor's weight reads), on every core (a full-size f32 checkpoint read as bf16 is 3.3 G
-/// elements).
-fn convert(bytes: &[u8], stored: Dtype, declared: Dtype) -> Result<std::borrow::Cow<'_, [u8]>> {
-    if stored == declared {
-        return Ok(std::borrow::Cow::Borrowed(bytes));
-    }
-    if !stored.is_float() || !declared.is_float() {
-        return Err(err(format!(
-            "stored as {} but declared {}; only float weights convert",
-            stored.name(),
-            declared.name()
-        )));
-    }
-    let (es, ds) = (stored.size(), declared.size());
-    let n = bytes.len() / es;
-    let mut out = vec![0u8; n * ds];
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
-    let per = n.div_ceil(threads).max(1 << 16);
-    std::thread::scope(|s| {
-        for (src, dst) in bytes.chunks(per * es).zip(out.chunks_mut(per * ds)) {
-            s.spawn(move || {
-                for (c, o) in src.chunks_exact(es).zip(dst.chunks_exact_mut(ds)) {
-                    let x = petite_dtype::f32_from_le(stored, c).unwrap_or(f32::NAN);
-                    match declared {
-                        Dtype::F32 => o.copy_from_slice(&x.to_le_bytes()),
-                        Dtype::Bf16 => o.copy_from_slice(&petite_dtype::bf16_bits(x).to_le_bytes()),
-                        _ => o.copy_from_slice(&petite_dtype::f16_bits(x).to_le_bytes()),
-                    }
-                }
-            });
-        }
-    });
-    Ok(std::borrow::Cow::Owned(out))
-}
-
 impl<'d> DeviceProgram<'d> {
     /// Validates `program`, orders it, and uploads every weight it reads from `weights` (in
     /// the declared dtype, rows only for a row range) and every constant. With `release`, each
@@ -138,6 +101,7 @@ impl<'d> DeviceProgram<'d> {
         weights: &dyn WeightSource,
         release: bool,
     ) -> Result<Self> {
+        let t0 = std::time::Instant::now();
         program.validate()?;
         let order = program.topo_order()?;
         let roots: Vec<NodeId> = program.outputs.iter().map(|o| o.value).collect();
@@ -205,11 +169,6 @@ impl<'d> DeviceProgram<'d> {
                 uses[v.index()] += 1;
             }
         }
-        let (fused, fuse_compile_seconds) = if fusion.kernels.is_empty() {
-            (Vec::new(), 0.0)
-        } else {
-            dev.compile_functions(&fusion.source, &fusion.kernels)?
-        };
         let mut sources: Vec<Option<DevTensor>> = vec![None; program.len()];
         let mut weight_bytes = 0u64;
         let siblings = if fusing() {
@@ -251,7 +210,11 @@ impl<'d> DeviceProgram<'d> {
                 sibling_of.insert(l, g);
             }
         }
-        for w in program.weights() {
+        // Every live weight's bytes and device value, then all uploaded together (pieces read
+        // on several threads, staged in page-locked buffers: [`crate::upload`]).
+        let all_weights = program.weights();
+        let mut jobs = Vec::new();
+        for w in &all_weights {
             if !live[w.node.index()] {
                 continue;
             }
@@ -268,24 +231,53 @@ impl<'d> DeviceProgram<'d> {
                     ShapeDisplay(view.shape)
                 ))
             })?;
-            let data = convert(bytes, stored, w.dtype)
-                .map_err(|e| err(format!("weight {:?}: {e}", w.name)))?;
-            let t = match part_of.remove(&w.node) {
-                Some(dst) => {
-                    dev.upload_into(&dst, &data)?;
-                    dst
-                }
-                None => dev.upload_bytes(w.dtype, &w.shape, &data)?,
+            let numel = w.shape.iter().product::<usize>();
+            crate::upload::check(&w.name, bytes.len(), stored, w.dtype, numel)?;
+            let dst = match part_of.remove(&w.node) {
+                Some(dst) => dst,
+                None => dev.alloc(w.dtype, &w.shape)?,
             };
-            weight_bytes += t.bytes() as u64;
-            sources[w.node.index()] = Some(t);
-            if release {
-                match w.rows {
-                    None => weights.release(&[&w.name])?,
-                    Some(_) => weights.release_range(&w.name, range.start, range.end)?,
-                }
-            }
+            weight_bytes += dst.bytes() as u64;
+            sources[w.node.index()] = Some(dst.clone());
+            jobs.push(crate::upload::Job {
+                name: &w.name,
+                bytes,
+                start: range.start,
+                stored,
+                dst,
+                whole: w.rows.is_none(),
+            });
         }
+        // The fused kernels compile (NVRTC, on the host) while the weights go up.
+        let cc = dev.info().compute_capability;
+        let t_up = std::time::Instant::now();
+        let compiled = std::thread::scope(|s| -> Result<_> {
+            let compiling = (!fusion.kernels.is_empty())
+                .then(|| s.spawn(|| crate::device::compile_fused(cc, &fusion.source)));
+            let up = crate::upload::upload(dev, &jobs, weights, release);
+            let compiled = match compiling {
+                Some(h) => Some(
+                    h.join()
+                        .map_err(|_| err("the kernel compiler thread panicked"))??,
+                ),
+                None => None,
+            };
+            up?;
+            Ok(compiled)
+        })?;
+        crate::device::trace(format_args!(
+            "{} weights, {:.2} GiB up in {:.2} s ({} fused kernels, {:.2} s compiling beside)",
+            jobs.len(),
+            weight_bytes as f64 / (1u64 << 30) as f64,
+            t_up.elapsed().as_secs_f64(),
+            fusion.kernels.len(),
+            compiled.as_ref().map_or(0.0, |c| c.1)
+        ));
+        drop(jobs);
+        let (fused, fuse_compile_seconds) = match compiled {
+            Some((ptx, secs)) => (dev.load_functions(ptx, &fusion.kernels)?, secs),
+            None => (Vec::new(), 0.0),
+        };
         for (i, node) in program.nodes.iter().enumerate() {
             if let Op::Constant { data } = &node.op
                 && live[i]
@@ -294,6 +286,11 @@ impl<'d> DeviceProgram<'d> {
                 sources[i] = Some(dev.upload_bytes(t.dtype, &t.shape, data)?);
             }
         }
+        crate::device::trace(format_args!(
+            "program of {} nodes loaded in {:.2} s",
+            program.len(),
+            t0.elapsed().as_secs_f64()
+        ));
         Ok(DeviceProgram {
             dev,
             program: program.clone(),
@@ -1609,31 +1606,5 @@ impl<'d> DeviceProgram<'d> {
             Device::push_u64(bl, &po);
         })?;
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn weight_conversion_rounds_like_the_reference() {
-        let x = 1.0f32 + 1.0 / 256.0 + 1.0 / 1024.0; // between two bf16s, nearer the upper
-        let xb = x.to_le_bytes();
-        let b = convert(&xb, Dtype::F32, Dtype::Bf16).unwrap();
-        let back = petite_dtype::bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]]));
-        assert_eq!(back, petite_dtype::round_through_bf16(x));
-        let same = convert(&[1, 2, 3, 4], Dtype::F32, Dtype::F32).unwrap();
-        assert!(matches!(same, std::borrow::Cow::Borrowed(&[1, 2, 3, 4])));
-        // many chunks across threads give the same bytes as one
-        let xs: Vec<u8> = (0..200_000)
-            .flat_map(|i| (i as f32 * 0.37).to_le_bytes())
-            .collect();
-        let all = convert(&xs, Dtype::F32, Dtype::Bf16).unwrap();
-        for (i, c) in all.chunks_exact(2).enumerate() {
-            let want = petite_dtype::bf16_bits(i as f32 * 0.37);
-            assert_eq!(u16::from_le_bytes([c[0], c[1]]), want, "{i}");
-        }
-        assert!(convert(&[0; 8], Dtype::I64, Dtype::F32).is_err());
     }
 }

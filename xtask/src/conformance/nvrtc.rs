@@ -38,7 +38,7 @@ pub fn run() -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     util::run(
         Command::new(cargo)
-            .args(["test", "-p", "petite-cuda", "--lib", "--"])
+            .args(["test", "--workspace", "--lib", "--"])
             .args(["--ignored", "--exact", "--nocapture"])
             .arg("device::tests::nvrtc_compiles_every_generated_source_for_sm90_and_sm87")
             .env("LD_LIBRARY_PATH", &dir)

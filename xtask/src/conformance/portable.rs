@@ -54,7 +54,7 @@ pub fn run(full: bool) -> Result<()> {
     let ops_s = ops.to_string_lossy().into_owned();
     util::run(
         Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["test", "-p", "petite-portable", "--test", "op_cases"])
+            .args(["test", "--workspace", "--test", "op_cases"])
             .env("PETITE_PORTABLE_CASES", &ops_s)
             .current_dir(&root),
     )?;

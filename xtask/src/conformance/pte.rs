@@ -22,7 +22,8 @@ pub fn run(full: bool) -> Result<()> {
     let root = util::root();
     let flatc = codegen::flatc()?;
     codegen::check_with(&flatc)?;
-    util::cargo(&["test", "-p", "petite-pte", "--test", "conformance_files"])?;
+    // `--workspace`: reuses `cargo test --workspace`'s build (see `ci`).
+    util::cargo(&["test", "--workspace", "--test", "conformance_files"])?;
     let python = util::venv("pte", codegen::PTE_VENV_REQUIREMENTS)?;
     let conf_dir = root.join("target").join("pte-conformance");
     let schema_dir = root.join("crates").join("petite-pte").join("schema");
