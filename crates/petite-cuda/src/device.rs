@@ -171,8 +171,7 @@ fn compile_cached(cc: (i32, i32), source: &str, name: &str) -> Result<(Ptx, f64)
     let opts = cubin_options(cc);
     // Machine code from an earlier process, when the disk cache holds it ([`crate::kcache`]).
     let cached = nvrtc_version().ok().and_then(|v| {
-        let path = crate::kcache::dir()?.join(crate::kcache::file_name(&v, cc, &opts, source));
-        Some(path)
+        Some(crate::kcache::dir()?.join(crate::kcache::file_name(&v, cc, &opts, source)))
     });
     if let Some(code) = cached
         .as_deref()

@@ -231,8 +231,6 @@ impl<'d> DeviceProgram<'d> {
                     ShapeDisplay(view.shape)
                 ))
             })?;
-            let numel = w.shape.iter().product::<usize>();
-            crate::upload::check(&w.name, bytes.len(), stored, w.dtype, numel)?;
             let dst = match part_of.remove(&w.node) {
                 Some(dst) => dst,
                 None => dev.alloc(w.dtype, &w.shape)?,

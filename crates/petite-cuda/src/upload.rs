@@ -11,7 +11,7 @@ use std::sync::mpsc;
 
 use cudarc::driver::{CudaEvent, PinnedHostSlice};
 use petite_graph::Dtype;
-use petite_weights::WeightSource;
+use petite_weights::{WeightSource, convert_into};
 
 use crate::device::{DevTensor, Device};
 use crate::{Error, Result, driver};
@@ -58,33 +58,8 @@ struct Staging {
     done: CudaEvent,
 }
 
-/// Stored elements `src` as the declared dtype's bytes into `out` (same length in elements):
-/// copied when the dtypes agree, else converted through f32 (bf16/f16 rounded to nearest even,
-/// as the reference executor's weight reads).
-pub(crate) fn convert_into(src: &[u8], stored: Dtype, declared: Dtype, out: &mut [u8]) {
-    if stored == declared {
-        out.copy_from_slice(src);
-        return;
-    }
-    let (es, ds) = (stored.size(), declared.size());
-    for (c, o) in src.chunks_exact(es).zip(out.chunks_exact_mut(ds)) {
-        let x = petite_dtype::f32_from_le(stored, c).unwrap_or(f32::NAN);
-        match declared {
-            Dtype::F32 => o.copy_from_slice(&x.to_le_bytes()),
-            Dtype::Bf16 => o.copy_from_slice(&petite_dtype::bf16_bits(x).to_le_bytes()),
-            _ => o.copy_from_slice(&petite_dtype::f16_bits(x).to_le_bytes()),
-        }
-    }
-}
-
 /// Checks that `stored` bytes of `len` can become `declared`'s `numel` elements.
-pub(crate) fn check(
-    name: &str,
-    len: usize,
-    stored: Dtype,
-    declared: Dtype,
-    numel: usize,
-) -> Result<()> {
+fn check(name: &str, len: usize, stored: Dtype, declared: Dtype, numel: usize) -> Result<()> {
     if stored != declared && !(stored.is_float() && declared.is_float()) {
         return Err(Error::Plan(format!(
             "weight {name:?}: stored as {} but declared {}; only float weights convert",
@@ -176,7 +151,7 @@ pub(crate) fn upload(
                         .as_mut_slice()
                         .map_err(driver("stage weight bytes"))
                         .map(|out| {
-                            convert_into(src, j.stored, j.dst.dtype(), &mut out[..(b - a) * ds])
+                            convert_into(j.stored, j.dst.dtype(), src, &mut out[..(b - a) * ds])
                         });
                     if full_tx.send(filled.map(|()| (k, st))).is_err() {
                         break;
@@ -284,11 +259,11 @@ mod tests {
     fn weight_conversion_rounds_like_the_reference() {
         let x = 1.0f32 + 1.0 / 256.0 + 1.0 / 1024.0; // between two bf16s, nearer the upper
         let mut b = [0u8; 2];
-        convert_into(&x.to_le_bytes(), Dtype::F32, Dtype::Bf16, &mut b);
+        convert_into(Dtype::F32, Dtype::Bf16, &x.to_le_bytes(), &mut b);
         let back = petite_dtype::bf16_bits_to_f32(u16::from_le_bytes(b));
         assert_eq!(back, petite_dtype::round_through_bf16(x));
         let mut same = [0u8; 4];
-        convert_into(&[1, 2, 3, 4], Dtype::F32, Dtype::F32, &mut same);
+        convert_into(Dtype::F32, Dtype::F32, &[1, 2, 3, 4], &mut same);
         assert_eq!(same, [1, 2, 3, 4]);
         // converted piece by piece (as the readers do) = element by element
         let xs: Vec<u8> = (0..200_000)
@@ -296,7 +271,7 @@ mod tests {
             .collect();
         let mut all = vec![0u8; 200_000 * 2];
         for (src, out) in xs.chunks(4 * 4099).zip(all.chunks_mut(2 * 4099)) {
-            convert_into(src, Dtype::F32, Dtype::Bf16, out);
+            convert_into(Dtype::F32, Dtype::Bf16, src, out);
         }
         for (i, c) in all.chunks_exact(2).enumerate() {
             let want = petite_dtype::bf16_bits(i as f32 * 0.37);

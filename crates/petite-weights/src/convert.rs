@@ -151,8 +151,19 @@ fn convert_chunk(from: Dtype, to: Dtype, src: &[u8], out: &mut Vec<u8>) {
         out.extend_from_slice(src);
         return;
     }
-    let n = src.len() / from.size();
-    out.resize(n * to.size(), 0);
+    out.resize(src.len() / from.size() * to.size(), 0);
+    convert_into(from, to, src, out);
+}
+
+/// Writes the float elements `src` (dtype `from`) into `out` as dtype `to` (both
+/// little-endian; bf16/f16 rounded to nearest even through f32; copied when the dtypes agree):
+/// the one element conversion of this crate's converter, for callers that own the destination
+/// (a staging buffer). `out` holds as many elements as `src`; extra bytes are left alone.
+pub fn convert_into(from: Dtype, to: Dtype, src: &[u8], out: &mut [u8]) {
+    if from == to {
+        out[..src.len()].copy_from_slice(src);
+        return;
+    }
     let widen = |c: &[u8]| -> f32 { petite_dtype::f32_from_le(from, c).unwrap_or(f32::NAN) };
     match (from, to) {
         (Dtype::F32, Dtype::Bf16) => {

@@ -35,7 +35,7 @@ mod writer;
 
 pub use convert::{
     ConvertOptions, ConvertReport, Progress, Selection, StreamOptions, TargetDtype, convert,
-    default_threads, seal_of, stream,
+    convert_into, default_threads, seal_of, stream,
 };
 pub use fault::Role;
 pub use header::{Header, HeaderEntry, Index, MAX_HEADER_LEN, parse_header, parse_index};
