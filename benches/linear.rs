@@ -4,7 +4,9 @@
 //! single-threaded GEMM on the same shape is the baseline measured in the same run.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use petite_reference::kernels::{MatRef, SdpaShape, gemm_f32, linear, sdpa};
+use petite_reference::kernels::{
+    MatRef, SdpaShape, cpu_bf16_tiles, gemm_f32, linear, linear_bf16, linear_bf16_any_order, sdpa,
+};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -55,6 +57,38 @@ fn bench(c: &mut Criterion) {
     g.bench_function("linear_50x1024x4096_rayon", |b| {
         b.iter(|| black_box(linear(&xs, m, &ws, n, None).unwrap()))
     });
+    g.finish();
+
+    // bf16 programs' linears (bf16 activations and weights): the exact path (weights widened
+    // while packed, f32 FMA) against the CPU's own order (the AMX tile unit where present; the
+    // same exact path elsewhere), measured in the same run.
+    let mut g = c.benchmark_group("bf16");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
+    eprintln!("bf16 tile unit (AMX-BF16) in use: {}", cpu_bf16_tiles());
+    for (m, k, n) in [
+        (968usize, 2048usize, 16384usize),
+        (968, 16384, 2048),
+        (50, 1024, 4096),
+    ] {
+        // Truncating to bf16 keeps the upper half: the activations are bf16 values widened.
+        let x: Vec<f32> = data(m * k, 8)
+            .into_iter()
+            .map(|v| f32::from_bits(v.to_bits() & 0xffff_0000))
+            .collect();
+        let w: Vec<u16> = data(n * k, 9)
+            .into_iter()
+            .map(|v| (v.to_bits() >> 16) as u16)
+            .collect();
+        g.throughput(Throughput::Elements((2 * m * k * n) as u64));
+        g.bench_function(format!("exact_{m}x{k}x{n}"), |b| {
+            b.iter(|| black_box(linear_bf16(&x, m, &w, n, None).unwrap()))
+        });
+        g.bench_function(format!("any_order_{m}x{k}x{n}"), |b| {
+            b.iter(|| black_box(linear_bf16_any_order(&x, m, &w, n, None).unwrap()))
+        });
+    }
     g.finish();
 
     // Gemma-2B prefix attention: 8 query heads, 1 KV head, 968 tokens, head dim 256

@@ -53,7 +53,10 @@ pub fn run_model(
 ) -> Result<RunResult> {
     let progs = build_all(cfg, precision)?;
     let t0 = Instant::now();
-    let outs = Executor::new(&progs.timestep_table, weights)?.run(BTreeMap::new())?;
+    // Exported bytes (step.pte holds this table): the same on every CPU.
+    let outs = Executor::new(&progs.timestep_table, weights)?
+        .exact_bf16(true)
+        .run(BTreeMap::new())?;
     let (table, _) = output(outs, io::TIMESTEP_TABLE)?;
     let table = f32_values(table, io::TIMESTEP_TABLE)?;
     let t1 = Instant::now();

@@ -88,6 +88,8 @@ pub struct Executor<'a> {
     uses: Vec<u32>,
     is_output: Vec<bool>,
     release_weights: bool,
+    /// Whether a bf16 × bf16 linear may sum in the CPU's own order ([`Executor::exact_bf16`]).
+    any_order_bf16: bool,
     /// Live weights in the order the run first reads them: (position in `order` of the first
     /// reader, name, stored byte range), for readahead.
     ahead: Vec<(usize, String, std::ops::Range<usize>)>,
@@ -144,6 +146,7 @@ impl<'a> Executor<'a> {
             uses,
             is_output,
             release_weights: true,
+            any_order_bf16: true,
             ahead,
         })
     }
@@ -152,6 +155,16 @@ impl<'a> Executor<'a> {
     /// (default on; the bytes stay readable, they fault back in from the file).
     pub fn release_weights(mut self, on: bool) -> Self {
         self.release_weights = on;
+        self
+    }
+
+    /// Whether a linear of bf16 activations and a bf16 weight sums exactly as the f32 path does
+    /// on every CPU (`true`), or may run on the CPU's bf16 tile unit (AMX-BF16), whose sums are
+    /// rounded in another order (default: `false`, the fast way; the products are exact either
+    /// way, so results differ by f32 rounding of sums and stay within every bf16 bound). Turn it
+    /// on for results that become exported bytes, so that they do not depend on the CPU.
+    pub fn exact_bf16(mut self, on: bool) -> Self {
+        self.any_order_bf16 = !on;
         self
     }
 
@@ -653,7 +666,11 @@ impl<'a> Ctx<'_, 'a> {
                 } else {
                     None
                 };
+                let any_order = self.ex.any_order_bf16 && xt.dtype == Dtype::Bf16;
                 let y = match self.bf16_weight_bits(self.input(1))? {
+                    Some(bits) if any_order => {
+                        kernels::linear_bf16_any_order(&x, rows, bits, n, b.as_deref())?
+                    }
                     Some(bits) => kernels::linear_bf16(&x, rows, bits, n, b.as_deref())?,
                     None => kernels::linear(&x, rows, &self.floats(1)?, n, b.as_deref())?,
                 };

@@ -365,7 +365,7 @@ pub fn linear(
     n: usize,
     bias: Option<&[f32]>,
 ) -> Result<Vec<f32>> {
-    linear_of(x, rows, Weight::F32(w), n, bias)
+    linear_of(x, rows, Weight::F32(w), n, bias, false)
 }
 
 /// [`linear`] with the weight as bf16 bits (`[n×k]`, as a bf16 export stores it): the result
@@ -378,7 +378,35 @@ pub fn linear_bf16(
     n: usize,
     bias: Option<&[f32]>,
 ) -> Result<Vec<f32>> {
-    linear_of(x, rows, Weight::Bf16(w), n, bias)
+    linear_of(x, rows, Weight::Bf16(w), n, bias, false)
+}
+
+/// [`linear_bf16`] for a caller that accepts sums in the CPU's own order: on a CPU with
+/// AMX-BF16 (and `PETITE_CPU_AMX` not `off`), when every `x` value is a bf16 (a bf16 program's
+/// activations), the product runs on the tile unit — bf16 products are exact in f32, so the
+/// result differs from [`linear_bf16`]'s only by f32 rounding of the sums, but it is not the
+/// same bits on every CPU. Elsewhere it is [`linear_bf16`]. Never for bytes that are exported.
+pub fn linear_bf16_any_order(
+    x: &[f32],
+    rows: usize,
+    w: &[u16],
+    n: usize,
+    bias: Option<&[f32]>,
+) -> Result<Vec<f32>> {
+    linear_of(x, rows, Weight::Bf16(w), n, bias, true)
+}
+
+/// Whether [`linear_bf16_any_order`] runs on the tile unit here (AMX-BF16 present, permitted
+/// by the OS, not turned off with `PETITE_CPU_AMX=off`).
+pub fn cpu_bf16_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// A linear's `[n×k]` weight as stored.
@@ -394,6 +422,7 @@ fn linear_of(
     w: Weight<'_>,
     n: usize,
     bias: Option<&[f32]>,
+    any_order: bool,
 ) -> Result<Vec<f32>> {
     let w_len = match w {
         Weight::F32(w) => w.len(),
@@ -438,6 +467,16 @@ fn linear_of(
     let w = match w {
         Weight::F32(w) => w,
         Weight::Bf16(bits) => {
+            #[cfg(target_arch = "x86_64")]
+            if any_order
+                && k > 0
+                && super::amx::available()
+                && super::amx::linear(&mut out, x, rows, k, bits, n)
+            {
+                return Ok(out);
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = any_order;
             #[cfg(target_arch = "x86_64")]
             if !ordered_by_isa(rows, k, n) && super::avx512::available() {
                 // The checks above: x is rows×k (row stride k, column stride 1), bits n×k.
@@ -943,6 +982,96 @@ mod soundness {
             let bad = got.iter().zip(&want).position(|(p, q)| p.to_bits() != q.to_bits());
             prop_assert!(bad.is_none(), "{}x{}x{} at {:?}", m, k, n, bad);
         }
+    }
+
+    /// `|got − exact| ≤ (k + 2)·2⁻²⁴·(|bias| + Σ|xᵢ·wᵢ|)` per output, the exact value and the
+    /// sum of magnitudes in f64: the bound of any f32 summation order of exact products.
+    fn within_any_order_bound(
+        got: &[f32],
+        x: &[f32],
+        m: usize,
+        w: &[f32],
+        n: usize,
+        bias: Option<&[f32]>,
+    ) -> std::result::Result<(), String> {
+        let k = x.len() / m;
+        if got.len() != m * n {
+            return Err(format!("{} outputs, expected {}", got.len(), m * n));
+        }
+        for i in 0..m {
+            for j in 0..n {
+                let b = bias.map_or(0.0, |b| b[j] as f64);
+                let (mut exact, mut mag) = (b, b.abs());
+                for p in 0..k {
+                    let t = x[i * k + p] as f64 * w[j * k + p] as f64;
+                    exact += t;
+                    mag += t.abs();
+                }
+                let g = got[i * n + j] as f64;
+                let bound = (k + 2) as f64 * f32::EPSILON as f64 / 2.0 * mag;
+                if !g.is_finite() || (g - exact).abs() > bound {
+                    return Err(format!("({i}, {j}): {g} vs exact {exact}, bound {bound:e}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// bf16 activations and weights in any order (on AMX-BF16 CPUs the tile unit; its
+        /// depth blocks, 16-row weight tails, x row padding and depth tails): within the error
+        /// bound of any f32 summation of the exact products, and, where the tiles are not used,
+        /// `linear_bf16`'s bits.
+        #[test]
+        fn any_order_bf16_is_within_the_summation_bound(
+            m in 1usize..70, k in 1usize..300, n in 1usize..300, bias in any::<bool>(),
+            deep in any::<bool>(),
+        ) {
+            let k = if deep { k + 2040 } else { k };
+            let n = if deep { n.min(40) } else { n };
+            let seq = super::tests::seq;
+            let round = |v: Vec<f32>| -> Vec<f32> {
+                v.into_iter().map(petite_dtype::round_through_bf16).collect()
+            };
+            let x = round(seq(m * k, 11));
+            let bits: Vec<u16> = seq(n * k, 12).iter().map(|&v| petite_dtype::bf16_bits(v)).collect();
+            let wide: Vec<f32> = bits.iter().map(|&b| petite_dtype::bf16_bits_to_f32(b)).collect();
+            let b = seq(n, 13);
+            let bias = bias.then_some(b.as_slice());
+            let got = linear_bf16_any_order(&x, m, &bits, n, bias).unwrap();
+            prop_assert!(within_any_order_bound(&got, &x, m, &wide, n, bias).is_ok(),
+                "{}x{}x{}: {:?}", m, k, n, within_any_order_bound(&got, &x, m, &wide, n, bias));
+            if !cpu_bf16_tiles() {
+                let want = linear_bf16(&x, m, &bits, n, bias).unwrap();
+                prop_assert!(got.iter().zip(&want).all(|(p, q)| p.to_bits() == q.to_bits()));
+            }
+        }
+    }
+
+    /// An `x` that is not all bf16 values never reaches the tile unit: the result is
+    /// `linear_bf16`'s, bit for bit (a tile product would round `x` to bf16 first).
+    #[test]
+    fn any_order_with_f32_activations_is_the_exact_path() {
+        let (m, k, n) = (40, 200, 70);
+        let seq = super::tests::seq;
+        let mut x: Vec<f32> = seq(m * k, 14)
+            .into_iter()
+            .map(petite_dtype::round_through_bf16)
+            .collect();
+        x[m * k - 1] = 1.0 + f32::EPSILON; // one value, the last, not a bf16
+        let bits: Vec<u16> = seq(n * k, 15)
+            .iter()
+            .map(|&v| petite_dtype::bf16_bits(v))
+            .collect();
+        let got = linear_bf16_any_order(&x, m, &bits, n, None).unwrap();
+        let want = linear_bf16(&x, m, &bits, n, None).unwrap();
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(p, q)| p.to_bits() == q.to_bits())
+        );
     }
 
     proptest! {

@@ -2,9 +2,14 @@
 //!
 //! All math is f32 (reductions accumulate in f64 where PyTorch accumulates in a wider type or
 //! a cascade, so results sit at least as close to the exact value). Each kernel's result depends
-//! only on its arguments: reduction orders are fixed and independent of thread count.
+//! only on its arguments: reduction orders are fixed and independent of thread count. The one
+//! exception is asked for by name: [`linear_bf16_any_order`] (bf16 activations × bf16 weights)
+//! sums on the CPU's bf16 tile unit where there is one (AMX-BF16), in that unit's order — the
+//! same bits run to run on one CPU, not across CPUs.
 
 mod activation;
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod attention;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -21,8 +26,8 @@ pub use attention::{SdpaShape, sdpa, softmax_lastdim};
 pub use conv::{Conv2dParams, conv2d, conv2d_out_hw};
 pub use elementwise::{broadcast_shape, broadcast_strides, broadcast_to, map_binary, map_ternary};
 pub use matmul::{
-    DEPTH_CHUNK, MatRef, ORDER_SHAPES, depth_chunks, gemm_f32, linear, linear_bf16, matmul_batched,
-    summation_order_check,
+    DEPTH_CHUNK, MatRef, ORDER_SHAPES, cpu_bf16_tiles, depth_chunks, gemm_f32, linear, linear_bf16,
+    linear_bf16_any_order, matmul_batched, summation_order_check,
 };
 pub use norm::{layer_norm, rms_norm};
 pub use rope::{rope_cos_sin, rope_inv_freq, rotary_halves};

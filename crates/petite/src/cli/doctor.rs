@@ -32,6 +32,16 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<()> {
         Ok(n) => println!("gemm: the documented summation order, bit for bit ({n} shapes)"),
         Err(e) => println!("gemm: NOT the documented summation order: {e}"),
     }
+    // bf16 programs' linears on the CPU (verify, act, pi05 run --dtype bf16): the tile unit
+    // where there is one; the timestep table never uses it.
+    println!(
+        "bf16 linears: {}",
+        if petite_reference::kernels::cpu_bf16_tiles() {
+            "AMX-BF16 tile unit (sums in the unit's order; PETITE_CPU_AMX=off for the exact path)"
+        } else {
+            "the exact f32 path (no AMX-BF16 here, or PETITE_CPU_AMX=off)"
+        }
+    );
     match petite_engine::gpu::probe() {
         Some(g) => println!(
             "gpu: {} (compute capability {}.{}, {:.1} GiB, {})",

@@ -300,7 +300,10 @@ fn timestep_values(
     weights: &dyn WeightSource,
     cfg: &Pi05Config,
 ) -> Result<Table> {
-    let outs = Executor::new(&progs.timestep_table, weights)?.run(BTreeMap::new())?;
+    // Exported bytes (step.pte holds this table): the same on every CPU.
+    let outs = Executor::new(&progs.timestep_table, weights)?
+        .exact_bf16(true)
+        .run(BTreeMap::new())?;
     let values = outs
         .get(io::TIMESTEP_TABLE)
         .and_then(|t| t.float_values())
