@@ -48,6 +48,26 @@ type Runtimes = BTreeMap<String, Box<dyn Runtime>>;
 
 /// The runtime of every delegate backend id the `.pte` files name, from the registry, on
 /// `device`: a backend no runtime runs there is refused naming the file and the id.
+/// Asks the kernel to read `[start, start + len)` of `f` into the page cache
+/// (`POSIX_FADV_WILLNEED`), from a short-lived thread of its own: for a range this large the
+/// call itself waits while it queues the reads. Advice only: failure changes nothing but speed.
+fn will_need(f: &std::fs::File, start: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let Ok(f) = f.try_clone() else { return };
+    std::thread::spawn(move || {
+        // SAFETY: posix_fadvise takes no pointers; the thread owns `f`, so its fd is open for
+        // the call.
+        unsafe {
+            libc::posix_fadvise(
+                f.as_raw_fd(),
+                start as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_WILLNEED,
+            );
+        }
+    });
+}
+
 fn open_runtimes(ptes: &[&PteFile], device: Device) -> Result<Runtimes> {
     let mut ids: BTreeSet<(&str, &Path)> = BTreeSet::new();
     for pte in ptes {
@@ -66,9 +86,40 @@ fn open_runtimes(ptes: &[&PteFile], device: Device) -> Result<Runtimes> {
 }
 
 impl<'m> Loaded<'m> {
-    fn new(pte: &'m PteFile, release: bool, runtimes: &'m Runtimes) -> Result<Self> {
+    /// Opens every engine of `pte`. `read_ahead`: each engine's segment is asked of the disk
+    /// (`POSIX_FADV_WILLNEED`) while the one before it is opened — for runtimes that read the
+    /// whole engine at open (a GPU's upload), so the disk never waits between engines.
+    fn new(
+        pte: &'m PteFile,
+        release: bool,
+        runtimes: &'m Runtimes,
+        read_ahead: bool,
+    ) -> Result<Self> {
         let plan = method(pte, METHOD)?;
         let mut engines = HashMap::new();
+        let ahead = if read_ahead {
+            let mut segs: Vec<usize> = Vec::new();
+            for d in &plan.delegates {
+                let seg = d.processed.index as usize;
+                if d.processed.location == DataLocation::SEGMENT && !segs.contains(&seg) {
+                    segs.push(seg);
+                }
+            }
+            let ranges: Vec<(u64, u64)> = segs
+                .iter()
+                .filter_map(|&s| pte.segment_range(s).ok())
+                .collect();
+            // Best effort: a file that cannot be opened here fails below, with its error.
+            std::fs::File::open(pte.path()).ok().map(|f| (f, ranges))
+        } else {
+            None
+        };
+        let mut opened = 0usize;
+        if let Some((f, ranges)) = &ahead
+            && let Some(&(start, len)) = ranges.first()
+        {
+            will_need(f, start, len);
+        }
         for (i, d) in plan.delegates.iter().enumerate() {
             let runtime = runtimes.get(d.id.as_str()).ok_or_else(|| {
                 bad(
@@ -85,6 +136,12 @@ impl<'m> Loaded<'m> {
             let seg = d.processed.index as usize;
             if let std::collections::hash_map::Entry::Vacant(v) = engines.entry(seg) {
                 let (start, len) = pte.segment_range(seg)?;
+                opened += 1;
+                if let Some((f, ranges)) = &ahead
+                    && let Some(&(s, l)) = ranges.get(opened)
+                {
+                    will_need(f, s, l);
+                }
                 let e = runtime
                     .open(pte.path(), start, len, release)
                     .map_err(|e| bad(pte.path(), format!("segment {seg}: {e}")))?;
@@ -259,8 +316,9 @@ pub fn run_pte(
     let runtimes = open_runtimes(&[&prefix_pte, &step_pte], device)?;
     // The prefix runs once: its weights go after their last read. The step runs every
     // Euler step: its weights stay.
-    let prefix = Loaded::new(&prefix_pte, true, &runtimes)?;
-    let step = Loaded::new(&step_pte, false, &runtimes)?;
+    let read_ahead = device == Device::Cuda;
+    let prefix = Loaded::new(&prefix_pte, true, &runtimes, read_ahead)?;
+    let step = Loaded::new(&step_pte, false, &runtimes, read_ahead)?;
     // Tests truncate a `.pte` here, while its engines are mapped.
     crate::guard::stop_point("verify");
     let r = petite_pi05::programs::time_row_len(cfg);
