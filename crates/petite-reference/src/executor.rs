@@ -88,8 +88,8 @@ pub struct Executor<'a> {
     uses: Vec<u32>,
     is_output: Vec<bool>,
     release_weights: bool,
-    /// Whether a bf16 × bf16 linear may sum in the CPU's own order ([`Executor::exact_bf16`]).
-    any_order_bf16: bool,
+    /// Whether a bf16 × bf16 linear must sum in the f32 path's order ([`Executor::exact_bf16`]).
+    exact_bf16: bool,
     /// Live weights in the order the run first reads them: (position in `order` of the first
     /// reader, name, stored byte range), for readahead.
     ahead: Vec<(usize, String, std::ops::Range<usize>)>,
@@ -146,7 +146,7 @@ impl<'a> Executor<'a> {
             uses,
             is_output,
             release_weights: true,
-            any_order_bf16: true,
+            exact_bf16: false,
             ahead,
         })
     }
@@ -164,7 +164,7 @@ impl<'a> Executor<'a> {
     /// way, so results differ by f32 rounding of sums and stay within every bf16 bound). Turn it
     /// on for results that become exported bytes, so that they do not depend on the CPU.
     pub fn exact_bf16(mut self, on: bool) -> Self {
-        self.any_order_bf16 = !on;
+        self.exact_bf16 = on;
         self
     }
 
@@ -666,7 +666,7 @@ impl<'a> Ctx<'_, 'a> {
                 } else {
                     None
                 };
-                let any_order = self.ex.any_order_bf16 && xt.dtype == Dtype::Bf16;
+                let any_order = !self.ex.exact_bf16 && xt.dtype == Dtype::Bf16;
                 let y = match self.bf16_weight_bits(self.input(1))? {
                     Some(bits) if any_order => {
                         kernels::linear_bf16_any_order(&x, rows, bits, n, b.as_deref())?

@@ -97,29 +97,31 @@ impl<'m> Loaded<'m> {
     ) -> Result<Self> {
         let plan = method(pte, METHOD)?;
         let mut engines = HashMap::new();
-        let ahead = if read_ahead {
-            let mut segs: Vec<usize> = Vec::new();
-            for d in &plan.delegates {
-                let seg = d.processed.index as usize;
-                if d.processed.location == DataLocation::SEGMENT && !segs.contains(&seg) {
-                    segs.push(seg);
+        // The engines' segments in the order they are opened, and the file, for the read-ahead.
+        // Best effort: a file that cannot be opened here fails below, with its error.
+        let ahead = read_ahead
+            .then(|| std::fs::File::open(pte.path()).ok())
+            .flatten()
+            .map(|f| {
+                let mut segs: Vec<usize> = Vec::new();
+                for d in &plan.delegates {
+                    let seg = d.processed.index as usize;
+                    if d.processed.location == DataLocation::SEGMENT && !segs.contains(&seg) {
+                        segs.push(seg);
+                    }
                 }
+                (f, segs)
+            });
+        let advise = |j: usize| {
+            if let Some((f, segs)) = &ahead
+                && let Some(&seg) = segs.get(j)
+                && let Ok((start, len)) = pte.segment_range(seg)
+            {
+                will_need(f, start, len);
             }
-            let ranges: Vec<(u64, u64)> = segs
-                .iter()
-                .filter_map(|&s| pte.segment_range(s).ok())
-                .collect();
-            // Best effort: a file that cannot be opened here fails below, with its error.
-            std::fs::File::open(pte.path()).ok().map(|f| (f, ranges))
-        } else {
-            None
         };
+        advise(0);
         let mut opened = 0usize;
-        if let Some((f, ranges)) = &ahead
-            && let Some(&(start, len)) = ranges.first()
-        {
-            will_need(f, start, len);
-        }
         for (i, d) in plan.delegates.iter().enumerate() {
             let runtime = runtimes.get(d.id.as_str()).ok_or_else(|| {
                 bad(
@@ -137,11 +139,7 @@ impl<'m> Loaded<'m> {
             if let std::collections::hash_map::Entry::Vacant(v) = engines.entry(seg) {
                 let (start, len) = pte.segment_range(seg)?;
                 opened += 1;
-                if let Some((f, ranges)) = &ahead
-                    && let Some(&(s, l)) = ranges.get(opened)
-                {
-                    will_need(f, s, l);
-                }
+                advise(opened);
                 let e = runtime
                     .open(pte.path(), start, len, release)
                     .map_err(|e| bad(pte.path(), format!("segment {seg}: {e}")))?;
