@@ -134,6 +134,56 @@ fn without_max_error_the_default_bound_follows_the_dtype() {
     assert_eq!(petite::verify::F32_MAX_ERROR, 1e-4);
 }
 
+/// `--stages concurrent` runs the engines and the f32 reference in two threads: the same actions
+/// and reference, bit for bit, as one after the other, and the report says which ran; `auto` on
+/// the CPU is one after the other.
+#[test]
+fn stages_at_once_give_the_same_bits_as_one_after_the_other() {
+    use petite::verify::{Stages, VerifyOptions, verify};
+    let s = Scratch::new("stages");
+    let c = case("two_cams_mqa");
+    let out = s.0.join("export");
+    export_from(&c, &c.join("model.safetensors"), &out);
+    let run = |stages| {
+        let r = verify(&VerifyOptions {
+            dir: out.clone(),
+            checkpoint: c.join("model.safetensors"),
+            config: Some(c.join("config.json")),
+            inputs: Some(c.join("inputs.safetensors")),
+            seed: 0,
+            python: None,
+            max_error: None,
+            device: petite::runtimes::Device::Cpu,
+            stages,
+        })
+        .unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(!r.actions.is_empty() && r.actions.len() == r.reference.len());
+        (bits(&r.actions), bits(&r.reference), r.json)
+    };
+    let (a1, r1, j1) = run(Stages::Serial);
+    let (a2, r2, j2) = run(Stages::Concurrent);
+    assert_eq!(a1, a2, "actions");
+    assert_eq!(r1, r2, "reference");
+    assert_eq!(j1["stages_at_once"], false);
+    assert_eq!(j2["stages_at_once"], true);
+    for j in [&j1, &j2] {
+        let names: Vec<_> = j["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(names, ["pte", "reference"], "{j}");
+    }
+    let (_, _, j) = run(Stages::Auto);
+    assert_eq!(j["stages_at_once"], false);
+    assert!(
+        j["stages_why"].as_str().unwrap().contains("on the CPU"),
+        "{j}"
+    );
+}
+
 /// `--device cuda` where CUDA cannot run (this CI machine: no driver) is refused in one line,
 /// before any input is read: paths that do not exist are never reached. Where a GPU is present
 /// the gpu conformance tier covers the device path instead, and this checks nothing.

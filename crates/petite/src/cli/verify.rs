@@ -43,6 +43,12 @@ pub struct VerifyArgs {
     /// (GPU 0 through petite-cuda; refused before any work where CUDA cannot run).
     #[arg(long, value_enum, default_value = "cpu")]
     pub device: petite::runtimes::Device,
+    /// How the export's engines and the f32 reference share the machine: `auto` runs them at
+    /// once on `--device cuda` when the GPU's free memory holds both (they then read the disk
+    /// together), else one after the other; `serial` always one after the other (the engines'
+    /// memory is given back before the reference takes its own); `concurrent` always at once.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub stages: petite::verify::Stages,
 }
 
 /// Runs `petite verify`.
@@ -59,6 +65,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         python: a.python,
         max_error: a.max_error,
         device: a.device,
+        stages: a.stages,
     })
     .with_context(|| format!("verify of {}", a.dir.display()))?;
     let report = a.dir.join(petite::layout::REPORT);

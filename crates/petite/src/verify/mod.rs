@@ -1,8 +1,8 @@
 //! `petite verify`: runs an export's `prefix.pte` and `step.pte` (through petite-pte's reader)
 //! with the engines' runtimes — each engine mapped in place from its `.pte` segment, never read
 //! into memory, by the runtime [`crate::runtimes`] registers for its delegate backend id on the
-//! device asked for — then the f32 reference from the original checkpoint on the same inputs,
-//! and reports the max abs action error.
+//! device asked for — and the f32 reference from the original checkpoint on the same inputs (after
+//! them, or beside them in a second thread: [`Stages`]), and reports the max abs action error.
 //!
 //! Portable `.pte` files (plain kernel calls, `--backend portable`) run in ExecuTorch's own
 //! runtime instead: a separate Python process with executorch-numpy-runtime, driven by the
@@ -64,6 +64,84 @@ pub struct VerifyOptions {
     /// Where the engines and the f32 reference run (`cuda`: both on GPU 0, through
     /// petite-cuda; only engine exports, not portable or ONNX ones).
     pub device: Device,
+    /// Whether the engines and the f32 reference run one after the other or at once.
+    pub stages: Stages,
+}
+
+/// How `petite verify`'s two stages — the export's engines and the f32 reference — share the
+/// machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Stages {
+    /// At once where that was measured faster and the memory holds both: an engine export on
+    /// `--device cuda` whose engines and reference fit the GPU's free memory together (the two
+    /// stages then read the disk at once, which gives more than one reader); otherwise one after
+    /// the other.
+    #[default]
+    Auto,
+    /// One after the other: the engines' memory is given back before the reference's is taken
+    /// (what a device with one small memory pool needs).
+    Serial,
+    /// At once, in two threads, whatever the memory (the caller knows it holds both).
+    Concurrent,
+}
+
+/// Device memory `--stages auto` keeps free beyond both stages' weights on the GPU: the
+/// reference's values (the f32 prefix's peak is ~0.3 GiB over its weights), the engines' and
+/// cuBLAS's workspaces, the staging of two loaders.
+const CONCURRENT_MARGIN: u64 = 1 << 30;
+
+/// `--stages auto` on the GPU: at once when the engines' and the reference's weights and
+/// [`CONCURRENT_MARGIN`] fit in `free` bytes.
+fn fit_on_gpu(engines: u64, reference: u64, free: u64) -> (bool, String) {
+    let need = engines
+        .saturating_add(reference)
+        .saturating_add(CONCURRENT_MARGIN);
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let (e, r, f) = (gib(engines), gib(reference), gib(free));
+    if need <= free {
+        (
+            true,
+            format!(
+                "at once: the engines ({e:.2} GiB) and the f32 reference ({r:.2} GiB) fit the GPU's {f:.2} GiB free"
+            ),
+        )
+    } else {
+        (
+            false,
+            format!(
+                "one after the other: the engines ({e:.2} GiB) and the f32 reference ({r:.2} GiB) need {:.2} GiB together, the GPU has {f:.2} GiB free",
+                gib(need)
+            ),
+        )
+    }
+}
+
+/// Whether the stages run at once, and why (a line for the report and the progress output).
+/// `engines`: the bytes of the export's `.pte` files (an upper bound of its engines' weights);
+/// `reference`: the f32 programs' weight bytes.
+fn stages_at_once(
+    stages: Stages,
+    device: Device,
+    kind: BundleKind,
+    engines: u64,
+    reference: u64,
+) -> Result<(bool, String)> {
+    Ok(match (stages, device, kind) {
+        (Stages::Serial, ..) => (false, "--stages serial".into()),
+        (Stages::Concurrent, ..) => (true, "--stages concurrent".into()),
+        (Stages::Auto, Device::Cpu, _) => (
+            false,
+            "on the CPU one after the other (both stages use every core; at once measured no faster)"
+                .into(),
+        ),
+        (Stages::Auto, Device::Cuda, BundleKind::Engines) => {
+            let (free, _) = crate::runtimes::open_cuda()?
+                .mem_info()
+                .map_err(|e| Error::Usage(format!("--device cuda: {e}")))?;
+            fit_on_gpu(engines, reference, free)
+        }
+        (Stages::Auto, Device::Cuda, _) => (false, "one after the other".into()),
+    })
 }
 
 /// The max abs action error an f32 export must meet by default: it equals the reference to
@@ -173,6 +251,14 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
             &f32_progs.step,
         ],
     )?;
+    let reference_bytes = [
+        &f32_progs.timestep_table,
+        &f32_progs.prefix,
+        &f32_progs.step,
+    ]
+    .iter()
+    .map(|p| p.weight_bytes() as u64)
+    .sum::<u64>();
     drop(f32_progs);
 
     // What the directory holds, checked against the config and its runtime found, before
@@ -180,31 +266,66 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     let bundle =
         crate::bundle::BundleRunner::prepare(&opts.dir, &cfg, opts.python.as_deref(), opts.device)?;
     let kind = bundle.kind();
-    let st = rec.begin(if kind == BundleKind::Onnx {
+    let stage_name = if kind == BundleKind::Onnx {
         "onnx"
     } else {
         "pte"
-    });
-    // The engines' runtimes (and their device memory) are gone when it returns, before the
-    // reference's arrives.
-    let (actions, runtime) = bundle.run(&cfg, &inputs, opts.inputs.as_deref())?;
-    let pte_rec = rec.end(st, false);
-    let st = rec.begin("reference");
-    let reference = match opts.device {
-        Device::Cpu => petite_pi05::run::run_model(&cfg, &ck, &inputs, Precision::F32)?.actions,
-        Device::Cuda => {
-            let dev = crate::runtimes::open_cuda()?;
-            let policy = crate::cuda_run::CudaPolicy::load(
-                &dev,
-                &cfg,
-                &ck,
-                Precision::F32,
-                petite_cuda::F32Matmul::Exact,
-            )?;
-            policy.chunk(&inputs)?.0
-        }
     };
-    let ref_rec = rec.end(st, false);
+    // What the engines can upload at most: the `.pte` files' bytes.
+    let export_bytes = crate::layout::PTES
+        .iter()
+        .map(|f| std::fs::metadata(opts.dir.join(f)).map_or(0, |m| m.len()))
+        .sum::<u64>();
+    let (at_once, why) = stages_at_once(
+        opts.stages,
+        opts.device,
+        kind,
+        export_bytes,
+        reference_bytes,
+    )?;
+    eprintln!("petite verify: the export's {stage_name} and the f32 reference: {why}");
+    let reference_stage = || -> Result<Vec<f32>> {
+        Ok(match opts.device {
+            Device::Cpu => petite_pi05::run::run_model(&cfg, &ck, &inputs, Precision::F32)?.actions,
+            Device::Cuda => {
+                // Its own device handle (stream, cuBLAS), whichever thread it runs on.
+                let dev = crate::runtimes::open_cuda()?;
+                let policy = crate::cuda_run::CudaPolicy::load(
+                    &dev,
+                    &cfg,
+                    &ck,
+                    Precision::F32,
+                    petite_cuda::F32Matmul::Exact,
+                )?;
+                policy.chunk(&inputs)?.0
+            }
+        })
+    };
+    let ((actions, runtime), reference, pte_rec, ref_rec) = if at_once {
+        // Both stages begin now; while they overlap, each record's peaks and bytes are the
+        // process's over its span.
+        let (st, rt) = (rec.begin(stage_name), rec.begin("reference"));
+        std::thread::scope(|s| -> Result<_> {
+            let h = s.spawn(|| {
+                let r = reference_stage();
+                (r, rec.end(rt, false))
+            });
+            let ran = bundle.run(&cfg, &inputs, opts.inputs.as_deref());
+            let pte_rec = rec.end(st, false);
+            let (reference, ref_rec) = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            Ok((ran?, reference?, pte_rec, ref_rec))
+        })?
+    } else {
+        let st = rec.begin(stage_name);
+        // The engines' runtimes (and their device memory) are gone when it returns, before the
+        // reference's arrives.
+        let ran = bundle.run(&cfg, &inputs, opts.inputs.as_deref())?;
+        let pte_rec = rec.end(st, false);
+        let st = rec.begin("reference");
+        let reference = reference_stage()?;
+        let ref_rec = rec.end(st, false);
+        (ran, reference, pte_rec, ref_rec)
+    };
     let compared = action_error(&actions, &reference);
     // The scale, through the shared fold: a non-finite reference has none (null in the report).
     let scale = petite_reference::compare::max_abs(&reference);
@@ -226,6 +347,9 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         "within_bound": within_bound,
         "max_abs_reference_action": scale.as_ref().ok(),
         "stages": [pte_rec, ref_rec],
+        // Whether the two stages ran at once (then their spans overlap) and why.
+        "stages_at_once": at_once,
+        "stages_why": why,
     });
     // Nothing is reported from a checkpoint that changed while it was read.
     ck.check_unchanged()?;
@@ -262,6 +386,39 @@ pub fn action_error(actions: &[f32], reference: &[f32]) -> Result<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--stages`: serial and concurrent as asked on any device and export; auto one after the
+    /// other on the CPU, and on the GPU at once exactly when both stages fit its free memory.
+    #[test]
+    fn stages_run_at_once_only_where_asked_or_where_both_fit_the_gpu() {
+        use crate::bundle::BundleKind;
+        const G: u64 = 1 << 30;
+        for kind in [BundleKind::Engines, BundleKind::Portable, BundleKind::Onnx] {
+            for device in [Device::Cpu, Device::Cuda] {
+                let at = |s| stages_at_once(s, device, kind, 7 * G, 12 * G).unwrap();
+                assert_eq!(at(Stages::Serial), (false, "--stages serial".into()));
+                assert_eq!(at(Stages::Concurrent), (true, "--stages concurrent".into()));
+                if device == Device::Cpu {
+                    let (once, why) = at(Stages::Auto);
+                    assert!(!once && why.contains("on the CPU"), "{why}");
+                }
+            }
+        }
+        // Auto on the GPU: both stages' weights and the margin, to the byte.
+        let need = 7 * G + 12 * G + super::CONCURRENT_MARGIN;
+        let (once, why) = fit_on_gpu(7 * G, 12 * G, need);
+        assert!(once, "{why}");
+        assert!(
+            why.contains("7.00 GiB") && why.contains("12.00 GiB"),
+            "{why}"
+        );
+        let (once, why) = fit_on_gpu(7 * G, 12 * G, need - 1);
+        assert!(!once && why.contains("need 20.00 GiB"), "{why}");
+        assert!(
+            !fit_on_gpu(u64::MAX, u64::MAX, u64::MAX - 1).0,
+            "no overflow"
+        );
+    }
 
     /// The fold `petite verify` reports: NaN, +inf or -inf at the first, a middle or the last
     /// position of either side fails (the old fold lost a NaN unless it was last), as does a
