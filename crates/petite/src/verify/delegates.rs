@@ -46,8 +46,6 @@ fn graph_dtype(s: ScalarType) -> Option<petite_graph::Dtype> {
 /// The runtimes of one run, by delegate backend id.
 type Runtimes = BTreeMap<String, Box<dyn Runtime>>;
 
-/// The runtime of every delegate backend id the `.pte` files name, from the registry, on
-/// `device`: a backend no runtime runs there is refused naming the file and the id.
 /// Asks the kernel to read `[start, start + len)` of `f` into the page cache
 /// (`POSIX_FADV_WILLNEED`), from a short-lived thread of its own: for a range this large the
 /// call itself waits while it queues the reads. Advice only: failure changes nothing but speed.
@@ -68,6 +66,8 @@ fn will_need(f: &std::fs::File, start: u64, len: u64) {
     });
 }
 
+/// The runtime of every delegate backend id the `.pte` files name, from the registry, on
+/// `device`: a backend no runtime runs there is refused naming the file and the id.
 fn open_runtimes(ptes: &[&PteFile], device: Device) -> Result<Runtimes> {
     let mut ids: BTreeSet<(&str, &Path)> = BTreeSet::new();
     for pte in ptes {
