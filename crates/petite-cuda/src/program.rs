@@ -541,17 +541,9 @@ impl<'d> DeviceProgram<'d> {
 
     fn check_type(&self, id: NodeId, out: &Slot) -> Result<()> {
         let want = &self.program.node(id).ty;
-        let ok = match (out, want) {
-            (Slot::T(t), ValueType::Tensor(w)) => {
-                t.dtype() == w.dtype && t.shape() == w.shape.as_slice()
-            }
-            (Slot::Tuple(ts), ValueType::Tuple(ws)) => {
-                ts.len() == ws.len()
-                    && ts
-                        .iter()
-                        .zip(ws)
-                        .all(|(t, w)| t.dtype() == w.dtype && t.shape() == w.shape.as_slice())
-            }
+        let ok = match out {
+            Slot::T(t) => want.admits_tensor(t.dtype(), t.shape()),
+            Slot::Tuple(ts) => want.admits_tuple(ts.iter().map(|t| (t.dtype(), t.shape()))),
             _ => false,
         };
         if ok {

@@ -104,6 +104,28 @@ impl ValueType {
         matches!(self, ValueType::Tuple(_))
     }
 
+    /// Whether a tensor of `dtype` and `shape` is of this type: what every executor checks of
+    /// the value a node produced.
+    pub fn admits_tensor(&self, dtype: Dtype, shape: &[usize]) -> bool {
+        matches!(self, ValueType::Tensor(w) if w.dtype == dtype && w.shape == shape)
+    }
+
+    /// Whether a tuple of these (dtype, shape) elements is of this type.
+    pub fn admits_tuple<'a>(
+        &self,
+        parts: impl ExactSizeIterator<Item = (Dtype, &'a [usize])>,
+    ) -> bool {
+        match self {
+            ValueType::Tuple(ws) => {
+                ws.len() == parts.len()
+                    && parts
+                        .zip(ws)
+                        .all(|((d, s), w)| w.dtype == d && w.shape == s)
+            }
+            ValueType::Tensor(_) => false,
+        }
+    }
+
     /// Total bytes (sum over tuple elements).
     pub fn nbytes(&self) -> usize {
         match self {
@@ -134,5 +156,36 @@ impl fmt::Display for ValueType {
                 f.write_str(")")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value is of a type only with the same kind, dtype, shape and tuple length.
+    #[test]
+    fn a_value_is_admitted_only_with_its_declared_dtype_and_shape() {
+        let t = ValueType::Tensor(TensorType::new(Dtype::Bf16, &[2, 3]));
+        assert!(t.admits_tensor(Dtype::Bf16, &[2, 3]));
+        assert!(!t.admits_tensor(Dtype::F32, &[2, 3]));
+        assert!(!t.admits_tensor(Dtype::Bf16, &[3, 2]));
+        assert!(!t.admits_tensor(Dtype::Bf16, &[2, 3, 1]));
+        assert!(!t.admits_tuple([(Dtype::Bf16, &[2usize, 3][..])].into_iter()));
+        let u = ValueType::Tuple(vec![
+            TensorType::new(Dtype::F32, &[4]),
+            TensorType::new(Dtype::I64, &[]),
+        ]);
+        let parts = |p: &[(Dtype, &'static [usize])]| u.admits_tuple(p.iter().copied());
+        assert!(parts(&[(Dtype::F32, &[4]), (Dtype::I64, &[])]));
+        assert!(!parts(&[(Dtype::F32, &[4])]), "shorter");
+        assert!(!parts(&[
+            (Dtype::F32, &[4]),
+            (Dtype::I64, &[]),
+            (Dtype::I64, &[])
+        ]));
+        assert!(!parts(&[(Dtype::F32, &[4]), (Dtype::I32, &[])]));
+        assert!(!parts(&[(Dtype::F32, &[5]), (Dtype::I64, &[])]));
+        assert!(!u.admits_tensor(Dtype::F32, &[4]));
     }
 }

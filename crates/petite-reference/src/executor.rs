@@ -13,7 +13,7 @@ use half::f16;
 use petite_dtype::{bf16_bits_to_f32, round_through_bf16};
 use petite_graph::{
     BinaryOp, CompareOp, Dtype, LogicalOp, NodeId, Op, Program, ReduceOp, ShapeDisplay, TensorType,
-    UnaryOp, ValueType,
+    UnaryOp,
 };
 use petite_weights::WeightSource;
 use rayon::prelude::*;
@@ -342,18 +342,10 @@ impl<'a> Executor<'a> {
 
     fn check_type(&self, id: NodeId, out: &Slot) -> Result<()> {
         let want = &self.program.node(id).ty;
-        let ok = match (out, want) {
-            (Slot::Tensor(t), ValueType::Tensor(w)) => {
-                t.dtype() == w.dtype && t.shape() == w.shape.as_slice()
-            }
-            (Slot::Tuple(ts), ValueType::Tuple(ws)) => {
-                ts.len() == ws.len()
-                    && ts
-                        .iter()
-                        .zip(ws)
-                        .all(|(t, w)| t.dtype() == w.dtype && t.shape() == w.shape.as_slice())
-            }
-            (Slot::Weight, _) => true,
+        let ok = match out {
+            Slot::Tensor(t) => want.admits_tensor(t.dtype(), t.shape()),
+            Slot::Tuple(ts) => want.admits_tuple(ts.iter().map(|t| (t.dtype(), t.shape()))),
+            Slot::Weight => true,
             _ => false,
         };
         if ok {
