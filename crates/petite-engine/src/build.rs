@@ -265,13 +265,7 @@ pub fn build_plan(
                     Ok((name, Prepared::Build(sub))) => {
                         let tx = tx.clone();
                         scope.spawn(move || {
-                            let job = EngineJob {
-                                index: i,
-                                name: &name,
-                                program: &sub.program,
-                                input_values: &sub.input_values,
-                                output_values: &sub.output_values,
-                            };
+                            let job = EngineJob::of(i, &name, &sub);
                             let r = builder
                                 .build(&job, weights, dir)
                                 .map_err(|e| e.in_engine(i, &name));
@@ -384,13 +378,7 @@ fn prepare(
         None => engine_name(i),
     };
     if options.reuse {
-        let job = EngineJob {
-            index: i,
-            name: &name,
-            program: &sub.program,
-            input_values: &sub.input_values,
-            output_values: &sub.output_values,
-        };
+        let job = EngineJob::of(i, &name, &sub);
         let path = dir.join(builder.file_name(&name));
         match crate::reuse_engine(builder, &path, &job) {
             crate::Reuse::Reused(b) => return Ok((name, Prepared::Reused(*b))),

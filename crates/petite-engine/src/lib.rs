@@ -342,6 +342,20 @@ pub struct EngineJob<'a> {
     pub output_values: &'a [ValueId],
 }
 
+impl<'a> EngineJob<'a> {
+    /// The job of engine `index` of a plan, named `name`: its subgraph as
+    /// `Plan::engine_program` cut it.
+    pub fn of(index: usize, name: &'a str, sub: &'a petite_partition::EngineProgram) -> Self {
+        EngineJob {
+            index,
+            name,
+            program: &sub.program,
+            input_values: &sub.input_values,
+            output_values: &sub.output_values,
+        }
+    }
+}
+
 /// The seam between planning and a backend: builds one engine from mapped weights into a file
 /// under `dir`. Implementations stream weights (memory O(chunk), not O(engine)), write under a
 /// temporary name, seal the finished file ([`petite_weights::seal::write_for`], which

@@ -440,13 +440,7 @@ fn weight_streaming_builds_pass_the_flag_and_every_engine_carries_the_spec() {
     assert_eq!(b.settings(), before);
     let e = &rep.engines[0];
     let sub = pl.engine_program(&program, 0).unwrap();
-    let job = petite_engine::EngineJob {
-        index: 0,
-        name: &e.name,
-        program: &sub.program,
-        input_values: &sub.input_values,
-        output_values: &sub.output_values,
-    };
+    let job = petite_engine::EngineJob::of(0, &e.name, &sub);
     let again = b.reuse(&e.file, &job).expect("reused");
     assert_eq!(again.compile_specs[0].value, b"4096");
 }

@@ -53,21 +53,11 @@ pub(super) fn lay_out(
     for i in 0..plan.engines.len() {
         let sub = plan.engine_program(program, i)?;
         let n = name(i, &sub.program)?;
-        let job = job(i, &n, &sub);
+        let job = EngineJob::of(i, &n, &sub);
         let len = builder.engine_len(&job, weights)?;
         engines.push((n, len));
     }
     Ok(Laid { engines })
-}
-
-fn job<'a>(i: usize, name: &'a str, sub: &'a petite_partition::EngineProgram) -> EngineJob<'a> {
-    EngineJob {
-        index: i,
-        name,
-        program: &sub.program,
-        input_values: &sub.input_values,
-        output_values: &sub.output_values,
-    }
 }
 
 /// Everything [`write`] needs of the export.
@@ -300,9 +290,13 @@ impl Resume for Writer<'_, '_> {
         let (name, planned) = &t.laid.engines[i];
         let sub = t.plan.engine_program(t.program, i)?;
         let started = Instant::now();
-        let wrote =
-            t.in_place
-                .write_engine(&job(i, name, &sub), t.weights, file, &self.partial, offset)?;
+        let wrote = t.in_place.write_engine(
+            &EngineJob::of(i, name, &sub),
+            t.weights,
+            file,
+            &self.partial,
+            offset,
+        )?;
         if wrote != len || wrote != *planned {
             return Err(Error::Usage(format!(
                 "engine {name}: {wrote} bytes written where {len} were planned"
