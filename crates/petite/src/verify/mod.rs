@@ -81,7 +81,8 @@ pub enum Stages {
     /// One after the other: the engines' memory is given back before the reference's is taken
     /// (what a device with one small memory pool needs).
     Serial,
-    /// At once, in two threads, whatever the memory (the caller knows it holds both).
+    /// At once, in two threads, whatever the memory (the caller knows it holds both). An error
+    /// of either stage is reported once both have ended.
     Concurrent,
 }
 
@@ -96,21 +97,21 @@ fn fit_on_gpu(engines: u64, reference: u64, free: u64) -> (bool, String) {
     let need = engines
         .saturating_add(reference)
         .saturating_add(CONCURRENT_MARGIN);
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let (e, r, f) = (gib(engines), gib(reference), gib(free));
+    let h = petite_weights::human_bytes;
+    let (e, r, f) = (h(engines), h(reference), h(free));
     if need <= free {
         (
             true,
             format!(
-                "at once: the engines ({e:.2} GiB) and the f32 reference ({r:.2} GiB) fit the GPU's {f:.2} GiB free"
+                "at once: the engines ({e}) and the f32 reference ({r}) fit the GPU's {f} free"
             ),
         )
     } else {
         (
             false,
             format!(
-                "one after the other: the engines ({e:.2} GiB) and the f32 reference ({r:.2} GiB) need {:.2} GiB together, the GPU has {f:.2} GiB free",
-                gib(need)
+                "one after the other: the engines ({e}) and the f32 reference ({r}) need {} together, the GPU has {f} free",
+                h(need)
             ),
         )
     }
@@ -418,6 +419,9 @@ mod tests {
             !fit_on_gpu(u64::MAX, u64::MAX, u64::MAX - 1).0,
             "no overflow"
         );
+        // Small exports (the goldens) in units that say something.
+        let (_, why) = fit_on_gpu(3 << 20, 5 << 20, 100 * G);
+        assert!(why.contains("3.0 MiB") && why.contains("5.0 MiB"), "{why}");
     }
 
     /// The fold `petite verify` reports: NaN, +inf or -inf at the first, a middle or the last
