@@ -50,6 +50,13 @@ fn main() -> Result<()> {
 }
 
 fn ci() -> Result<()> {
+    // pip's ~8 min (lerobot's and ExecuTorch's torch among them) beside the compiles below.
+    // The conformance tiers run the petite binary and examples the test build below makes.
+    let conformance = conformance::Args {
+        test_build: true,
+        ..Default::default()
+    };
+    conformance::prefetch_venvs(&conformance)?;
     util::cargo(&["fmt", "--all", "--", "--check"])?;
     util::cargo(&[
         "clippy",
@@ -76,7 +83,7 @@ fn ci() -> Result<()> {
     // built again (a single package's features differ and rebuilt the workspace: ~6 min).
     util::cargo(&["test", "--workspace", "--test", "faults", "--", "--ignored"])?;
     embeddable()?;
-    conformance::run(&conformance::Args::default())?;
+    conformance::run(&conformance)?;
     Ok(())
 }
 

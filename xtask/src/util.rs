@@ -1,6 +1,8 @@
 //! Helpers shared by tasks: running cargo and other processes, workspace paths, Python venvs.
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{Context, Result, bail};
 
@@ -30,11 +32,60 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| root().join("target"))
 }
 
-/// `petite ARGS` from a release build of this checkout (through `cargo run`).
+/// `petite ARGS` from the build the conformance tiers run ([`conformance_petite`]), in the
+/// workspace root.
 pub fn petite(args: &[&str]) -> Result<()> {
-    let mut all = vec!["run", "--release", "-q", "-p", "petite", "--"];
-    all.extend_from_slice(args);
-    cargo(&all)
+    run(Command::new(conformance_petite()?)
+        .args(args)
+        .current_dir(root()))
+}
+
+/// The build directory whose `petite` and `examples/` the conformance tiers run, when not the
+/// release build (see [`conformance_from_test_build`]).
+static CONFORMANCE_BUILD: OnceLock<PathBuf> = OnceLock::new();
+
+/// Points the conformance tiers at the test-profile build (`target/debug`: optimised, debug
+/// assertions and overflow checks on) that `cargo test --workspace` has just made, instead of a
+/// release build. `cargo xtask ci` does: the release build compiled the whole workspace once more
+/// (~6 min of CI) for programs that run small goldens. Exported bytes do not depend on the
+/// profile (the aarch64 tier compares them with a release cross build).
+pub fn conformance_from_test_build() -> Result<()> {
+    let dir = target_dir().join("debug");
+    let petite = dir.join("petite");
+    if !petite.exists() {
+        bail!(
+            "{} is missing: run `cargo test --workspace` first",
+            petite.display()
+        );
+    }
+    // Set once; a second call finds the same directory.
+    let _ = CONFORMANCE_BUILD.set(dir);
+    Ok(())
+}
+
+/// The `petite` binary the conformance tiers run: the test-profile build after
+/// [`conformance_from_test_build`], else the release build (built here).
+pub fn conformance_petite() -> Result<PathBuf> {
+    match CONFORMANCE_BUILD.get() {
+        Some(dir) => Ok(dir.join("petite")),
+        None => release_petite(),
+    }
+}
+
+/// The petite package's example `name`, from the same build as [`conformance_petite`].
+pub fn conformance_example(name: &str) -> Result<PathBuf> {
+    let dir = match CONFORMANCE_BUILD.get() {
+        Some(dir) => dir.clone(),
+        None => {
+            cargo(&["build", "--release", "-p", "petite", "--example", name])?;
+            target_dir().join("release")
+        }
+    };
+    let exe = dir.join("examples").join(name);
+    if !exe.exists() {
+        bail!("{} is missing", exe.display());
+    }
+    Ok(exe)
 }
 
 /// The full-size synthetic f32 pi0.5 (lerobot layout, 15.4 GiB) at `target/pi05-full`, written
@@ -72,8 +123,15 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 /// A Python virtual environment under `target/venv-<name>`, created with python3.12 (pyenv) and
 /// the given pip requirements. A stamp file records the requirements, so a venv is rebuilt when
 /// they change and reused otherwise. Returns the venv's `python` path.
-#[allow(dead_code)] // used by the conformance tiers as they land
+///
+/// Safe to call from several threads: calls for one venv run one at a time, so a tier asking for
+/// a venv that [`prefetch_venvs`] is still building waits for it and then reuses it.
 pub fn venv(name: &str, requirements: &[&str]) -> Result<PathBuf> {
+    let lock = {
+        let mut locks = VENV_LOCKS.lock().unwrap_or_else(|e| e.into_inner());
+        locks.entry(name.to_string()).or_default().clone()
+    };
+    let _held = lock.lock().unwrap_or_else(|e| e.into_inner());
     let dir = root().join("target").join(format!("venv-{name}"));
     let python = dir.join("bin").join("python");
     let stamp = dir.join("petite-requirements.txt");
@@ -92,6 +150,27 @@ pub fn venv(name: &str, requirements: &[&str]) -> Result<PathBuf> {
         .args(requirements))?;
     std::fs::write(&stamp, wanted).with_context(|| format!("writing {}", stamp.display()))?;
     Ok(python)
+}
+
+/// One lock per venv name (see [`venv`]).
+static VENV_LOCKS: Mutex<BTreeMap<String, Arc<Mutex<()>>>> = Mutex::new(BTreeMap::new());
+
+/// Builds these venvs (name, requirements) one after another in a background thread, so pip's
+/// downloads and installs overlap whatever the caller compiles meanwhile (`cargo xtask ci`: ~8 min
+/// of pip beside clippy and the test build). Whoever needs one calls [`venv`] as usual and waits
+/// only for what is not finished. A failure here is printed and otherwise ignored: the venv is
+/// built again, in the foreground and with its error, when it is asked for.
+pub fn prefetch_venvs(venvs: Vec<(String, Vec<String>)>) {
+    std::thread::spawn(move || {
+        for (name, reqs) in venvs {
+            let reqs: Vec<&str> = reqs.iter().map(String::as_str).collect();
+            if let Err(e) = venv(&name, &reqs) {
+                eprintln!(
+                    "xtask: building venv-{name} ahead failed ({e:#}); it is built again when needed"
+                );
+            }
+        }
+    });
 }
 
 /// Finds a Python 3.12 interpreter: `$PETITE_PYTHON312`, pyenv's 3.12.x, or `python3.12` on PATH.

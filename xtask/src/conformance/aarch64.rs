@@ -52,7 +52,7 @@ pub fn run() -> Result<()> {
         .join("petite");
     let t_build = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let x86 = util::release_petite()?;
+    let x86 = util::conformance_petite()?;
     let t_x86_build = t.elapsed().as_secs_f64();
     // The one GEMM summation order, bit for bit, on aarch64's NEON kernels too (the reason
     // step.pte's timestep table is the same on both): `petite doctor` checks it where it runs.

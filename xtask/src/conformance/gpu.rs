@@ -62,7 +62,7 @@ fn max_err(a: &[f32], b: &[f32]) -> Result<f32> {
 pub(crate) fn petite_bin() -> Result<PathBuf> {
     match std::env::var_os("PETITE_BIN") {
         Some(p) => Ok(PathBuf::from(p)),
-        None => util::release_petite(),
+        None => util::conformance_petite(),
     }
 }
 

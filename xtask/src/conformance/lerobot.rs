@@ -201,12 +201,19 @@ fn remove(dir: &Path) -> Result<()> {
 
 /// Creates (or reuses) `target/venv-lerobot` from the pinned requirements file.
 pub(super) fn venv() -> Result<PathBuf> {
+    let reqs = requirements()?;
+    let reqs: Vec<&str> = reqs.iter().map(String::as_str).collect();
+    util::venv("lerobot", &reqs)
+}
+
+/// The pinned requirement specifiers of `target/venv-lerobot`.
+pub(super) fn requirements() -> Result<Vec<String>> {
     let path = util::root().join(REQUIREMENTS);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let reqs = requirement_lines(&text);
     ensure!(!reqs.is_empty(), "{} lists no requirements", path.display());
-    util::venv("lerobot", &reqs)
+    Ok(reqs.into_iter().map(str::to_string).collect())
 }
 
 /// The requirement specifiers of a requirements file: comments and blank lines dropped.

@@ -47,6 +47,10 @@ pub struct Args {
     /// Run only these tiers (default: all).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Tier>,
+    /// Run the petite binary and examples of the test-profile build that `cargo test
+    /// --workspace` made (target/debug) instead of building release: what `cargo xtask ci` does.
+    #[arg(long)]
+    pub test_build: bool,
     /// Testing the drift check: run this golden generator instead of the committed one (its
     /// hash is not checked; its outputs are, against testdata/pi05).
     #[arg(long, hide = true)]
@@ -82,9 +86,47 @@ pub enum Tier {
     Nvrtc,
 }
 
+/// Starts building, in the background, the venvs of the tiers `args` selects, in the order the
+/// tiers ask for them (see [`util::prefetch_venvs`]). `cargo xtask ci` calls it first, so pip
+/// works while clippy and the tests compile.
+pub fn prefetch_venvs(args: &Args) -> Result<()> {
+    let on = |t: Tier| args.only.is_empty() || args.only.contains(&t);
+    let owned = |reqs: &[&str]| reqs.iter().map(|r| r.to_string()).collect::<Vec<_>>();
+    let mut venvs = Vec::new();
+    if on(Tier::Lerobot) || on(Tier::LerobotPolicy) {
+        venvs.push(("lerobot".to_string(), lerobot::requirements()?));
+    }
+    if on(Tier::Pte) || on(Tier::Portable) || on(Tier::LerobotPolicy) {
+        venvs.push(("pte".into(), owned(crate::codegen::PTE_VENV_REQUIREMENTS)));
+    }
+    if on(Tier::Weights) {
+        venvs.push(("weights".into(), owned(weights::REQUIREMENTS)));
+    }
+    if on(Tier::Onnx) || on(Tier::LerobotPolicy) {
+        venvs.push(("ort".into(), owned(onnx::REQUIREMENTS)));
+    }
+    if on(Tier::Tensorrt) {
+        venvs.push((
+            "trt".into(),
+            owned(&[petite_engine::tensorrt::RTX_REQUIREMENT]),
+        ));
+    }
+    if on(Tier::Tensorrt) || args.full {
+        venvs.push(("pte-full".into(), owned(pte::FULL_REQUIREMENTS)));
+    }
+    if on(Tier::Nvrtc) {
+        venvs.push(("nvrtc".into(), owned(nvrtc::REQUIREMENTS)));
+    }
+    util::prefetch_venvs(venvs);
+    Ok(())
+}
+
 /// Runs every conformance tier.
 pub fn run(args: &Args) -> Result<()> {
     let on = |t: Tier| args.only.is_empty() || args.only.contains(&t);
+    if args.test_build {
+        util::conformance_from_test_build()?;
+    }
     if on(Tier::Lerobot) {
         lerobot::run(args.bless_lerobot, args.lerobot_generator.as_deref())?;
     }

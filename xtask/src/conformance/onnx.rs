@@ -42,17 +42,11 @@ pub fn run() -> Result<()> {
     let python = util::venv("ort", REQUIREMENTS)?;
     let dir = root.join("target").join("onnx-conformance");
     let dir_s = dir.display().to_string();
-    util::cargo(&[
-        "run",
-        "--release",
-        "--quiet",
-        "-p",
-        "petite",
-        "--example",
-        "onnx_cases",
-        "--",
-        &dir_s,
-    ])?;
+    util::run(
+        Command::new(util::conformance_example("onnx_cases")?)
+            .arg(&dir_s)
+            .current_dir(&root),
+    )?;
     util::run(Command::new(&python).arg(root.join(SCRIPT)).arg(&dir))?;
 
     // The whole policy as one model, per golden case.

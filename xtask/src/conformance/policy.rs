@@ -30,7 +30,7 @@ pub fn run() -> Result<()> {
     let python = super::lerobot_venv()?;
     let pte_python = util::venv("pte", codegen::PTE_VENV_REQUIREMENTS)?;
     let ort_python = util::venv("ort", super::ONNX_REQUIREMENTS)?;
-    let petite = util::release_petite()?;
+    let petite = util::conformance_petite()?;
     let out = util::target_dir().join("conformance-policy");
     let result = (|| -> Result<()> {
         util::run(

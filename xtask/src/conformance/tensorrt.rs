@@ -44,7 +44,7 @@ pub fn run() -> Result<()> {
     let root = util::root();
     let python = util::venv("trt", &[petite_engine::tensorrt::RTX_REQUIREMENT])?;
     let et_python = util::venv("pte-full", super::pte::FULL_REQUIREMENTS)?;
-    let petite = util::release_petite()?;
+    let petite = util::conformance_petite()?;
     let out = root.join("target").join("tensorrt-conformance");
     if out.exists() {
         std::fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;

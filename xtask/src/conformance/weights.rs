@@ -51,13 +51,7 @@ pub fn run() -> Result<()> {
     ];
     for (dtype, out) in &outs {
         let (src_s, out_s) = (src.display().to_string(), out.display().to_string());
-        util::cargo(&[
-            "run",
-            "--release",
-            "--quiet",
-            "-p",
-            "petite",
-            "--",
+        util::petite(&[
             "convert",
             "--checkpoint",
             &src_s,
