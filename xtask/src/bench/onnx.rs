@@ -57,7 +57,7 @@ pub struct Args {
 pub fn run(a: &Args) -> Result<()> {
     let root = util::root();
     let petite = util::release_petite()?;
-    let python = util::venv("ort", crate::conformance::ONNX_REQUIREMENTS)?;
+    let python = crate::conformance::Venv::Ort.python()?;
     let dir = root.join("target").join("bench-onnx");
     std::fs::create_dir_all(&dir)?;
     let json = dir.join("memcap.json");

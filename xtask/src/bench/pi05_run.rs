@@ -82,7 +82,7 @@ pub(super) fn write_inputs(path: &Path) -> Result<()> {
 
 /// `target/venv-lerobot`, the lerobot tier's venv (built from the same pinned requirements).
 pub(super) fn venv() -> Result<PathBuf> {
-    crate::conformance::lerobot_venv()
+    crate::conformance::Venv::Lerobot.python()
 }
 
 /// Runs the benchmark.

@@ -113,7 +113,7 @@ pub fn run(bless: bool, generator: Option<&Path>) -> Result<()> {
             g.display()
         ),
     }
-    let python = venv()?;
+    let python = super::Venv::Lerobot.python()?;
     let script = generator.map_or_else(|| root.join(SCRIPT), Path::to_path_buf);
     let golden = root.join(GOLDENS);
     if bless {
@@ -197,13 +197,6 @@ fn remove(dir: &Path) -> Result<()> {
         std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
     }
     Ok(())
-}
-
-/// Creates (or reuses) `target/venv-lerobot` from the pinned requirements file.
-pub(super) fn venv() -> Result<PathBuf> {
-    let reqs = requirements()?;
-    let reqs: Vec<&str> = reqs.iter().map(String::as_str).collect();
-    util::venv("lerobot", &reqs)
 }
 
 /// The pinned requirement specifiers of `target/venv-lerobot`.

@@ -14,7 +14,6 @@ pub(crate) use gpu::petite_bin;
 mod lerobot;
 mod nvrtc;
 mod onnx;
-pub use onnx::REQUIREMENTS as ONNX_REQUIREMENTS;
 mod policy;
 mod portable;
 mod pte;
@@ -29,10 +28,61 @@ pub(crate) const GOLDENS: &[&str] = &[
     "one_cam_mha_unpadded",
 ];
 
-/// `target/venv-lerobot`, built from the pinned `conformance/lerobot/requirements.txt` (the
-/// benches that run lerobot share it).
-pub(crate) fn lerobot_venv() -> Result<std::path::PathBuf> {
-    lerobot::venv()
+/// The Python venvs under `target/` that the tiers, codegen and the benches run: each named here
+/// once with its pinned requirements, so [`prefetch_venvs`] builds the same venvs the tiers ask
+/// for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Venv {
+    /// lerobot 0.6.1 and its torch (`conformance/lerobot/requirements.txt`).
+    Lerobot,
+    /// executorch-numpy-runtime and flatc (codegen, the pte and portable tiers).
+    Pte,
+    /// ExecuTorch 1.5.1 with PyTorch (exporter and deserializer).
+    PteFull,
+    /// Python safetensors, numpy, ml_dtypes.
+    Weights,
+    /// ONNX and ONNX Runtime.
+    Ort,
+    /// TensorRT-RTX.
+    Trt,
+    /// NVIDIA's runtime compiler (no GPU).
+    Nvrtc,
+}
+
+impl Venv {
+    /// `target/venv-<name>`.
+    fn name(self) -> &'static str {
+        match self {
+            Venv::Lerobot => "lerobot",
+            Venv::Pte => "pte",
+            Venv::PteFull => "pte-full",
+            Venv::Weights => "weights",
+            Venv::Ort => "ort",
+            Venv::Trt => "trt",
+            Venv::Nvrtc => "nvrtc",
+        }
+    }
+
+    /// The pip requirements.
+    fn requirements(self) -> Result<Vec<String>> {
+        let fixed: &[&str] = match self {
+            Venv::Lerobot => return lerobot::requirements(),
+            Venv::Pte => crate::codegen::PTE_VENV_REQUIREMENTS,
+            Venv::PteFull => pte::FULL_REQUIREMENTS,
+            Venv::Weights => weights::REQUIREMENTS,
+            Venv::Ort => onnx::REQUIREMENTS,
+            Venv::Trt => &[petite_engine::tensorrt::RTX_REQUIREMENT],
+            Venv::Nvrtc => nvrtc::REQUIREMENTS,
+        };
+        Ok(fixed.iter().map(|r| r.to_string()).collect())
+    }
+
+    /// The venv's `python`, the venv built or rebuilt first when needed ([`util::venv`]).
+    pub(crate) fn python(self) -> Result<std::path::PathBuf> {
+        let reqs = self.requirements()?;
+        let reqs: Vec<&str> = reqs.iter().map(String::as_str).collect();
+        util::venv(self.name(), &reqs)
+    }
 }
 
 /// Options of the conformance task.
@@ -91,31 +141,23 @@ pub enum Tier {
 /// works while clippy and the tests compile.
 pub fn prefetch_venvs(args: &Args) -> Result<()> {
     let on = |t: Tier| args.only.is_empty() || args.only.contains(&t);
-    let owned = |reqs: &[&str]| reqs.iter().map(|r| r.to_string()).collect::<Vec<_>>();
+    let wanted = [
+        (Venv::Lerobot, on(Tier::Lerobot) || on(Tier::LerobotPolicy)),
+        (
+            Venv::Pte,
+            on(Tier::Pte) || on(Tier::Portable) || on(Tier::LerobotPolicy),
+        ),
+        (Venv::Weights, on(Tier::Weights)),
+        (Venv::Ort, on(Tier::Onnx) || on(Tier::LerobotPolicy)),
+        (Venv::Trt, on(Tier::Tensorrt)),
+        (Venv::PteFull, on(Tier::Tensorrt) || args.full),
+        (Venv::Nvrtc, on(Tier::Nvrtc)),
+    ];
     let mut venvs = Vec::new();
-    if on(Tier::Lerobot) || on(Tier::LerobotPolicy) {
-        venvs.push(("lerobot".to_string(), lerobot::requirements()?));
-    }
-    if on(Tier::Pte) || on(Tier::Portable) || on(Tier::LerobotPolicy) {
-        venvs.push(("pte".into(), owned(crate::codegen::PTE_VENV_REQUIREMENTS)));
-    }
-    if on(Tier::Weights) {
-        venvs.push(("weights".into(), owned(weights::REQUIREMENTS)));
-    }
-    if on(Tier::Onnx) || on(Tier::LerobotPolicy) {
-        venvs.push(("ort".into(), owned(onnx::REQUIREMENTS)));
-    }
-    if on(Tier::Tensorrt) {
-        venvs.push((
-            "trt".into(),
-            owned(&[petite_engine::tensorrt::RTX_REQUIREMENT]),
-        ));
-    }
-    if on(Tier::Tensorrt) || args.full {
-        venvs.push(("pte-full".into(), owned(pte::FULL_REQUIREMENTS)));
-    }
-    if on(Tier::Nvrtc) {
-        venvs.push(("nvrtc".into(), owned(nvrtc::REQUIREMENTS)));
+    for (v, needed) in wanted {
+        if needed {
+            venvs.push((v.name().to_string(), v.requirements()?));
+        }
     }
     util::prefetch_venvs(venvs);
     Ok(())

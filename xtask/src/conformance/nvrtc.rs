@@ -33,7 +33,7 @@ fn nvrtc_dir(venv_python: &Path) -> Result<PathBuf> {
 
 /// Runs the tier.
 pub fn run() -> Result<()> {
-    let python = util::venv("nvrtc", REQUIREMENTS)?;
+    let python = super::Venv::Nvrtc.python()?;
     let dir = nvrtc_dir(&python)?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     util::run(

@@ -39,7 +39,7 @@ const CASES: &[&str] = super::GOLDENS;
 /// Runs the tier.
 pub fn run() -> Result<()> {
     let root = util::root();
-    let python = util::venv("ort", REQUIREMENTS)?;
+    let python = super::Venv::Ort.python()?;
     let dir = root.join("target").join("onnx-conformance");
     let dir_s = dir.display().to_string();
     util::run(

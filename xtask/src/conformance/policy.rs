@@ -15,7 +15,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail, ensure};
 use safetensors::{Dtype, SafeTensors};
 
-use crate::{codegen, util};
+use crate::util;
 
 /// The generator, relative to the workspace root.
 const SCRIPT: &str = "conformance/lerobot/make_policy_folders.py";
@@ -27,9 +27,9 @@ const BOUND: f32 = 1e-4;
 /// Runs the tier.
 pub fn run() -> Result<()> {
     let root = util::root();
-    let python = super::lerobot_venv()?;
-    let pte_python = util::venv("pte", codegen::PTE_VENV_REQUIREMENTS)?;
-    let ort_python = util::venv("ort", super::ONNX_REQUIREMENTS)?;
+    let python = super::Venv::Lerobot.python()?;
+    let pte_python = super::Venv::Pte.python()?;
+    let ort_python = super::Venv::Ort.python()?;
     let petite = util::conformance_petite()?;
     let out = util::target_dir().join("conformance-policy");
     let result = (|| -> Result<()> {

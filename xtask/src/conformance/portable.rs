@@ -16,7 +16,7 @@ use std::process::Command;
 
 use anyhow::Result;
 
-use crate::{codegen, util};
+use crate::util;
 
 const OPS_SCRIPT: &str = "conformance/executorch/run_portable_ops.py";
 const PI05_SCRIPT: &str = "conformance/executorch/run_pi05_portable.py";
@@ -58,12 +58,9 @@ pub fn run(full: bool) -> Result<()> {
             .env("PETITE_PORTABLE_CASES", &ops_s)
             .current_dir(&root),
     )?;
-    let mut pythons = vec![(util::venv("pte", codegen::PTE_VENV_REQUIREMENTS)?, "numpy")];
+    let mut pythons = vec![(super::Venv::Pte.python()?, "numpy")];
     if full {
-        pythons.push((
-            util::venv("pte-full", super::pte::FULL_REQUIREMENTS)?,
-            "torch",
-        ));
+        pythons.push((super::Venv::PteFull.python()?, "torch"));
     }
     let mut dirs = Vec::new();
     for case in CASES {

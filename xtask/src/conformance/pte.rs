@@ -24,7 +24,7 @@ pub fn run(full: bool) -> Result<()> {
     codegen::check_with(&flatc)?;
     // `--workspace`: reuses `cargo test --workspace`'s build (see `ci`).
     util::cargo(&["test", "--workspace", "--test", "conformance_files"])?;
-    let python = util::venv("pte", codegen::PTE_VENV_REQUIREMENTS)?;
+    let python = super::Venv::Pte.python()?;
     let conf_dir = root.join("target").join("pte-conformance");
     let schema_dir = root.join("crates").join("petite-pte").join("schema");
     let samples = root
@@ -40,7 +40,7 @@ pub fn run(full: bool) -> Result<()> {
             .arg(&samples),
     )?;
     if full {
-        let python = util::venv("pte-full", FULL_REQUIREMENTS)?;
+        let python = super::Venv::PteFull.python()?;
         util::run(
             Command::new(&python)
                 .arg(root.join(SCRIPT))

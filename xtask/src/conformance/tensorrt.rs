@@ -42,8 +42,8 @@ const PLACEMENT_SCRIPT: &str = "conformance/executorch/placement_check.py";
 /// Runs the tier.
 pub fn run() -> Result<()> {
     let root = util::root();
-    let python = util::venv("trt", &[petite_engine::tensorrt::RTX_REQUIREMENT])?;
-    let et_python = util::venv("pte-full", super::pte::FULL_REQUIREMENTS)?;
+    let python = super::Venv::Trt.python()?;
+    let et_python = super::Venv::PteFull.python()?;
     let petite = util::conformance_petite()?;
     let out = root.join("target").join("tensorrt-conformance");
     if out.exists() {

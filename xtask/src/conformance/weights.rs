@@ -19,7 +19,7 @@ pub const REQUIREMENTS: &[&str] = &["safetensors==0.7.0", "numpy==2.3.5", "ml_dt
 /// Runs the tier.
 pub fn run() -> Result<()> {
     let root = util::root();
-    let python = util::venv("weights", REQUIREMENTS)?;
+    let python = super::Venv::Weights.python()?;
     let dir = root.join("target").join("weights-conformance");
     std::fs::create_dir_all(&dir)?;
     let script = root.join(SCRIPT);
