@@ -746,6 +746,16 @@ fn store_i(x: &str, d: Dtype) -> String {
     }
 }
 
+/// The C type and literal suffix for index arithmetic over a value of `numel` elements: 32-bit
+/// below 2³¹ elements, else 64-bit.
+fn index_type(numel: usize) -> (&'static str, &'static str) {
+    if numel < (1 << 31) {
+        ("unsigned", "u")
+    } else {
+        ("i64", "LL")
+    }
+}
+
 /// An f32 literal with these exact bits.
 fn f32_lit(x: f32) -> String {
     format!("__uint_as_float({:#010x}u)", x.to_bits())
@@ -830,13 +840,16 @@ impl Gen<'_> {
                 );
             }
         }
-        let _ = writeln!(self.body, "    i64 r = i;");
+        // Coordinates by 32-bit division where the value has fewer than 2³¹ elements (a 64-bit
+        // one is a long library routine on the GPU); every later use widens them to i64.
+        let (ity, suf) = index_type(t.shape.iter().product());
+        let _ = writeln!(self.body, "    {ity} r = ({ity})i;");
         for d in (0..r).rev() {
             let s = t.shape[d];
             if s == 1 {
                 coords.push("0".to_string());
             } else {
-                let _ = writeln!(self.body, "    i64 c{d} = r % {s}LL; r /= {s}LL;");
+                let _ = writeln!(self.body, "    {ity} c{d} = r % {s}{suf}; r /= {s}{suf};");
                 coords.push(format!("c{d}"));
             }
         }
@@ -1060,7 +1073,8 @@ impl Gen<'_> {
                         let _ = write!(lin, " + {cd} * {}LL", ost[d]);
                     }
                 }
-                let l = self.emit("i64", lin);
+                let (ity, suf) = index_type(shape.iter().product());
+                let l = self.emit(ity, format!("({ity})({lin})"));
                 let ist = contiguous_strides(&xs);
                 let ic: Vec<String> = xs
                     .iter()
@@ -1069,9 +1083,9 @@ impl Gen<'_> {
                         if s == 1 {
                             "0".to_string()
                         } else if j == 0 {
-                            format!("({l} / {}LL)", ist[j])
+                            format!("({l} / {}{suf})", ist[j])
                         } else {
-                            format!("(({l} / {}LL) % {s}LL)", ist[j])
+                            format!("(({l} / {}{suf}) % {s}{suf})", ist[j])
                         }
                     })
                     .collect();
@@ -1216,6 +1230,38 @@ mod tests {
         );
         // The concat picks its piece by the last coordinate.
         assert!(src.contains("if (c3 < 4LL)"), "{src}");
+    }
+
+    #[test]
+    fn coordinates_are_divided_in_32_bits_below_2_pow_31_elements() {
+        assert_eq!(index_type((1 << 31) - 1), ("unsigned", "u"));
+        assert_eq!(index_type(1 << 31), ("i64", "LL"));
+        // A non-power-of-two shape (pi0.5's 968 prefix tokens), reshaped inside the group.
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::Bf16, &[968, 6]).unwrap();
+        let e = b.exp(x).unwrap();
+        let r = b.reshape(e, &[968, 2, 3]).unwrap();
+        let y = b.neg(r).unwrap();
+        b.output("y", y).unwrap();
+        let p = b.finish().unwrap();
+        let f = plan_all(&p);
+        assert_eq!(f.kernels.len(), 1, "{}", f.source);
+        assert!(
+            f.source.contains("unsigned r = (unsigned)i;"),
+            "{}",
+            f.source
+        );
+        assert!(
+            f.source.contains("unsigned c2 = r % 3u; r /= 3u;"),
+            "{}",
+            f.source
+        );
+        assert!(
+            f.source.contains("(v1 / 6u)") && f.source.contains("% 6u)"),
+            "{}",
+            f.source
+        );
+        assert!(!f.source.contains("LL; r /="), "{}", f.source);
     }
 
     #[test]

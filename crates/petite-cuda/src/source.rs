@@ -132,6 +132,8 @@ const PRELUDE: &str = r#"
 #define DT_U8 5
 #define DT_BOOL 6
 #define PT_INF __int_as_float(0x7f800000)
+// Below this many elements a kernel's index arithmetic is done in 32 bits.
+#define PT_U32_MAX 0x7fffffffLL
 typedef long long i64;
 typedef unsigned long long u64;
 
@@ -246,18 +248,49 @@ __device__ __forceinline__ void norm_stats(const NormParams& p, const void* x, i
   }
 }
 
-// Element j of the row at `base`, in f32, before it is stored in the norm's dtype.
-__device__ __forceinline__ float norm_elem(const NormParams& p, const void* x, const void* w, const void* b, i64 base, i64 j, float a, float r) {
+// Row elements a thread holds in registers in `pt_norm` (rows up to NORM_HELD · blockDim.x).
+#define NORM_HELD 8
+
+// norm_stats of a row held in registers: v[u] is element threadIdx.x + u·blockDim.x (those at
+// or past d unused). Each thread sums its elements in norm_stats' order: the same bits.
+__device__ __forceinline__ void norm_stats_held(const NormParams& p, const float* v, double* shd, float* a, float* r) {
+  double s = 0.0;
+  if (p.kind == 0) {
+#pragma unroll
+    for (int u = 0; u < NORM_HELD; ++u) if (threadIdx.x + (i64)u * blockDim.x < p.d) s += (double)v[u];
+    double mean = block_sum_d(s, shd) / (double)p.d;
+    double q = 0.0;
+#pragma unroll
+    for (int u = 0; u < NORM_HELD; ++u) if (threadIdx.x + (i64)u * blockDim.x < p.d) { double c = (double)v[u] - mean; q += c * c; }
+    double var = block_sum_d(q, shd) / (double)p.d;
+    *a = (float)mean;
+    *r = 1.0f / sqrtf((float)var + p.eps);
+  } else {
+#pragma unroll
+    for (int u = 0; u < NORM_HELD; ++u) if (threadIdx.x + (i64)u * blockDim.x < p.d) { double t = (double)v[u]; s += t * t; }
+    float ms = (float)(block_sum_d(s, shd) / (double)p.d);
+    *a = 0.0f;
+    *r = 1.0f / sqrtf(ms + p.eps);
+  }
+}
+
+// Element j of a row whose value there is xv, in f32, before it is stored in the norm's dtype.
+__device__ __forceinline__ float norm_elem_v(const NormParams& p, float xv, const void* w, const void* b, i64 j, float a, float r) {
   float y;
   if (p.kind == 0) {
-    y = (ldf(x, base + j, p.dx) - a) * r;
+    y = (xv - a) * r;
     if (p.has_w) y *= ldf(w, j, p.dw);
     if (p.has_b) y += ldf(b, j, p.db);
   } else {
-    y = ldf(x, base + j, p.dx) * r;
+    y = xv * r;
     if (p.has_w) y = y * (p.offset + ldf(w, j, p.dw));
   }
   return y;
+}
+
+// Element j of the row at `base`, in f32, before it is stored in the norm's dtype.
+__device__ __forceinline__ float norm_elem(const NormParams& p, const void* x, const void* w, const void* b, i64 base, i64 j, float a, float r) {
+  return norm_elem_v(p, ldf(x, base + j, p.dx), w, b, j, a, r);
 }
 "#;
 
@@ -327,10 +360,18 @@ extern "C" __global__ void pt_ew(EwParams p, const void* a, const void* b, const
     i64 ia = i, ib = i, ic = i, io = i;
     if (!p.contig) {
       ia = p.oa; ib = p.ob; ic = p.oc; io = p.oo;
-      i64 r = i;
-      for (int d = p.rank - 1; d >= 0; --d) {
-        i64 x = r % p.dims[d]; r /= p.dims[d];
-        ia += x * p.sa[d]; ib += x * p.sb[d]; ic += x * p.sc[d]; io += x * p.so[d];
+      if (p.n < PT_U32_MAX) {
+        unsigned r = (unsigned)i;
+        for (int d = p.rank - 1; d >= 0; --d) {
+          i64 x = r % (unsigned)p.dims[d]; r /= (unsigned)p.dims[d];
+          ia += x * p.sa[d]; ib += x * p.sb[d]; ic += x * p.sc[d]; io += x * p.so[d];
+        }
+      } else {
+        i64 r = i;
+        for (int d = p.rank - 1; d >= 0; --d) {
+          i64 x = r % p.dims[d]; r /= p.dims[d];
+          ia += x * p.sa[d]; ib += x * p.sb[d]; ic += x * p.sc[d]; io += x * p.so[d];
+        }
       }
     }
     int op = p.op;
@@ -372,6 +413,22 @@ extern "C" __global__ void pt_norm(NormParams p, const void* x, const void* w, c
   if (row >= p.rows) return;
   const i64 base = row * p.d;
   float a, r;
+  if (p.d <= (i64)NORM_HELD * blockDim.x) {
+    // The row read once into registers (the statistics' passes and the output's reuse it).
+    float v[NORM_HELD];
+#pragma unroll
+    for (int u = 0; u < NORM_HELD; ++u) {
+      i64 j = threadIdx.x + (i64)u * blockDim.x;
+      v[u] = j < p.d ? ldf(x, base + j, p.dx) : 0.0f;
+    }
+    norm_stats_held(p, v, shd, &a, &r);
+#pragma unroll
+    for (int u = 0; u < NORM_HELD; ++u) {
+      i64 j = threadIdx.x + (i64)u * blockDim.x;
+      if (j < p.d) stf(out, base + j, p.dout, norm_elem_v(p, v[u], w, b, j, a, r));
+    }
+    return;
+  }
   norm_stats(p, x, base, shd, &a, &r);
   for (i64 j = threadIdx.x; j < p.d; j += blockDim.x) stf(out, base + j, p.dout, norm_elem(p, x, w, b, base, j, a, r));
 }
@@ -391,6 +448,9 @@ __device__ __forceinline__ float sm_in(const SoftmaxParams& p, const void* x, co
   return v;
 }
 
+// Longest row `pt_softmax` keeps in shared memory (16 KiB a block).
+#define SM_HELD 4096
+
 // One block a row of n: y = softmax(x·scale + mask) in f32, max-subtracted. Row r is
 // ((b·H + h)·Q + q) when a mask is given (its strides broadcast it over [B, H, Q, K]).
 extern "C" __global__ void pt_softmax(SoftmaxParams p, const void* x, const void* mask, void* out) {
@@ -404,6 +464,28 @@ extern "C" __global__ void pt_softmax(SoftmaxParams p, const void* x, const void
     mbase = bi * p.msb + hi * p.msh + qi * p.msq;
   }
   float m = -PT_INF;
+  if (p.n <= SM_HELD) {
+    // The row kept in shared memory: read once, exp'd once (registers would need the loops
+    // unrolled, and with the dtype switches inlined that made the module 5x larger and 10x
+    // slower to compile). Each thread visits its own elements in the order the loops below do,
+    // so the max, the sum and every output are the same bits.
+    __shared__ float held[SM_HELD];
+    for (i64 j = threadIdx.x; j < p.n; j += blockDim.x) {
+      float v = sm_in(p, x, mask, base, mbase, j);
+      held[j] = v;
+      m = fmaxf(m, v);
+    }
+    m = block_max_f(m, shf);
+    float s = 0.0f;
+    for (i64 j = threadIdx.x; j < p.n; j += blockDim.x) {
+      float e = expf(held[j] - m);
+      held[j] = e;
+      s += e;
+    }
+    s = block_sum_f(s, shf);
+    for (i64 j = threadIdx.x; j < p.n; j += blockDim.x) stf(out, base + j, p.dout, held[j] / s);
+    return;
+  }
   for (i64 j = threadIdx.x; j < p.n; j += blockDim.x) {
     float v = sm_in(p, x, mask, base, mbase, j);
     m = fmaxf(m, v);
@@ -428,9 +510,17 @@ struct RopeParams { i64 n; i64 d; int rank; int dt; i64 dims[MAXR]; i64 sc[MAXR]
 // y = x·cos + rotate_half(x)·sin, rotate_half(x) = cat(−x[..., D/2:], x[..., :D/2]).
 extern "C" __global__ void pt_rope(RopeParams p, const void* x, const void* cs, const void* sn, void* out) {
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
-    i64 ic = 0, is = 0, r = i;
-    for (int d = p.rank - 1; d >= 0; --d) { i64 k = r % p.dims[d]; r /= p.dims[d]; ic += k * p.sc[d]; is += k * p.ss[d]; }
-    i64 j = i % p.d, half = p.d / 2;
+    i64 ic = 0, is = 0, j;
+    if (p.n < PT_U32_MAX) {
+      unsigned r = (unsigned)i;
+      for (int d = p.rank - 1; d >= 0; --d) { unsigned k = r % (unsigned)p.dims[d]; r /= (unsigned)p.dims[d]; ic += k * p.sc[d]; is += k * p.ss[d]; }
+      j = (unsigned)i % (unsigned)p.d;
+    } else {
+      i64 r = i;
+      for (int d = p.rank - 1; d >= 0; --d) { i64 k = r % p.dims[d]; r /= p.dims[d]; ic += k * p.sc[d]; is += k * p.ss[d]; }
+      j = i % p.d;
+    }
+    i64 half = p.d / 2;
     float rot = j < half ? -ldf(x, i + half, p.dt) : ldf(x, i - half, p.dt);
     stf(out, i, p.dt, ldf(x, i, p.dt) * ldf(cs, ic, p.dt) + rot * ldf(sn, is, p.dt));
   }
@@ -548,6 +638,16 @@ extern "C" __global__ void pt_im2col(ConvParams p, const void* x, void* cols) {
 // out[r, c] = acc[r, c] (f32) + bias[c], rounded once to the output dtype.
 extern "C" __global__ void pt_bias(i64 rows, i64 n, int has_bias, int db, int dout, const float* acc, const void* bias, void* out) {
   i64 total = rows * n;
+  if (total < PT_U32_MAX) {
+    // 32-bit index arithmetic (a 64-bit remainder is a long library routine on the GPU).
+    const unsigned t = (unsigned)total, nn = (unsigned)n;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < t; i += gridDim.x * blockDim.x) {
+      float v = acc[i];
+      if (has_bias) v += ldf(bias, i % nn, db);
+      stf(out, i, dout, v);
+    }
+    return;
+  }
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
     float v = acc[i];
     if (has_bias) v += ldf(bias, i % n, db);
