@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::{CudaBlas, sys as bsys};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
-    sys as dsys,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, sys as dsys,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 use petite_graph::Dtype;
@@ -369,8 +368,25 @@ pub struct Device {
     info: DeviceInfo,
     pool: Option<dsys::CUmemoryPool>,
     compile_seconds: f64,
+    /// Whether kernels launch with programmatic dependent launch ([`Device::raw_launch`]).
+    pdl: bool,
     /// cuBLAS's workspace, set explicitly so that GEMMs inside a graph capture allocate nothing.
     _workspace: CudaSlice<u8>,
+}
+
+/// A kernel's arguments for [`Device::launch`]: a pointer to each value, in the kernel's
+/// parameter order (what `cuLaunchKernelEx` takes); the values outlive the launch (`'a`).
+pub(crate) struct Args<'a> {
+    ptrs: Vec<*mut std::ffi::c_void>,
+    _values: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> Args<'a> {
+    /// Appends the next parameter (its bytes are copied at launch).
+    pub(crate) fn arg<T>(&mut self, v: &'a T) -> &mut Self {
+        self.ptrs.push((v as *const T).cast_mut().cast());
+        self
+    }
 }
 
 /// cuBLAS workspace bytes (what cuBLAS documents for Hopper).
@@ -473,6 +489,9 @@ impl Device {
         } else {
             None
         };
+        // Programmatic dependent launch needs sm_90; `PETITE_CUDA_NO_PDL=1` turns it off.
+        let pdl =
+            info.compute_capability.0 >= 9 && std::env::var_os("PETITE_CUDA_NO_PDL").is_none();
         Ok(Device {
             ctx,
             stream,
@@ -481,6 +500,7 @@ impl Device {
             info,
             pool,
             compile_seconds,
+            pdl,
             _workspace: workspace,
         })
     }
@@ -665,14 +685,65 @@ impl Device {
         &'a self,
         f: &'a CudaFunction,
         cfg: LaunchConfig,
-        args: impl FnOnce(&mut cudarc::driver::LaunchArgs<'a>),
+        args: impl FnOnce(&mut Args<'a>),
     ) -> Result<()> {
-        let mut b = self.stream.launch_builder(f);
-        args(&mut b);
+        let mut a = Args {
+            ptrs: Vec::with_capacity(16),
+            _values: std::marker::PhantomData,
+        };
+        args(&mut a);
         // SAFETY: generated kernels take (n, input pointers…, output pointer), pushed by the
         // caller in that order; every pointer is a live buffer of this device sized for n.
-        unsafe { b.launch(cfg) }.map_err(driver("launch a fused kernel"))?;
-        Ok(())
+        unsafe { self.raw_launch(f, cfg, a) }.map_err(driver("launch a fused kernel"))
+    }
+
+    /// `f` on this device's stream. Where the device has it (sm_90 and later), with
+    /// programmatic dependent launch: the kernel may be scheduled while the one before it
+    /// still runs — every kernel of this crate waits for its predecessor's completion and
+    /// memory (`griddepcontrol.wait`, [`crate::source`]'s `PT_PDL`) before it reads or
+    /// writes, and lets its successor be scheduled once all its blocks run — so the gap
+    /// between two small kernels of a step shrinks; what each computes is unchanged.
+    ///
+    /// # Safety
+    /// `args` must match `f`'s parameters and every pointer in them be valid for what `f`
+    /// reads and writes with `cfg`.
+    unsafe fn raw_launch(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        mut args: Args<'_>,
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        self.ctx.bind_to_thread()?;
+        // SAFETY: a zeroed attribute is a valid plain-data value; the id and the flag are set.
+        let mut attr: dsys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = dsys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let lc = dsys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: if self.pdl {
+                &mut attr
+            } else {
+                std::ptr::null_mut()
+            },
+            numAttrs: u32::from(self.pdl),
+        };
+        // SAFETY: `lc` and `attr` live across the call; the caller vouches for `args`.
+        unsafe {
+            dsys::cuLaunchKernelEx(
+                &lc,
+                f.cu_function(),
+                args.ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
     }
 
     /// A grid-stride launch over `n` elements.
@@ -695,20 +766,22 @@ impl Device {
         })
     }
 
-    /// Runs `f` with a launch builder for kernel `name`, then launches with `cfg`.
+    /// Launches kernel `name` with `cfg`, `args` pushing its arguments.
     pub(crate) fn launch<'a>(
         &'a self,
         name: &str,
         cfg: LaunchConfig,
-        args: impl FnOnce(&mut cudarc::driver::LaunchArgs<'a>),
+        args: impl FnOnce(&mut Args<'a>),
     ) -> Result<()> {
         let f = self.func(name)?;
-        let mut b = self.stream.launch_builder(f);
-        args(&mut b);
+        let mut a = Args {
+            ptrs: Vec::with_capacity(16),
+            _values: std::marker::PhantomData,
+        };
+        args(&mut a);
         // SAFETY: the argument lists match the kernels' signatures (see `program.rs`), and every
         // pointer is a live buffer of this device large enough for what the kernel indexes.
-        unsafe { b.launch(cfg) }.map_err(driver(format!("launch {name}")))?;
-        Ok(())
+        unsafe { self.raw_launch(f, cfg, a) }.map_err(driver(format!("launch {name}")))
     }
 
     /// `C = A·B` per [`Gemm`], with `A`, `B` of `ab` and `C` of `c` (f32 accumulation; f32
@@ -843,7 +916,7 @@ impl Device {
         .map_err(driver("memset"))
     }
 
-    pub(crate) fn push_u64<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, v: &'a u64) {
+    pub(crate) fn push_u64<'a>(b: &mut Args<'a>, v: &'a u64) {
         b.arg(v);
     }
 }

@@ -660,7 +660,7 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
                 };
                 let _ = write!(
                     source,
-                    "extern \"C\" __global__ void {name}({norm}i64 n{params}, void* po) {{\n{body}}}\n"
+                    "extern \"C\" __global__ void {name}({norm}i64 n{params}, void* po) {{\n  PT_PDL();\n{body}}}\n"
                 );
                 kernels.push(name);
                 by_body.insert(body, k);

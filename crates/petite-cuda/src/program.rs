@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use cudarc::driver::PushKernelArg;
 use petite_graph::{Dtype, NodeId, Op, Program, ReduceOp, ShapeDisplay, TensorType, ValueType};
 use petite_reference::Tensor;
 use petite_weights::WeightSource;

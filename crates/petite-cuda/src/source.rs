@@ -132,6 +132,14 @@ const PRELUDE: &str = r#"
 #define DT_U8 5
 #define DT_BOOL 6
 #define PT_INF __int_as_float(0x7f800000)
+// Programmatic dependent launch (sm_90+): the first statement of every kernel. Lets the next
+// kernel be scheduled once every block of this one runs, then waits until the kernel before
+// has completed and its memory is visible, before any read or write.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PT_PDL() asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory")
+#else
+#define PT_PDL()
+#endif
 // Below this many elements a kernel's index arithmetic is done in 32 bits.
 #define PT_U32_MAX 0x7fffffffLL
 typedef long long i64;
@@ -356,6 +364,7 @@ template <typename T> __device__ __forceinline__ bool ew_cmp(int op, T a, T b) {
 
 const EW: &str = r#"
 extern "C" __global__ void pt_ew(EwParams p, const void* a, const void* b, const void* c, void* out) {
+  PT_PDL();
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
     i64 ia = i, ib = i, ic = i, io = i;
     if (!p.contig) {
@@ -408,6 +417,7 @@ extern "C" __global__ void pt_ew(EwParams p, const void* a, const void* b, const
 const ROWS: &str = r#"
 // One block a row: layer norm (kind 0, mean and biased variance in f64) or RMS norm (kind 1).
 extern "C" __global__ void pt_norm(NormParams p, const void* x, const void* w, const void* b, void* out) {
+  PT_PDL();
   __shared__ double shd[32];
   i64 row = blockIdx.x;
   if (row >= p.rows) return;
@@ -454,6 +464,7 @@ __device__ __forceinline__ float sm_in(const SoftmaxParams& p, const void* x, co
 // One block a row of n: y = softmax(x·scale + mask) in f32, max-subtracted. Row r is
 // ((b·H + h)·Q + q) when a mask is given (its strides broadcast it over [B, H, Q, K]).
 extern "C" __global__ void pt_softmax(SoftmaxParams p, const void* x, const void* mask, void* out) {
+  PT_PDL();
   __shared__ float shf[32];
   i64 row = blockIdx.x;
   if (row >= p.rows) return;
@@ -509,6 +520,7 @@ struct RopeParams { i64 n; i64 d; int rank; int dt; i64 dims[MAXR]; i64 sc[MAXR]
 
 // y = x·cos + rotate_half(x)·sin, rotate_half(x) = cat(−x[..., D/2:], x[..., :D/2]).
 extern "C" __global__ void pt_rope(RopeParams p, const void* x, const void* cs, const void* sn, void* out) {
+  PT_PDL();
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
     i64 ic = 0, is = 0, j;
     if (p.n < PT_U32_MAX) {
@@ -529,6 +541,7 @@ extern "C" __global__ void pt_rope(RopeParams p, const void* x, const void* cs, 
 // Row gather: out[r, :] = table[idx[r], :], element size es bytes; an index outside [0, V)
 // sets *err to its position + 1 and writes zeros.
 extern "C" __global__ void pt_gather(i64 nidx, i64 v, i64 rowbytes, int di, const void* idx, const unsigned char* table, unsigned char* out, i64* err) {
+  PT_PDL();
   i64 total = nidx * rowbytes;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
     i64 r = i / rowbytes, c = i % rowbytes;
@@ -540,6 +553,7 @@ extern "C" __global__ void pt_gather(i64 nidx, i64 v, i64 rowbytes, int di, cons
 
 // Inclusive scan along the middle axis of [outer, n, inner]: one thread a line (f64 / wrapping i64).
 extern "C" __global__ void pt_cumsum(i64 outer, i64 n, i64 inner, int dt, const void* x, void* out) {
+  PT_PDL();
   i64 line = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (line >= outer * inner) return;
   i64 o = line / inner, in = line % inner;
@@ -557,6 +571,7 @@ extern "C" __global__ void pt_cumsum(i64 outer, i64 n, i64 inner, int dt, const 
 // of the line, the runs' totals are scanned, then each thread writes its run. Wrapping u64
 // sums are exact in any order, so the result is the serial one's.
 extern "C" __global__ void pt_cumsum_i(i64 lines, i64 n, i64 inner, int dt, const void* x, void* out) {
+  PT_PDL();
   __shared__ u64 sh[1024];
   i64 line = blockIdx.x;
   if (line >= lines) return;
@@ -579,6 +594,7 @@ extern "C" __global__ void pt_cumsum_i(i64 lines, i64 n, i64 inner, int dt, cons
 
 // Reduction of each contiguous row of n: kind 0 sum, 1 mean (f64), 2 max (NaN wins).
 extern "C" __global__ void pt_reduce(i64 rows, i64 n, int kind, int dt, const void* x, void* out) {
+  PT_PDL();
   __shared__ double shd[32];
   __shared__ float shf[32];
   i64 row = blockIdx.x;
@@ -622,6 +638,7 @@ struct ConvParams { i64 n; i64 c; i64 h; i64 w; i64 kh; i64 kw; i64 oh; i64 ow; 
 
 // cols[(n·OH + y)·OW + x, (c·KH + i)·KW + j] = x[n, c, y·sh + i − ph, x·sw + j − pw] (0 outside).
 extern "C" __global__ void pt_im2col(ConvParams p, const void* x, void* cols) {
+  PT_PDL();
   i64 k = p.c * p.kh * p.kw;
   i64 total = p.n * p.oh * p.ow * k;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
@@ -637,6 +654,7 @@ extern "C" __global__ void pt_im2col(ConvParams p, const void* x, void* cols) {
 
 // out[r, c] = acc[r, c] (f32) + bias[c], rounded once to the output dtype.
 extern "C" __global__ void pt_bias(i64 rows, i64 n, int has_bias, int db, int dout, const float* acc, const void* bias, void* out) {
+  PT_PDL();
   i64 total = rows * n;
   if (total < PT_U32_MAX) {
     // 32-bit index arithmetic (a 64-bit remainder is a long library routine on the GPU).
