@@ -841,7 +841,8 @@ impl Gen<'_> {
             }
         }
         // Coordinates by 32-bit division where the value has fewer than 2³¹ elements (a 64-bit
-        // one is a long library routine on the GPU); every later use widens them to i64.
+        // division by a constant takes several 64-bit multiplies); every later use widens them
+        // to i64.
         let (ity, suf) = index_type(t.shape.iter().product());
         let _ = writeln!(self.body, "    {ity} r = ({ity})i;");
         for d in (0..r).rev() {

@@ -256,49 +256,18 @@ __device__ __forceinline__ void norm_stats(const NormParams& p, const void* x, i
   }
 }
 
-// Row elements a thread holds in registers in `pt_norm` (rows up to NORM_HELD · blockDim.x).
-#define NORM_HELD 8
-
-// norm_stats of a row held in registers: v[u] is element threadIdx.x + u·blockDim.x (those at
-// or past d unused). Each thread sums its elements in norm_stats' order: the same bits.
-__device__ __forceinline__ void norm_stats_held(const NormParams& p, const float* v, double* shd, float* a, float* r) {
-  double s = 0.0;
-  if (p.kind == 0) {
-#pragma unroll
-    for (int u = 0; u < NORM_HELD; ++u) if (threadIdx.x + (i64)u * blockDim.x < p.d) s += (double)v[u];
-    double mean = block_sum_d(s, shd) / (double)p.d;
-    double q = 0.0;
-#pragma unroll
-    for (int u = 0; u < NORM_HELD; ++u) if (threadIdx.x + (i64)u * blockDim.x < p.d) { double c = (double)v[u] - mean; q += c * c; }
-    double var = block_sum_d(q, shd) / (double)p.d;
-    *a = (float)mean;
-    *r = 1.0f / sqrtf((float)var + p.eps);
-  } else {
-#pragma unroll
-    for (int u = 0; u < NORM_HELD; ++u) if (threadIdx.x + (i64)u * blockDim.x < p.d) { double t = (double)v[u]; s += t * t; }
-    float ms = (float)(block_sum_d(s, shd) / (double)p.d);
-    *a = 0.0f;
-    *r = 1.0f / sqrtf(ms + p.eps);
-  }
-}
-
-// Element j of a row whose value there is xv, in f32, before it is stored in the norm's dtype.
-__device__ __forceinline__ float norm_elem_v(const NormParams& p, float xv, const void* w, const void* b, i64 j, float a, float r) {
+// Element j of the row at `base`, in f32, before it is stored in the norm's dtype.
+__device__ __forceinline__ float norm_elem(const NormParams& p, const void* x, const void* w, const void* b, i64 base, i64 j, float a, float r) {
   float y;
   if (p.kind == 0) {
-    y = (xv - a) * r;
+    y = (ldf(x, base + j, p.dx) - a) * r;
     if (p.has_w) y *= ldf(w, j, p.dw);
     if (p.has_b) y += ldf(b, j, p.db);
   } else {
-    y = xv * r;
+    y = ldf(x, base + j, p.dx) * r;
     if (p.has_w) y = y * (p.offset + ldf(w, j, p.dw));
   }
   return y;
-}
-
-// Element j of the row at `base`, in f32, before it is stored in the norm's dtype.
-__device__ __forceinline__ float norm_elem(const NormParams& p, const void* x, const void* w, const void* b, i64 base, i64 j, float a, float r) {
-  return norm_elem_v(p, ldf(x, base + j, p.dx), w, b, j, a, r);
 }
 "#;
 
@@ -423,22 +392,6 @@ extern "C" __global__ void pt_norm(NormParams p, const void* x, const void* w, c
   if (row >= p.rows) return;
   const i64 base = row * p.d;
   float a, r;
-  if (p.d <= (i64)NORM_HELD * blockDim.x) {
-    // The row read once into registers (the statistics' passes and the output's reuse it).
-    float v[NORM_HELD];
-#pragma unroll
-    for (int u = 0; u < NORM_HELD; ++u) {
-      i64 j = threadIdx.x + (i64)u * blockDim.x;
-      v[u] = j < p.d ? ldf(x, base + j, p.dx) : 0.0f;
-    }
-    norm_stats_held(p, v, shd, &a, &r);
-#pragma unroll
-    for (int u = 0; u < NORM_HELD; ++u) {
-      i64 j = threadIdx.x + (i64)u * blockDim.x;
-      if (j < p.d) stf(out, base + j, p.dout, norm_elem_v(p, v[u], w, b, j, a, r));
-    }
-    return;
-  }
   norm_stats(p, x, base, shd, &a, &r);
   for (i64 j = threadIdx.x; j < p.d; j += blockDim.x) stf(out, base + j, p.dout, norm_elem(p, x, w, b, base, j, a, r));
 }
@@ -656,16 +609,6 @@ extern "C" __global__ void pt_im2col(ConvParams p, const void* x, void* cols) {
 extern "C" __global__ void pt_bias(i64 rows, i64 n, int has_bias, int db, int dout, const float* acc, const void* bias, void* out) {
   PT_PDL();
   i64 total = rows * n;
-  if (total < PT_U32_MAX) {
-    // 32-bit index arithmetic (a 64-bit remainder is a long library routine on the GPU).
-    const unsigned t = (unsigned)total, nn = (unsigned)n;
-    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < t; i += gridDim.x * blockDim.x) {
-      float v = acc[i];
-      if (has_bias) v += ldf(bias, i % nn, db);
-      stf(out, i, dout, v);
-    }
-    return;
-  }
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
     float v = acc[i];
     if (has_bias) v += ldf(bias, i % n, db);
