@@ -382,6 +382,13 @@ pub(crate) struct Args<'a> {
 }
 
 impl<'a> Args<'a> {
+    fn new() -> Self {
+        Args {
+            ptrs: Vec::with_capacity(16),
+            _values: std::marker::PhantomData,
+        }
+    }
+
     /// Appends the next parameter (its bytes are copied at launch).
     pub(crate) fn arg<T>(&mut self, v: &'a T) -> &mut Self {
         self.ptrs.push((v as *const T).cast_mut().cast());
@@ -687,10 +694,7 @@ impl Device {
         cfg: LaunchConfig,
         args: impl FnOnce(&mut Args<'a>),
     ) -> Result<()> {
-        let mut a = Args {
-            ptrs: Vec::with_capacity(16),
-            _values: std::marker::PhantomData,
-        };
+        let mut a = Args::new();
         args(&mut a);
         // SAFETY: generated kernels take (n, input pointers…, output pointer), pushed by the
         // caller in that order; every pointer is a live buffer of this device sized for n.
@@ -774,10 +778,7 @@ impl Device {
         args: impl FnOnce(&mut Args<'a>),
     ) -> Result<()> {
         let f = self.func(name)?;
-        let mut a = Args {
-            ptrs: Vec::with_capacity(16),
-            _values: std::marker::PhantomData,
-        };
+        let mut a = Args::new();
         args(&mut a);
         // SAFETY: the argument lists match the kernels' signatures (see `program.rs`), and every
         // pointer is a live buffer of this device large enough for what the kernel indexes.
