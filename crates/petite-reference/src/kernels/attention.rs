@@ -1,6 +1,7 @@
 //! Softmax and scaled-dot-product attention (eager transformers order: `q·kᵀ`, then `· scale`,
-//! then `+ mask`, softmax in f32, then `· v`), with grouped KV heads. Two GEMMs per head; heads
-//! run in parallel, each head's arithmetic is the same whatever the thread count.
+//! then `+ mask`, softmax in f32, then `· v`), with grouped KV heads. Two GEMMs per KV group (the
+//! query heads that share a KV head stacked as rows); groups run in parallel, each output's
+//! arithmetic is the same whatever the grouping or the thread count.
 
 use super::matmul::{MatRef, gemm_f32};
 use crate::bf16::round_slice_through_bf16;
@@ -20,22 +21,24 @@ pub fn softmax_lastdim(x: &mut [f32], d: usize) -> Result<()> {
             format!("input of {} elements is not rows of {d}", x.len()),
         ));
     }
-    let row_fn = |row: &mut [f32]| {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0f64;
-        for v in row.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v as f64;
-        }
-        let inv = 1.0 / sum as f32;
-        row.iter_mut().for_each(|v| *v *= inv);
-    };
     if x.len() >= super::PAR_MIN {
-        x.par_chunks_mut(d).for_each(row_fn);
+        x.par_chunks_mut(d).for_each(softmax_row);
     } else {
-        x.chunks_mut(d).for_each(row_fn);
+        x.chunks_mut(d).for_each(softmax_row);
     }
     Ok(())
+}
+
+/// One row of [`softmax_lastdim`], in place.
+fn softmax_row(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = 1.0 / sum as f32;
+    row.iter_mut().for_each(|v| *v *= inv);
 }
 
 /// Shapes of one attention call: `q [b, h, sq, d]`, `k [b, kvh, sk, d]`, `v [b, kvh, sk, dv]`,
@@ -130,53 +133,64 @@ pub fn sdpa(
     if out.is_empty() {
         return Ok(out);
     }
-    let heads = b * h;
+    // The query heads that share a KV head are contiguous in `q` and `out`, so each KV group is
+    // two GEMMs of `group · sq` rows (one `kᵀ` panel and one `v` read for all its heads rather
+    // than once per head). Every output is its own fused-multiply-add chain whatever the number
+    // of rows, so this gives the per-head products bit for bit.
+    let groups = b * kvh;
     let one = |(idx, dst): (usize, &mut [f32]), parallel: bool| -> Result<()> {
-        let (bi, hi) = (idx / h, idx % h);
-        let g = hi / group;
-        let qh = &q[(bi * h + hi) * sq * d..][..sq * d];
+        let (bi, g) = (idx / kvh, idx % kvh);
+        let rows = group * sq;
+        let qg = &q[(bi * h + g * group) * sq * d..][..rows * d];
         let kh = &k[(bi * kvh + g) * sk * d..][..sk * d];
         let vh = &v[(bi * kvh + g) * sk * dv..][..sk * dv];
-        let mut scores = vec![0.0f32; sq * sk];
+        let mut scores = vec![0.0f32; rows * sk];
         gemm_f32(
             &mut scores,
-            MatRef::row_major(qh, sq, d)?,
+            MatRef::row_major(qg, rows, d)?,
             MatRef::row_major(kh, sk, d)?.t(),
             false,
             parallel,
         )?;
-        if bf16_intermediates {
-            round_slice_through_bf16(&mut scores);
-        }
-        scores.iter_mut().for_each(|s| *s *= scale);
-        if bf16_intermediates {
-            round_slice_through_bf16(&mut scores);
-        }
-        if let Some((m, [sb, sh, sqs, sks])) = mask {
-            for qi in 0..sq {
+        // Row `r` is query `r % sq` of head `g·group + r / sq`; everything up to the PV product
+        // is row-local.
+        let row_fn = |(r, row): (usize, &mut [f32])| {
+            if bf16_intermediates {
+                round_slice_through_bf16(row);
+            }
+            row.iter_mut().for_each(|s| *s *= scale);
+            if bf16_intermediates {
+                round_slice_through_bf16(row);
+            }
+            if let Some((m, [sb, sh, sqs, sks])) = mask {
+                let (hi, qi) = (g * group + r / sq, r % sq);
                 let base = bi * sb + hi * sh + qi * sqs;
-                let row = &mut scores[qi * sk..(qi + 1) * sk];
                 for (ki, s) in row.iter_mut().enumerate() {
                     *s += m[base + ki * sks];
                 }
             }
-        }
-        softmax_lastdim(&mut scores, sk)?;
-        if bf16_intermediates {
-            round_slice_through_bf16(&mut scores);
+            softmax_row(row);
+            if bf16_intermediates {
+                round_slice_through_bf16(row);
+            }
+        };
+        if parallel && scores.len() >= super::PAR_MIN {
+            scores.par_chunks_mut(sk).enumerate().for_each(row_fn);
+        } else {
+            scores.chunks_mut(sk).enumerate().for_each(row_fn);
         }
         gemm_f32(
             dst,
-            MatRef::row_major(&scores, sq, sk)?,
+            MatRef::row_major(&scores, rows, sk)?,
             MatRef::row_major(vh, sk, dv)?,
             false,
             parallel,
         )
     };
-    if heads == 1 {
+    if groups == 1 {
         one((0, &mut out[..]), true)?;
     } else {
-        out.par_chunks_mut(sq * dv)
+        out.par_chunks_mut(group * sq * dv)
             .enumerate()
             .try_for_each(|x| one(x, false))?;
     }
@@ -275,6 +289,74 @@ mod tests {
         }
         assert!(sdpa(&q, &k, &v, None, SdpaShape { kvh: 3, ..s }, 1.0, false).is_err());
         assert!(sdpa(&q, &k, &v, Some((&mask, [2, 1, 5, 6])), s, 1.0, false).is_err());
+    }
+
+    /// A KV group's heads run as one product of `group · sq` rows: the same bits as each head
+    /// alone (a different tiling, thread split and packing path; one order per output).
+    #[test]
+    fn grouped_heads_give_each_heads_bits() {
+        let s = SdpaShape {
+            b: 2,
+            h: 8,
+            kvh: 2,
+            sq: 37,
+            sk: 70,
+            d: 40,
+            dv: 24,
+        };
+        let q = seq(s.b * s.h * s.sq * s.d, 4);
+        let k = seq(s.b * s.kvh * s.sk * s.d, 5);
+        let v = seq(s.b * s.kvh * s.sk * s.dv, 6);
+        // a per-head mask [b, h, sq, sk], some keys blocked
+        let mask: Vec<f32> = seq(s.b * s.h * s.sq * s.sk, 7)
+            .into_iter()
+            .map(|x| if x > 0.6 { -2.381_976_3e38 } else { x })
+            .collect();
+        for bf16 in [false, true] {
+            let got = sdpa(
+                &q,
+                &k,
+                &v,
+                Some((&mask, [s.b, s.h, s.sq, s.sk])),
+                s,
+                0.3,
+                bf16,
+            )
+            .unwrap();
+            assert_eq!(got.len(), s.b * s.h * s.sq * s.dv);
+            assert!(got.iter().all(|x| x.is_finite()));
+            let one = SdpaShape {
+                b: 1,
+                h: 1,
+                kvh: 1,
+                ..s
+            };
+            for bi in 0..s.b {
+                for hi in 0..s.h {
+                    let g = hi / (s.h / s.kvh);
+                    let head = bi * s.h + hi;
+                    let want = sdpa(
+                        &q[head * s.sq * s.d..][..s.sq * s.d],
+                        &k[(bi * s.kvh + g) * s.sk * s.d..][..s.sk * s.d],
+                        &v[(bi * s.kvh + g) * s.sk * s.dv..][..s.sk * s.dv],
+                        Some((
+                            &mask[head * s.sq * s.sk..][..s.sq * s.sk],
+                            [1, 1, s.sq, s.sk],
+                        )),
+                        one,
+                        0.3,
+                        bf16,
+                    )
+                    .unwrap();
+                    let got = &got[head * s.sq * s.dv..][..s.sq * s.dv];
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "batch {bi} head {hi} (bf16 {bf16}) differs");
+                }
+            }
+        }
     }
 
     #[test]

@@ -504,7 +504,8 @@ fn linear_of(
 
 /// Batched matmul `a[batch, m, k] · b[batch, k, n]` → `[batch, m, n]`, where a batch index maps
 /// to an offset in each operand (`a_off[i]`, `b_off[i]`, elements) so broadcast batches share
-/// storage. Batches run in parallel when there are several; a single one parallelises inside.
+/// storage. Consecutive batches sharing their rhs run as one product; products run in parallel
+/// when there are several, a single one parallelises inside.
 pub fn matmul_batched(
     a: &[f32],
     a_off: &[usize],
@@ -530,27 +531,54 @@ pub fn matmul_batched(
     if len == 0 {
         return Ok(out);
     }
-    let one = |(i, dst): (usize, &mut [f32]), parallel: bool| -> Result<()> {
+    // Consecutive batches that read the same rhs and whose lhs follow each other in memory (the
+    // query heads of one KV head, broadcast over the heads) are one product of their stacked
+    // rows: the rhs is packed once for all of them. Each output is its own fused-multiply-add
+    // chain whatever the number of rows, so this gives every batch's bits.
+    let mut runs: Vec<(usize, usize)> = Vec::new(); // (first batch, batches)
+    for i in 0..batch {
+        match runs.last_mut() {
+            Some((first, count))
+                if b_off[*first] == b_off[i]
+                    && Some(a_off[i])
+                        == (m * k)
+                            .checked_mul(*count)
+                            .and_then(|o| o.checked_add(a_off[*first])) =>
+            {
+                *count += 1
+            }
+            _ => runs.push((i, 1)),
+        }
+    }
+    let one = |(first, count): (usize, usize), dst: &mut [f32], parallel: bool| -> Result<()> {
+        let rows = m * count;
         let aa = a
-            .get(a_off[i]..)
-            .ok_or_else(|| kerr("matmul", format!("batch {i}: lhs offset out of range")))?;
+            .get(a_off[first]..)
+            .ok_or_else(|| kerr("matmul", format!("batch {first}: lhs offset out of range")))?;
         let bb = b
-            .get(b_off[i]..)
-            .ok_or_else(|| kerr("matmul", format!("batch {i}: rhs offset out of range")))?;
+            .get(b_off[first]..)
+            .ok_or_else(|| kerr("matmul", format!("batch {first}: rhs offset out of range")))?;
         gemm_f32(
             dst,
-            MatRef::row_major(aa, m, k)?,
+            MatRef::row_major(aa, rows, k)?,
             MatRef::row_major(bb, k, n)?,
             false,
             parallel,
         )
     };
-    if batch == 1 {
-        one((0, &mut out[..]), true)?;
+    if let [run] = runs[..] {
+        one(run, &mut out[..], true)?;
     } else {
-        out.par_chunks_mut(m * n)
-            .enumerate()
-            .try_for_each(|x| one(x, false))?;
+        let mut parts: Vec<((usize, usize), &mut [f32])> = Vec::with_capacity(runs.len());
+        let mut rest = &mut out[..];
+        for &run in &runs {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(run.1 * m * n);
+            parts.push((run, head));
+            rest = tail;
+        }
+        parts
+            .into_par_iter()
+            .try_for_each(|(run, dst)| one(run, dst, false))?;
     }
     Ok(out)
 }
@@ -823,6 +851,42 @@ mod tests {
         let b = [1., 1.];
         let y = matmul_batched(&a, &[0, 4], &b, &[0, 0], 2, 2, 1).unwrap();
         assert_eq!(y, vec![3., 7., 11., 15.]);
+    }
+
+    /// Batches that share their rhs run as one product of stacked rows: each batch's bits are
+    /// those of its own product (runs of 3, 2 and 1 shared rhs; lhs in order and out of order).
+    #[test]
+    fn batches_sharing_a_rhs_give_their_own_bits() {
+        let (m, k, n) = (37usize, 40usize, 70usize);
+        let val = |i: usize| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5;
+        let a: Vec<f32> = (0..6 * m * k).map(val).collect();
+        let b: Vec<f32> = (0..2 * k * n).map(|i| val(i + 13)).collect();
+        let b_off = [0, 0, 0, k * n, k * n, 0];
+        for a_off in [
+            [0, 1, 2, 3, 4, 5].map(|i| i * m * k),
+            [5, 4, 3, 2, 1, 0].map(|i| i * m * k),
+        ] {
+            let y = matmul_batched(&a, &a_off, &b, &b_off, m, k, n).unwrap();
+            assert_eq!(y.len(), 6 * m * n);
+            for i in 0..6 {
+                let mut want = vec![0.0f32; m * n];
+                gemm_f32(
+                    &mut want,
+                    MatRef::row_major(&a[a_off[i]..], m, k).unwrap(),
+                    MatRef::row_major(&b[b_off[i]..], k, n).unwrap(),
+                    false,
+                    false,
+                )
+                .unwrap();
+                let got = &y[i * m * n..][..m * n];
+                assert!(got.iter().all(|x| x.is_finite()));
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(x, w)| x.to_bits() == w.to_bits());
+                assert!(same, "batch {i} of {a_off:?} differs");
+            }
+        }
     }
 
     #[test]
