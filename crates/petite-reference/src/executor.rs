@@ -122,10 +122,21 @@ impl<'a> Executor<'a> {
         }
         let consumers = program.consumers();
         // A weight the source cannot describe is left out here; its read fails with the error.
+        // A table read only by row gathers is not read ahead whole (the token embedding is 2 GiB
+        // in f32, of which a prompt reads a few hundred rows): the gather asks for its rows.
+        let gathered_only = |v: NodeId| {
+            consumers[v.index()]
+                .iter()
+                .filter(|c| live[c.index()])
+                .all(|&c| {
+                    let n = program.node(c);
+                    matches!(n.op, Op::Embedding) && n.inputs.first() == Some(&v)
+                })
+        };
         let mut ahead: Vec<_> = program
             .weights()
             .into_iter()
-            .filter(|w| live[w.node.index()])
+            .filter(|w| live[w.node.index()] && !gathered_only(w.node))
             .filter_map(|w| {
                 let first = consumers[w.node.index()]
                     .iter()
@@ -1206,9 +1217,26 @@ impl<'a> Ctx<'_, 'a> {
         let (rows, d) = (tt.shape[0], tt.shape[1]);
         let table = self.input(0);
         if matches!(self.slots[table.index()], Slot::Weight) && tt.dtype.is_float() {
-            // Read only the rows asked for, straight from the weight's bytes.
+            // Read only the rows asked for, straight from the weight's bytes, all asked for
+            // first (`MADV_WILLNEED`) so that rows still on disk are read at once, not one by one.
             let (view, declared) = self.weight_view(table)?;
             let es = view.dtype.size();
+            if let Op::Weight { name, rows: sliced } = &self.p().node(table).op {
+                let first = sliced.map_or(0, |[start, _]| start);
+                let mut asked = idx.clone();
+                asked.sort_unstable();
+                asked.dedup();
+                for &i in asked
+                    .iter()
+                    .filter(|&&i| i >= 0 && (i as u64) < rows as u64)
+                {
+                    let at = (first + i as usize) * d * es;
+                    self.ex
+                        .weights
+                        .prefetch_range(name, at, at + d * es)
+                        .map_err(|e| err(format!("weight {name:?}: {e}")))?;
+                }
+            }
             let mut out = Vec::with_capacity(idx.len() * d);
             for (pos, &i) in idx.iter().enumerate() {
                 if i < 0 || i as u64 >= rows as u64 {

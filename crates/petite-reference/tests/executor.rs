@@ -187,6 +187,77 @@ fn embedding_reads_rows_from_weight_and_checks_indices() {
     );
 }
 
+/// Records the readahead an executor asks for.
+struct Recording<'a> {
+    inner: &'a MemoryWeights,
+    asked: std::sync::Mutex<Vec<(String, usize, usize)>>,
+}
+
+impl petite_weights::WeightSource for Recording<'_> {
+    fn names(&self) -> Vec<String> {
+        self.inner.names()
+    }
+    fn info(&self, name: &str) -> petite_weights::Result<petite_weights::TensorInfo> {
+        self.inner.info(name)
+    }
+    fn tensor(&self, name: &str) -> petite_weights::Result<petite_weights::TensorView<'_>> {
+        self.inner.tensor(name)
+    }
+    fn release(&self, names: &[&str]) -> petite_weights::Result<()> {
+        self.inner.release(names)
+    }
+    fn prefetch_range(&self, name: &str, start: usize, end: usize) -> petite_weights::Result<()> {
+        self.asked
+            .lock()
+            .unwrap()
+            .push((name.to_string(), start, end));
+        Ok(())
+    }
+}
+
+/// A table read only by a row gather is never read ahead whole (pi0.5's token embedding is
+/// 2 GiB in f32, a prompt reads a few hundred rows of it): the gather asks for its rows; a
+/// linear's weight is still read ahead whole.
+#[test]
+fn gathered_tables_are_read_ahead_by_row() {
+    let mut b = Builder::new();
+    let t = b.input("tokens", Dtype::I64, &[3]).unwrap();
+    let table = b.weight("emb", Dtype::F32, &[1000, 4]).unwrap();
+    let e = b.embedding(table, t).unwrap();
+    let w = b.weight("w", Dtype::F32, &[2, 4]).unwrap();
+    let y = b.linear(e, w, None).unwrap();
+    b.output("y", y).unwrap();
+    let p = b.finish().unwrap();
+    let mut ws = MemoryWeights::new();
+    let table_vals: Vec<f32> = (0..4000).map(|i| i as f32).collect();
+    ws.insert_f32("emb", &[1000, 4], &table_vals).unwrap();
+    ws.insert_f32("w", &[2, 4], &[1., 0., 0., 0., 0., 0., 0., 1.])
+        .unwrap();
+    let rec = Recording {
+        inner: &ws,
+        asked: Default::default(),
+    };
+    let out = Executor::new(&p, &rec)
+        .unwrap()
+        .run(inputs(vec![(
+            "tokens",
+            Tensor::i64(&[3], vec![7, 999, 7]).unwrap(),
+        )]))
+        .unwrap();
+    assert_eq!(f32s(&out["y"]), vec![28., 31., 3996., 3999., 28., 31.]);
+    let mut asked = rec.asked.into_inner().unwrap();
+    asked.sort();
+    // rows 7 and 999 (16 bytes each, once each), and the whole of `w`
+    assert_eq!(
+        asked,
+        vec![
+            ("emb".to_string(), 7 * 16, 8 * 16),
+            ("emb".to_string(), 999 * 16, 1000 * 16),
+            ("w".to_string(), 0, 32),
+        ]
+    );
+}
+
 #[test]
 fn matmul_broadcast_conv_layernorm_split_hand_computed() {
     let mut b = Builder::new();
