@@ -57,6 +57,16 @@ fn bench(c: &mut Criterion) {
     g.bench_function("linear_50x1024x4096_rayon", |b| {
         b.iter(|| black_box(linear(&xs, m, &ws, n, None).unwrap()))
     });
+    // The same product over 48 different weights in turn (768 MiB, more than this VM's share
+    // of the last-level cache): as a denoising step reads its 300M weights, from memory.
+    let cold: Vec<Vec<f32>> = (0..48).map(|i| data(n * k, 100 + i)).collect();
+    let mut next = 0usize;
+    g.bench_function("linear_50x1024x4096_rayon_cold_weights", |b| {
+        b.iter(|| {
+            next = (next + 1) % cold.len();
+            black_box(linear(&xs, m, &cold[next], n, None).unwrap())
+        })
+    });
     g.finish();
 
     // bf16 programs' linears (bf16 activations and weights): the exact path (weights widened

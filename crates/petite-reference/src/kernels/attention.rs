@@ -257,6 +257,15 @@ mod tests {
             .collect()
     }
 
+    /// q, k and v of shape `s`, from seeds `seed`, `seed + 1`, `seed + 2`.
+    fn qkv(s: SdpaShape, seed: u32) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        (
+            seq(s.b * s.h * s.sq * s.d, seed),
+            seq(s.b * s.kvh * s.sk * s.d, seed + 1),
+            seq(s.b * s.kvh * s.sk * s.dv, seed + 2),
+        )
+    }
+
     #[test]
     fn gqa_with_mask_matches_naive() {
         let s = SdpaShape {
@@ -268,9 +277,7 @@ mod tests {
             d: 8,
             dv: 6,
         };
-        let q = seq(s.b * s.h * s.sq * s.d, 1);
-        let k = seq(s.b * s.kvh * s.sk * s.d, 2);
-        let v = seq(s.b * s.kvh * s.sk * s.dv, 3);
+        let (q, k, v) = qkv(s, 1);
         // mask [b, 1, sq, sk]: block the last two keys for batch 0, and everything for row 0 of
         // batch 1 (a fully masked row becomes uniform, as with lerobot's finite fill)
         let mut mask = vec![0.0f32; s.b * s.sq * s.sk];
@@ -304,9 +311,7 @@ mod tests {
             d: 40,
             dv: 24,
         };
-        let q = seq(s.b * s.h * s.sq * s.d, 4);
-        let k = seq(s.b * s.kvh * s.sk * s.d, 5);
-        let v = seq(s.b * s.kvh * s.sk * s.dv, 6);
+        let (q, k, v) = qkv(s, 4);
         // a per-head mask [b, h, sq, sk], some keys blocked
         let mask: Vec<f32> = seq(s.b * s.h * s.sq * s.sk, 7)
             .into_iter()
