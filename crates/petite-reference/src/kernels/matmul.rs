@@ -541,8 +541,8 @@ pub fn matmul_batched(
             Some((first, count))
                 if b_off[*first] == b_off[i]
                     && Some(a_off[i])
-                        == (m * k)
-                            .checked_mul(*count)
+                        == m.checked_mul(k)
+                            .and_then(|mk| mk.checked_mul(*count))
                             .and_then(|o| o.checked_add(a_off[*first])) =>
             {
                 *count += 1
