@@ -5,7 +5,7 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use petite_reference::kernels::{
-    MatRef, SdpaShape, cpu_bf16_tiles, gemm_f32, linear, linear_bf16, linear_bf16_any_order, sdpa,
+    MatRef, SdpaShape, cpu_bf16_unit, gemm_f32, linear, linear_bf16, linear_bf16_any_order, sdpa,
 };
 use std::hint::black_box;
 use std::time::Duration;
@@ -70,13 +70,13 @@ fn bench(c: &mut Criterion) {
     g.finish();
 
     // bf16 programs' linears (bf16 activations and weights): the exact path (weights widened
-    // while packed, f32 FMA) against the CPU's own order (the AMX tile unit where present; the
+    // while packed, f32 FMA) against the CPU's own order (the AMX tile unit where present, the
     // same exact path elsewhere), measured in the same run.
     let mut g = c.benchmark_group("bf16");
     g.sample_size(10)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(5));
-    eprintln!("bf16 tile unit (AMX-BF16) in use: {}", cpu_bf16_tiles());
+    eprintln!("bf16 unit in use: {:?}", cpu_bf16_unit());
     for (m, k, n) in [
         (968usize, 2048usize, 16384usize),
         (968, 16384, 2048),

@@ -352,7 +352,7 @@ fn mask(n: usize) -> __mmask16 {
 /// Transposes 16 rows of 16 floats in place: 4×4 blocks within each 128-bit lane (two unpack
 /// stages), then the 4×4 grid of lanes (two lane-shuffle stages).
 #[target_feature(enable = "avx512f")]
-fn transpose16(r: &mut [__m512; 16]) {
+pub(super) fn transpose16(r: &mut [__m512; 16]) {
     let mut t = [_mm512_setzero_ps(); 16];
     for i in 0..8 {
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);

@@ -381,11 +381,11 @@ pub fn linear_bf16(
     linear_of(x, rows, Weight::Bf16(w), n, bias, false)
 }
 
-/// [`linear_bf16`] for a caller that accepts sums in the CPU's own order: on a CPU with
-/// AMX-BF16 (and `PETITE_CPU_AMX` not `off`), when every `x` value is a bf16 (a bf16 program's
-/// activations), the product runs on the tile unit — bf16 products are exact in f32, so the
-/// result differs from [`linear_bf16`]'s only by f32 rounding of the sums, but it is not the
-/// same bits on every CPU. Elsewhere it is [`linear_bf16`]. Never for bytes that are exported.
+/// [`linear_bf16`] for a caller that accepts sums in the CPU's own order: when every `x` value
+/// is a bf16 (a bf16 program's activations), the product runs on the CPU's bf16 unit where there
+/// is one ([`cpu_bf16_unit`]) — bf16 products are exact in f32, so the result differs from
+/// [`linear_bf16`]'s only by f32 rounding of the sums, but it is not the same bits on every CPU.
+/// Elsewhere it is [`linear_bf16`]. Never for bytes that are exported.
 pub fn linear_bf16_any_order(
     x: &[f32],
     rows: usize,
@@ -396,16 +396,38 @@ pub fn linear_bf16_any_order(
     linear_of(x, rows, Weight::Bf16(w), n, bias, true)
 }
 
-/// Whether [`linear_bf16_any_order`] runs on the tile unit here (AMX-BF16 present, permitted
-/// by the OS, not turned off with `PETITE_CPU_AMX=off`).
-pub fn cpu_bf16_tiles() -> bool {
+/// The unit [`linear_bf16_any_order`] runs on here, if not the exact f32 path: AMX-BF16's tile
+/// unit (present, permitted by the OS, not turned off with `PETITE_CPU_AMX=off`), else
+/// AVX512-BF16's dot products (on AMD CPUs, where they double the f32 FMA's multiply-add rate;
+/// `PETITE_CPU_DPBF16=on|off` overrides).
+pub fn cpu_bf16_unit() -> Option<Bf16Unit> {
     #[cfg(target_arch = "x86_64")]
     {
-        super::amx::available()
+        if super::amx::available() {
+            return Some(Bf16Unit::AmxTiles);
+        }
+        if super::dpbf16::available() {
+            return Some(Bf16Unit::Avx512DotProducts);
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+    None
+}
+
+/// A CPU unit for bf16 products ([`cpu_bf16_unit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bf16Unit {
+    /// Intel AMX-BF16 (`tdpbf16ps`).
+    AmxTiles,
+    /// AVX512-BF16 (`vdpbf16ps`).
+    Avx512DotProducts,
+}
+
+impl std::fmt::Display for Bf16Unit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Bf16Unit::AmxTiles => "AMX-BF16 tile unit",
+            Bf16Unit::Avx512DotProducts => "AVX512-BF16 dot products",
+        })
     }
 }
 
@@ -468,12 +490,17 @@ fn linear_of(
         Weight::F32(w) => w,
         Weight::Bf16(bits) => {
             #[cfg(target_arch = "x86_64")]
-            if any_order
-                && k > 0
-                && super::amx::available()
-                && super::amx::linear(&mut out, x, rows, k, bits, n)
-            {
-                return Ok(out);
+            if any_order && k > 0 && n > 0 {
+                let done = match cpu_bf16_unit() {
+                    Some(Bf16Unit::AmxTiles) => super::amx::linear(&mut out, x, rows, k, bits, n),
+                    Some(Bf16Unit::Avx512DotProducts) => {
+                        super::dpbf16::linear(&mut out, x, rows, k, bits, n, accumulate)
+                    }
+                    None => false,
+                };
+                if done {
+                    return Ok(out);
+                }
             }
             #[cfg(not(target_arch = "x86_64"))]
             let _ = any_order;
@@ -1107,7 +1134,7 @@ mod soundness {
             let got = linear_bf16_any_order(&x, m, &bits, n, bias).unwrap();
             prop_assert!(within_any_order_bound(&got, &x, m, &wide, n, bias).is_ok(),
                 "{}x{}x{}: {:?}", m, k, n, within_any_order_bound(&got, &x, m, &wide, n, bias));
-            if !cpu_bf16_tiles() {
+            if cpu_bf16_unit().is_none() {
                 let want = linear_bf16(&x, m, &bits, n, bias).unwrap();
                 prop_assert!(got.iter().zip(&want).all(|(p, q)| p.to_bits() == q.to_bits()));
             }

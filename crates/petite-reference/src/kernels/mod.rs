@@ -4,8 +4,8 @@
 //! a cascade, so results sit at least as close to the exact value). Each kernel's result depends
 //! only on its arguments: reduction orders are fixed and independent of thread count. The one
 //! exception is asked for by name: [`linear_bf16_any_order`] (bf16 activations × bf16 weights)
-//! sums on the CPU's bf16 tile unit where there is one (AMX-BF16), in that unit's order — the
-//! same bits run to run on one CPU, not across CPUs.
+//! sums on the CPU's bf16 unit where there is one (AMX-BF16's tiles, or AVX512-BF16's dot products
+//! on AMD CPUs), in that unit's order — the same bits run to run on one CPU, not across CPUs.
 
 mod activation;
 #[cfg(target_arch = "x86_64")]
@@ -14,6 +14,8 @@ mod attention;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod conv;
+#[cfg(target_arch = "x86_64")]
+mod dpbf16;
 mod elementwise;
 mod matmul;
 mod norm;
@@ -26,8 +28,8 @@ pub use attention::{SdpaShape, sdpa, softmax_lastdim};
 pub use conv::{Conv2dParams, conv2d, conv2d_out_hw};
 pub use elementwise::{broadcast_shape, broadcast_strides, broadcast_to, map_binary, map_ternary};
 pub use matmul::{
-    DEPTH_CHUNK, MatRef, ORDER_SHAPES, cpu_bf16_tiles, depth_chunks, gemm_f32, linear, linear_bf16,
-    linear_bf16_any_order, matmul_batched, summation_order_check,
+    Bf16Unit, DEPTH_CHUNK, MatRef, ORDER_SHAPES, cpu_bf16_unit, depth_chunks, gemm_f32, linear,
+    linear_bf16, linear_bf16_any_order, matmul_batched, summation_order_check,
 };
 pub use norm::{layer_norm, rms_norm};
 pub use rope::{rope_cos_sin, rope_inv_freq, rotary_halves};

@@ -34,14 +34,14 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<()> {
     }
     // bf16 programs' linears on the CPU (verify, act, pi05 run --dtype bf16): the tile unit
     // where there is one; the timestep table never uses it.
-    println!(
-        "bf16 linears: {}",
-        if petite_reference::kernels::cpu_bf16_tiles() {
-            "AMX-BF16 tile unit (sums in the unit's order; PETITE_CPU_AMX=off for the exact path)"
-        } else {
-            "the exact f32 path (no AMX-BF16 here, or PETITE_CPU_AMX=off)"
-        }
-    );
+    match petite_reference::kernels::cpu_bf16_unit() {
+        Some(unit) => println!(
+            "bf16 linears: {unit} (sums in the unit's order; PETITE_CPU_AMX=off / PETITE_CPU_DPBF16=off for the exact path)"
+        ),
+        None => println!(
+            "bf16 linears: the exact f32 path (no AMX-BF16 here, no AVX512-BF16 on an AMD CPU, or turned off)"
+        ),
+    }
     match petite_engine::gpu::probe() {
         Some(g) => println!(
             "gpu: {} (compute capability {}.{}, {:.1} GiB, {})",
