@@ -341,7 +341,7 @@ fn pack_transposed(
 }
 
 /// The first `n` lanes (n ≤ 16).
-fn mask(n: usize) -> __mmask16 {
+pub(super) fn mask(n: usize) -> __mmask16 {
     if n >= 16 {
         0xffff
     } else {
@@ -450,19 +450,6 @@ unsafe fn tile<const R: usize, const PACKED: bool, const FULL: bool>(t: Tile) {
             step!(t.a.add(p), t.a_rs, p);
         }
     }
-    for r in 0..R {
-        // SAFETY: as the function's contract states.
-        unsafe {
-            let d = t.d.add(r * t.d_rs);
-            if t.first {
-                _mm512_mask_storeu_ps(d, t.m0, acc0[r]);
-                _mm512_mask_storeu_ps(d.add(16), t.m1, acc1[r]);
-            } else {
-                let o0 = _mm512_maskz_loadu_ps(t.m0, d);
-                let o1 = _mm512_maskz_loadu_ps(t.m1, d.add(16));
-                _mm512_mask_storeu_ps(d, t.m0, _mm512_add_ps(o0, acc0[r]));
-                _mm512_mask_storeu_ps(d.add(16), t.m1, _mm512_add_ps(o1, acc1[r]));
-            }
-        }
-    }
+    // SAFETY: as the function's contract states.
+    unsafe { write_tile!(acc0, acc1, R, t.d, t.d_rs, t.m0, t.m1, t.first) };
 }

@@ -22,7 +22,8 @@
 //! transpose of 32-bit pairs in registers), `KP` pairs deep, so a tile's `x` rows stay in L1
 //! and the task's panels in L2.
 
-use super::matmul::SendPtr;
+use super::avx512::mask;
+use super::matmul::{SendPtr, near_equal_pieces};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -71,17 +72,7 @@ fn is_amd() -> bool {
 /// Row tiles of `m` rows: `⌈m/12⌉` tiles of near-equal height (50 rows: five of 10, not four of
 /// 12 and one of 2), as (first row, rows).
 fn row_tiles(m: usize) -> Vec<(usize, usize)> {
-    let t = m.div_ceil(MR).max(1);
-    let (q, r) = (m / t, m % t);
-    let mut start = 0;
-    (0..t)
-        .map(|i| {
-            let len = q + usize::from(i < r);
-            let c = (start, len);
-            start += len;
-            c
-        })
-        .collect()
+    near_equal_pieces(m, m.div_ceil(MR).max(1))
 }
 
 /// `out[m×n] = (accumulate ? out : 0) + x[m×k] · w[n×k]ᵀ` (all row-major). Without
@@ -273,15 +264,6 @@ fn pack_w(panel: &mut [u32], w: &[u16], k: usize, j: usize, wd: usize, p0: usize
     }
 }
 
-/// The first `n` lanes (n ≤ 16).
-fn mask(n: usize) -> __mmask16 {
-    if n >= 16 {
-        0xffff
-    } else {
-        ((1u32 << n) - 1) as __mmask16
-    }
-}
-
 /// One tile's operands: `x` pairs at `a` (MR a step), weight pairs at `b` (32 a step), `pc`
 /// steps; the output at `d` (row stride `d_rs`), lanes outside `m0`/`m1` untouched, the sums
 /// stored (`store`) or added.
@@ -347,21 +329,8 @@ unsafe fn tile<const R: usize>(t: Tile) {
             }
         }
     }
-    for r in 0..R {
-        // SAFETY: as the function's contract states.
-        unsafe {
-            let d = t.d.add(r * t.d_rs);
-            if t.store {
-                _mm512_mask_storeu_ps(d, t.m0, acc0[r]);
-                _mm512_mask_storeu_ps(d.add(16), t.m1, acc1[r]);
-            } else {
-                let o0 = _mm512_maskz_loadu_ps(t.m0, d);
-                let o1 = _mm512_maskz_loadu_ps(t.m1, d.add(16));
-                _mm512_mask_storeu_ps(d, t.m0, _mm512_add_ps(o0, acc0[r]));
-                _mm512_mask_storeu_ps(d.add(16), t.m1, _mm512_add_ps(o1, acc1[r]));
-            }
-        }
-    }
+    // SAFETY: as the function's contract states.
+    unsafe { write_tile!(acc0, acc1, R, t.d, t.d_rs, t.m0, t.m1, t.store) };
 }
 
 #[cfg(test)]

@@ -172,14 +172,19 @@ pub const DEPTH_CHUNK: usize = 512;
 /// ones one longer): each at most [`DEPTH_CHUNK`], none of 1 or 2 when `k > 2` (which `gemm`
 /// would compute with its ISA-ordered outer-product kernel).
 pub fn depth_chunks(k: usize) -> Vec<(usize, usize)> {
-    let n = k.div_ceil(DEPTH_CHUNK).max(1);
-    let (q, r) = (k / n, k % n);
+    near_equal_pieces(k, k.div_ceil(DEPTH_CHUNK).max(1))
+}
+
+/// `0..len` in `pieces` consecutive pieces whose lengths differ by at most one (the longer
+/// first), as (start, length).
+pub(super) fn near_equal_pieces(len: usize, pieces: usize) -> Vec<(usize, usize)> {
+    let (q, r) = (len / pieces, len % pieces);
     let mut start = 0;
-    (0..n)
+    (0..pieces)
         .map(|i| {
-            let len = q + usize::from(i < r);
-            let c = (start, len);
-            start += len;
+            let l = q + usize::from(i < r);
+            let c = (start, l);
+            start += l;
             c
         })
         .collect()
