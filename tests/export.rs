@@ -140,6 +140,78 @@ fn same_inputs_give_identical_bytes_and_a_rerun_reuses_everything() {
     assert_eq!(outputs(&a), outputs(&b));
 }
 
+/// A copy of golden case `name` in `dir`, whose files' modification times a test may change.
+fn copy_case(name: &str, dir: &Path) -> std::path::PathBuf {
+    let c = dir.join(name);
+    std::fs::create_dir_all(&c).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(case(name).join(f), c.join(f)).unwrap();
+    }
+    c
+}
+
+/// Sets `path`'s modification time `by` later than it is.
+fn touch_later(path: &Path, by: Duration) {
+    let t = std::fs::metadata(path).unwrap().modified().unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(t + by)
+        .unwrap();
+}
+
+/// Design invariant 4 (no time stamps in content): the same checkpoint gives the same bytes
+/// whenever its file was written (a fresh clone, a copy), for every backend that writes
+/// `.pte` files — yet a re-run after the checkpoint's file changed reuses nothing of the
+/// earlier run (its values may differ under the same header).
+#[test]
+fn checkpoint_modification_time_reaches_no_output_byte_and_still_forces_a_rebuild() {
+    let s = Scratch::new("mtime");
+    let c = copy_case("two_cams_mqa", &s.0);
+    let model = c.join("model.safetensors");
+    for backend in ["reference", "portable"] {
+        let (a, b) = (
+            s.0.join(format!("{backend}-a")),
+            s.0.join(format!("{backend}-b")),
+        );
+        let keep: &[&str] = if backend == "reference" {
+            &["--keep-engines"]
+        } else {
+            &[]
+        };
+        // --engine-cap (this file's `export`) applies to the engine backends only.
+        let run = |out: &Path, extra: &[&str]| {
+            let mut cmd = if backend == "portable" {
+                common::export_cmd(&c, out)
+            } else {
+                export_cmd(&c, out, extra)
+            };
+            ok(cmd.args(["--backend", backend]).output().unwrap());
+        };
+        run(&a, keep);
+        let before = outputs(&a);
+        touch_later(&model, Duration::from_secs(3600));
+        run(&b, &[]);
+        assert!(
+            before == outputs(&b),
+            "{backend}: the bytes changed with the checkpoint's modification time"
+        );
+        // Into the first directory again: the checkpoint's file changed, so its engines are
+        // built again, not reused; the bytes are still the same.
+        run(&a, keep);
+        if backend == "reference" {
+            let r = report(&a);
+            assert_eq!(r["engines"]["reused"], 0, "{r:#}");
+            assert!(r["engines"]["built"].as_u64().unwrap() >= 4, "{r:#}");
+        }
+        assert!(
+            before == outputs(&a),
+            "{backend}: the re-run's bytes differ"
+        );
+    }
+}
+
 /// Starts a slowed export and waits until `n` engines are finished: segments journaled as on
 /// storage in the partial `.pte`s under `engines/` (engines are written in place).
 fn start_and_wait_for_engines(c: &Path, out: &Path, n: usize) -> std::process::Child {

@@ -18,8 +18,8 @@ use sha2::{Digest, Sha256};
 use super::in_place;
 use super::mapping::{self, ExportWeights};
 use super::{
-    CONVERT_BYTES, DEFAULT_ENGINE_CAP, ENGINE_ALIGNMENT, ExportOptions, Loaded, METHOD, Placement,
-    SaveTargets, Saved, Stages, TABLE_METHOD, Table, bar, interrupted, mapping_seal,
+    CONVERT_BYTES, DEFAULT_ENGINE_CAP, ENGINE_ALIGNMENT, ExportOptions, Identity, Loaded, METHOD,
+    Placement, SaveTargets, Saved, Stages, TABLE_METHOD, Table, bar, interrupted, mapping_seal,
     timestep_values,
 };
 use crate::backends::Flag;
@@ -55,7 +55,7 @@ pub(super) struct EngineStages<'l> {
     /// instead (the export id's fingerprint of the weights).
     seal: Option<String>,
     /// The inputs' identity (checkpoint files and dtype), from the convert stage on.
-    identity: String,
+    identity: Identity,
     weights: Option<ExportWeights<'l>>,
     /// Whether the convert stage reused an earlier mapping file, and what converting cost.
     mapping_reused: bool,
@@ -181,7 +181,7 @@ impl<'l> EngineStages<'l> {
             selection,
             in_place,
             seal: None,
-            identity: String::new(),
+            identity: Identity::default(),
             weights: None,
             mapping_reused: true,
             convert_seconds: None,
@@ -202,6 +202,8 @@ impl<'l> EngineStages<'l> {
     }
 
     /// Builds (or reuses) every engine of `plan` through the one plan driver.
+    /// Engine files are named by the resume identity (a checkpoint rewritten with new values
+    /// is never mistaken for the old one); the `.pte` names them by content ([`Self::save`]).
     fn build(&self, tag: &str, plan: &Plan, program: &Program, identity: &str) -> Result<Built> {
         let weights = self.weights()?;
         let builder = self.builder.as_ref();
@@ -375,6 +377,7 @@ impl EngineStages<'_> {
         let identity = self.identity.clone();
         let settings = self.builder.settings();
         let dir = self.opts.out.join(crate::layout::ENGINES);
+        // Segments are named in the `.pte` by content; the partial files by the resume identity.
         let n = (self.prefix_plan.engines.len() + self.step_plan.engines.len()) as u64;
         let pb = bar(self.opts.progress, n, "save");
         let pause = self.opts.pause_after_engine;
@@ -385,7 +388,7 @@ impl EngineStages<'_> {
             ("step", &self.step_plan, &progs.step, &save.step_pte),
         ] {
             let name = |i: usize, sub: &Program| -> Result<String> {
-                Ok(engine_name(&settings, &identity, tag, i, sub)?)
+                Ok(engine_name(&settings, &identity.content, tag, i, sub)?)
             };
             let laid = in_place::lay_out(plan, program, weights, ip, &name)?;
             let mut p = ProgramBuilder::new();
@@ -430,7 +433,7 @@ impl EngineStages<'_> {
                 weights,
                 builder: self.builder.as_ref(),
                 in_place: ip,
-                identity: &identity,
+                identity: &identity.resume,
                 dir: &dir,
                 after_engine: &after_engine,
                 stop: &interrupted,
@@ -460,11 +463,11 @@ struct Delegate<'a> {
 }
 
 impl<'a> Delegate<'a> {
-    /// A built engine, its bytes streamed from its file.
-    fn of_built(e: &'a BuiltEngine) -> Self {
+    /// A built engine, its bytes streamed from its file, named `name` in the `.pte`.
+    fn of_built(e: &'a BuiltEngine, name: &'a str) -> Self {
         let (path, offset, len) = engines::payload(e);
         Delegate {
-            name: &e.name,
+            name,
             backend_id: &e.backend_id,
             compile_specs: engines::compile_specs(e),
             input_values: e.input_values.clone(),
@@ -511,16 +514,18 @@ impl Stages for EngineStages<'_> {
         }
     }
 
-    fn convert(&mut self, identity: &str) -> Result<bool> {
+    fn convert(&mut self, identity: &Identity) -> Result<bool> {
         let ck = &self.l.ck;
-        self.identity = identity.to_string();
+        self.identity = identity.clone();
+        // The export id's fingerprint of the weights: the seal of the mapping file keyed by
+        // content (the file a builder reads is keyed for reuse, with modification times).
+        let cache = self.opts.out.join(crate::layout::CACHE);
+        self.seal = (!self.selection.is_empty())
+            .then(|| mapping::engine_seal(ck, &identity.content, &self.selection, &cache))
+            .transpose()?;
         if !self.builder.needs_mapping_file() {
             // Every weight streams from the checkpoint; the mapping file is only the weights'
             // fingerprint in the export id, so only its seal is computed.
-            let cache = self.opts.out.join(crate::layout::CACHE);
-            self.seal = (!self.selection.is_empty())
-                .then(|| mapping::engine_seal(ck, identity, &self.selection, &cache))
-                .transpose()?;
             self.weights = Some(ExportWeights {
                 mapping: None,
                 from_mapping: Default::default(),
@@ -535,7 +540,7 @@ impl Stages for EngineStages<'_> {
             let cache = self.opts.out.join(crate::layout::CACHE);
             Some(mapping::engine_mapping(
                 ck,
-                identity,
+                &identity.resume,
                 &self.selection,
                 &cache,
                 self.opts.progress,
@@ -579,12 +584,12 @@ impl Stages for EngineStages<'_> {
         !self.in_place
     }
 
-    fn engines(&mut self, identity: &str) -> Result<bool> {
+    fn engines(&mut self, identity: &Identity) -> Result<bool> {
         let n = (self.prefix_plan.engines.len() + self.step_plan.engines.len()) as u64;
         self.pb = bar(self.opts.progress, n, "engines");
         let progs = &self.l.progs;
-        let prefix = self.build("prefix", &self.prefix_plan, &progs.prefix, identity)?;
-        let step = self.build("step", &self.step_plan, &progs.step, identity)?;
+        let prefix = self.build("prefix", &self.prefix_plan, &progs.prefix, &identity.resume)?;
+        let step = self.build("step", &self.step_plan, &progs.step, &identity.resume)?;
         self.pb.finish_and_clear();
         self.prefix_engines = prefix.engines;
         self.step_engines = step.engines;
@@ -599,14 +604,36 @@ impl Stages for EngineStages<'_> {
             return self.save_in_place(save);
         }
         let progs = &self.l.progs;
-        fn delegates(engines: &[BuiltEngine]) -> Vec<Delegate<'_>> {
-            engines.iter().map(Delegate::of_built).collect()
+        // Each engine's name in the `.pte`: by content, not by its file's (resume) name.
+        let settings = self.builder.settings();
+        let names = |tag: &str, plan: &Plan, program: &Program| -> Result<Vec<String>> {
+            (0..plan.engines.len())
+                .map(|i| {
+                    let sub = plan.engine_program(program, i)?;
+                    Ok(engine_name(
+                        &settings,
+                        &self.identity.content,
+                        tag,
+                        i,
+                        &sub.program,
+                    )?)
+                })
+                .collect()
+        };
+        let prefix_names = names("prefix", &self.prefix_plan, &progs.prefix)?;
+        let step_names = names("step", &self.step_plan, &progs.step)?;
+        fn delegates<'e>(engines: &'e [BuiltEngine], names: &'e [String]) -> Vec<Delegate<'e>> {
+            engines
+                .iter()
+                .zip(names)
+                .map(|(e, n)| Delegate::of_built(e, n))
+                .collect()
         }
         let mut p = ProgramBuilder::new();
         forward_method(
             &mut p,
             &progs.prefix,
-            delegates(&self.prefix_engines),
+            delegates(&self.prefix_engines, &prefix_names),
             self.device,
         )?;
         add_export_id(&mut p, &save.export_id)?;
@@ -616,7 +643,7 @@ impl Stages for EngineStages<'_> {
         forward_method(
             &mut p,
             &progs.step,
-            delegates(&self.step_engines),
+            delegates(&self.step_engines, &step_names),
             self.device,
         )?;
         self.add_table(&mut p)?;

@@ -242,10 +242,36 @@ fn check_interrupt() -> Result<()> {
     }
 }
 
-/// Identity of a checkpoint's files: size, modification time and a hash of each header (the
-/// header pins every tensor's name, dtype, shape and offset). Cheap: no tensor bytes are read.
-pub(crate) fn source_key(files: &[PathBuf]) -> Result<String> {
-    let mut h = Sha256::new();
+/// The inputs' identity, in two strengths. `content` (each file's size and header hash, and
+/// the dtype) is what may reach the output's bytes — the export id, the delegates' names —
+/// so the same checkpoint gives the same bytes whenever and wherever it was written (design
+/// invariant 4: no time stamps in content). `resume` adds each file's modification time and
+/// names only what a re-run may reuse (partial `.pte`s, mapping and engine files): a checkpoint
+/// rewritten with other values but the same header is then never mistaken for the old one.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Identity {
+    /// Sizes and header hashes (and the dtype): safe to write into outputs.
+    pub(crate) content: String,
+    /// `content` plus modification times: keys reuse, never written into outputs.
+    pub(crate) resume: String,
+}
+
+impl Identity {
+    /// The identity of checkpoint `files` exported at `precision`.
+    pub(crate) fn of(files: &[PathBuf], precision: &impl std::fmt::Debug) -> Result<Identity> {
+        let (content, resume) = source_keys(files)?;
+        Ok(Identity {
+            content: format!("{content}|{precision:?}"),
+            resume: format!("{resume}|{precision:?}"),
+        })
+    }
+}
+
+/// Keys of a checkpoint's files: (sizes and a hash of each header, the same with each file's
+/// modification time too). The header pins every tensor's name, dtype, shape and offset.
+/// Cheap: no tensor bytes are read.
+fn source_keys(files: &[PathBuf]) -> Result<(String, String)> {
+    let (mut content, mut resume) = (Sha256::new(), Sha256::new());
     let mut files = files.to_vec();
     files.sort();
     for f in &files {
@@ -256,8 +282,6 @@ pub(crate) fn source_key(files: &[PathBuf]) -> Result<String> {
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        h.update(md.len().to_le_bytes());
-        h.update(mtime.to_le_bytes());
         let mut file = std::fs::File::open(f).map_err(|e| Error::io(f, "open", e))?;
         let mut n = [0u8; 8];
         file.read_exact(&mut n)
@@ -267,10 +291,19 @@ pub(crate) fn source_key(files: &[PathBuf]) -> Result<String> {
         file.take(n)
             .read_to_end(&mut header)
             .map_err(|e| Error::io(f, "read header", e))?;
-        h.update(n.to_le_bytes());
-        h.update(&header);
+        for (h, with_time) in [(&mut content, false), (&mut resume, true)] {
+            h.update(md.len().to_le_bytes());
+            if with_time {
+                h.update(mtime.to_le_bytes());
+            }
+            h.update(n.to_le_bytes());
+            h.update(&header);
+        }
     }
-    Ok(hex::encode(h.finalize()))
+    Ok((
+        hex::encode(content.finalize()),
+        hex::encode(resume.finalize()),
+    ))
 }
 
 fn bar(progress: bool, len: u64, what: &str) -> ProgressBar {
@@ -486,7 +519,7 @@ trait Stages {
     }
     /// convert: the mapping file (`identity` pins the checkpoint and dtype); returns whether an
     /// earlier run's file was reused.
-    fn convert(&mut self, identity: &str) -> Result<bool>;
+    fn convert(&mut self, identity: &Identity) -> Result<bool>;
     /// The mapping file convert produced, if any (watched for changes from then on).
     fn mapping(&self) -> Option<&MappedSafetensors>;
     /// The seal of the weights the programs are made of, for the export id: the mapping
@@ -503,7 +536,7 @@ trait Stages {
     }
     /// engines: builds (or reuses) every engine; returns whether all were reused. Default:
     /// nothing to build.
-    fn engines(&mut self, identity: &str) -> Result<bool> {
+    fn engines(&mut self, identity: &Identity) -> Result<bool> {
         let _ = identity;
         Ok(true)
     }
@@ -619,7 +652,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     // One writer per output directory, taken before the first write (guard).
     let _out = OutputDir::claim(&opts.out)?;
     let mut watch = Watch::of_checkpoint(&loaded.ck)?;
-    let identity = format!("{}|{:?}", source_key(&loaded.ck_files)?, opts.precision);
+    let identity = Identity::of(&loaded.ck_files, &opts.precision)?;
     rec.end(st, false);
     check_interrupt()?;
 

@@ -29,7 +29,7 @@ use petite_pi05::Precision;
 use serde_json::json;
 
 use super::mapping;
-use super::{CONVERT_BYTES, ExportOptions, Loaded, SaveTargets, Saved, Stages, Table};
+use super::{CONVERT_BYTES, ExportOptions, Identity, Loaded, SaveTargets, Saved, Stages, Table};
 use crate::memory::human;
 use crate::report::{self, BackendPart, MappingReport, OnnxFiles, OnnxPart};
 use crate::{Error, Result};
@@ -45,6 +45,8 @@ pub(super) struct OnnxStages<'l> {
     need: u64,
     selection: Vec<(String, Dtype)>,
     mapping: Option<mapping::Converted>,
+    /// The export id's fingerprint of the weights ([`Stages::convert`]).
+    seal: Option<String>,
     table: Option<Table>,
     policy: Option<Program>,
     written: Option<Written>,
@@ -197,6 +199,7 @@ impl<'l> OnnxStages<'l> {
             need,
             selection,
             mapping: None,
+            seal: None,
             table: None,
             policy: None,
             written: None,
@@ -209,14 +212,22 @@ impl<'l> OnnxStages<'l> {
 }
 
 impl Stages for OnnxStages<'_> {
-    fn convert(&mut self, identity: &str) -> Result<bool> {
+    fn convert(&mut self, identity: &Identity) -> Result<bool> {
         let cache = self.opts.out.join(crate::layout::CACHE);
+        // The export id's fingerprint: the seal of this file keyed by content (the file itself
+        // is keyed for reuse, with modification times).
+        self.seal = Some(mapping::engine_seal(
+            &self.l.ck,
+            &identity.content,
+            &self.selection,
+            &cache,
+        )?);
         // An earlier export's `pi05.onnx.data` is this backend's mapping file, moved out of
         // the cache when it was published: reused in place when it is current.
         let data = self.opts.out.join(DATA);
         let c = mapping::engine_mapping_at(
             &self.l.ck,
-            identity,
+            &identity.resume,
             &self.selection,
             &cache,
             Some(&data),
@@ -229,6 +240,10 @@ impl Stages for OnnxStages<'_> {
 
     fn mapping(&self) -> Option<&petite_weights::MappedSafetensors> {
         self.mapping.as_ref().map(|c| &c.file)
+    }
+
+    fn weights_seal(&self) -> Result<Option<String>> {
+        Ok(self.seal.clone())
     }
 
     fn timestep(&mut self) -> Result<()> {

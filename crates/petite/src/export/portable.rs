@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 use super::in_place::{Journal, partial_for};
 use super::mapping::{self, KEY_META};
 use super::{
-    ExportOptions, Loaded, METHOD, PORTABLE_CONVERT_BYTES, SaveTargets, Saved, Stages,
+    ExportOptions, Identity, Loaded, METHOD, PORTABLE_CONVERT_BYTES, SaveTargets, Saved, Stages,
     TABLE_METHOD, Table, bar, spec_path, timestep_values,
 };
 use crate::memory::human;
@@ -61,7 +61,7 @@ pub(super) struct PortableStages<'l> {
     table: Vec<StoredWeight>,
     rows: petite_weights::RowSlices<'l, dyn petite_weights::WeightSource + 'l>,
     /// The inputs' identity, from the convert stage on.
-    identity: String,
+    identity: Identity,
     /// Both programs' partial files, from the convert stage on.
     partials: Vec<Partial>,
     timestep: Option<Table>,
@@ -123,7 +123,7 @@ impl<'l> PortableStages<'l> {
             step: (l_step, p_step),
             table,
             rows,
-            identity: String::new(),
+            identity: Identity::default(),
             partials: Vec::new(),
             timestep: None,
             written: None,
@@ -173,7 +173,7 @@ impl<'l> PortableStages<'l> {
         let (program, segments) = builder.build()?;
         Ok(Partial {
             tag,
-            path: partial_for(dir, tag, &self.identity, &program, &segments)?,
+            path: partial_for(dir, tag, &self.identity.resume, &program, &segments)?,
             table,
             places: petite_pte::deferred_places(&program, &segments)?,
             resumed: 0,
@@ -321,8 +321,8 @@ fn group_seal(file: &File, ps: &[Placed]) -> std::io::Result<String> {
 }
 
 impl Stages for PortableStages<'_> {
-    fn convert(&mut self, identity: &str) -> Result<bool> {
-        self.identity = identity.to_string();
+    fn convert(&mut self, identity: &Identity) -> Result<bool> {
+        self.identity = identity.clone();
         let dir = self.opts.out.join(crate::layout::ENGINES);
         let placeholder = "0".repeat(super::EXPORT_ID_LEN);
         // Both laid out first, then their programs dropped (the timestep table's stand-in and
@@ -355,7 +355,7 @@ impl Stages for PortableStages<'_> {
     /// from the exports that wrote one), its sampled bytes read from the partial `.pte`s.
     fn weights_seal(&self) -> Result<Option<String>> {
         let mut h = Sha256::new();
-        h.update(self.identity.as_bytes());
+        h.update(self.identity.content.as_bytes());
         h.update(b"|portable|");
         for w in &self.table {
             h.update(format!("{}|{:?}|", w.key, w.shape).as_bytes());
