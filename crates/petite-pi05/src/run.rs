@@ -79,11 +79,14 @@ pub fn run_model(
         io::TOKEN_MASK.to_string(),
         Tensor::u8(&[cfg.tokens], inputs.token_mask.clone())?,
     );
-    let prefix = Executor::new(&progs.prefix, weights)?.run(pin)?;
+    // The step re-reads the same weights every step: keep their pages. They are read while the
+    // prefix's last layers run.
+    let step = Executor::new(&progs.step, weights)?.release_weights(false);
+    let prefix = Executor::new(&progs.prefix, weights)?
+        .read_ahead_into(&step)
+        .run(pin)?;
     let t2 = Instant::now();
 
-    // The step re-reads the same weights every step: keep their pages.
-    let step = Executor::new(&progs.step, weights)?.release_weights(false);
     let r = time_row_len(cfg);
     let mut x = inputs.noise.clone();
     let mut trajectory = Vec::with_capacity(cfg.steps);

@@ -258,6 +258,57 @@ fn gathered_tables_are_read_ahead_by_row() {
     );
 }
 
+/// `read_ahead_into`: the next program's weights are asked for during this run, after this
+/// run's own, whole; the next run asks for them again (cheap when cached), and the results do
+/// not change.
+#[test]
+fn the_next_programs_weights_are_read_ahead_after_this_runs_own() {
+    let program = |w: &str, n: usize| {
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::F32, &[1, 4]).unwrap();
+        let w = b.weight(w, Dtype::F32, &[n, 4]).unwrap();
+        let y = b.linear(x, w, None).unwrap();
+        b.output("y", y).unwrap();
+        b.finish().unwrap()
+    };
+    let (first, next) = (program("a", 2), program("b", 3));
+    let mut ws = MemoryWeights::new();
+    ws.insert_f32("a", &[2, 4], &[1., 0., 0., 0., 0., 1., 0., 0.])
+        .unwrap();
+    ws.insert_f32(
+        "b",
+        &[3, 4],
+        &[0., 0., 1., 0., 0., 0., 0., 1., 1., 1., 1., 1.],
+    )
+    .unwrap();
+    let rec = Recording {
+        inner: &ws,
+        asked: Default::default(),
+    };
+    let x = || {
+        inputs(vec![(
+            "x",
+            Tensor::f32(&[1, 4], vec![1., 2., 3., 4.]).unwrap(),
+        )])
+    };
+    let step = Executor::new(&next, &rec).unwrap();
+    let out = Executor::new(&first, &rec)
+        .unwrap()
+        .read_ahead_into(&step)
+        .run(x())
+        .unwrap();
+    assert_eq!(f32s(&out["y"]), vec![1., 2.]);
+    assert_eq!(
+        std::mem::take(&mut *rec.asked.lock().unwrap()),
+        vec![("a".to_string(), 0, 32), ("b".to_string(), 0, 48)]
+    );
+    assert_eq!(f32s(&step.run(x()).unwrap()["y"]), vec![3., 4., 10.]);
+    assert_eq!(
+        rec.asked.into_inner().unwrap(),
+        vec![("b".to_string(), 0, 48)]
+    );
+}
+
 #[test]
 fn matmul_broadcast_conv_layernorm_split_hand_computed() {
     let mut b = Builder::new();
