@@ -477,9 +477,10 @@ impl<'a> Delegate<'a> {
     }
 }
 
-/// The name of engine `i` of program `tag` (its file stem and its named-data key in the
-/// `.pte`): a hash of the builder's settings, the inputs' `identity` and the subgraph, so an
-/// interrupted export re-run with the same arguments finds its finished work.
+/// The name of engine `i` of program `tag`: a hash of the builder's settings, the inputs'
+/// `identity` and the subgraph. With the resume identity it is the engine file's stem, so an
+/// interrupted export re-run with the same arguments finds its finished work; with the content
+/// identity, its named-data key in the `.pte` (no modification time in the bytes).
 fn engine_name(
     settings: &str,
     identity: &str,
