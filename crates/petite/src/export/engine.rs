@@ -19,8 +19,7 @@ use super::in_place;
 use super::mapping::{self, ExportWeights};
 use super::{
     CONVERT_BYTES, DEFAULT_ENGINE_CAP, ENGINE_ALIGNMENT, ExportOptions, Identity, Loaded, METHOD,
-    Placement, SaveTargets, Saved, Stages, TABLE_METHOD, Table, bar, interrupted, mapping_seal,
-    timestep_values,
+    Placement, SaveTargets, Saved, Stages, TABLE_METHOD, Table, bar, interrupted, timestep_values,
 };
 use crate::backends::Flag;
 use crate::engines;
@@ -521,12 +520,12 @@ impl Stages for EngineStages<'_> {
         // The export id's fingerprint of the weights: the seal of the mapping file keyed by
         // content (the file a builder reads is keyed for reuse, with modification times).
         let cache = self.opts.out.join(crate::layout::CACHE);
-        self.seal = (!self.selection.is_empty())
-            .then(|| mapping::engine_seal(ck, &identity.content, &self.selection, &cache))
-            .transpose()?;
         if !self.builder.needs_mapping_file() {
             // Every weight streams from the checkpoint; the mapping file is only the weights'
             // fingerprint in the export id, so only its seal is computed.
+            self.seal = (!self.selection.is_empty())
+                .then(|| mapping::engine_seal(ck, &identity.content, &self.selection, &cache))
+                .transpose()?;
             self.weights = Some(ExportWeights {
                 mapping: None,
                 from_mapping: Default::default(),
@@ -538,7 +537,6 @@ impl Stages for EngineStages<'_> {
         let converted = if self.selection.is_empty() {
             None
         } else {
-            let cache = self.opts.out.join(crate::layout::CACHE);
             Some(mapping::engine_mapping(
                 ck,
                 &identity.resume,
@@ -547,6 +545,10 @@ impl Stages for EngineStages<'_> {
                 self.opts.progress,
             )?)
         };
+        self.seal = converted
+            .as_ref()
+            .map(|c| mapping::engine_seal(&c.file, &identity.content, &self.selection, &cache))
+            .transpose()?;
         let reused = converted.as_ref().is_none_or(|c| c.reused);
         if let Some(c) = &converted {
             self.builder.attach_mapping(c.file.path())?;
@@ -566,10 +568,7 @@ impl Stages for EngineStages<'_> {
     }
 
     fn weights_seal(&self) -> Result<Option<String>> {
-        match &self.seal {
-            Some(s) => Ok(Some(s.clone())),
-            None => self.mapping().map(mapping_seal).transpose(),
-        }
+        Ok(self.seal.clone())
     }
 
     fn timestep(&mut self) -> Result<()> {

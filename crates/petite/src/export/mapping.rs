@@ -225,18 +225,19 @@ fn convert_options(key: String, selection: &[(String, Dtype)]) -> ConvertOptions
     }
 }
 
-/// The seal [`engine_mapping`] would give its file, computed without writing it (the weights'
-/// fingerprint in the export id of a backend that reads the checkpoint directly): a few MiB
-/// read, where writing the file reads and writes every selected weight.
-pub(super) fn engine_seal(
-    ck: &CanonicalCheckpoint,
+/// The seal [`engine_mapping`] would give its file under `identity`, computed without writing
+/// it (the weights' fingerprint in the export id): a few MiB read from `src` — the checkpoint
+/// where the backend reads it directly, else the mapping file just written (the same converted
+/// bytes, keyed for reuse by another identity).
+pub(super) fn engine_seal<S: petite_weights::WeightSource>(
+    src: &S,
     identity: &str,
     selection: &[(String, Dtype)],
     cache: &Path,
 ) -> Result<String> {
     let key = engine_key(identity, selection);
     let opts = convert_options(key.clone(), selection);
-    Ok(petite_weights::seal_of(ck, &path(cache, &key), &opts)?)
+    Ok(petite_weights::seal_of(src, &path(cache, &key), &opts)?)
 }
 
 /// Where the mapping file for `key` lives under `cache`.

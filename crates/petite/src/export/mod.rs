@@ -522,11 +522,9 @@ trait Stages {
     fn convert(&mut self, identity: &Identity) -> Result<bool>;
     /// The mapping file convert produced, if any (watched for changes from then on).
     fn mapping(&self) -> Option<&MappedSafetensors>;
-    /// The seal of the weights the programs are made of, for the export id: the mapping
-    /// file's (its sidecar's text), if any.
-    fn weights_seal(&self) -> Result<Option<String>> {
-        self.mapping().map(mapping_seal).transpose()
-    }
+    /// The seal of the weights the programs are made of, for the export id: the one the
+    /// mapping file has (or would have) when keyed by the inputs' content identity, if any.
+    fn weights_seal(&self) -> Result<Option<String>>;
     /// timestep: the timestep table from this backend's weights.
     fn timestep(&mut self) -> Result<()>;
     /// Whether the backend builds engines (a backend that builds none records no engines
@@ -546,12 +544,6 @@ trait Stages {
     /// The backend's part of `report.json` and what it wrote (the driver adds the stages and
     /// computes the totals).
     fn report(&self, save: &SaveTargets) -> Saved;
-}
-
-/// The text of a mapping file's seal (its sidecar).
-fn mapping_seal(m: &MappedSafetensors) -> Result<String> {
-    let seal = petite_weights::seal::sidecar(m.path());
-    std::fs::read_to_string(&seal).map_err(|e| Error::io(&seal, "read", e))
 }
 
 /// The load stage's shared part: config, checkpoint layout and contents, programs, and the

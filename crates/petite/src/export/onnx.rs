@@ -214,14 +214,6 @@ impl<'l> OnnxStages<'l> {
 impl Stages for OnnxStages<'_> {
     fn convert(&mut self, identity: &Identity) -> Result<bool> {
         let cache = self.opts.out.join(crate::layout::CACHE);
-        // The export id's fingerprint: the seal of this file keyed by content (the file itself
-        // is keyed for reuse, with modification times).
-        self.seal = Some(mapping::engine_seal(
-            &self.l.ck,
-            &identity.content,
-            &self.selection,
-            &cache,
-        )?);
         // An earlier export's `pi05.onnx.data` is this backend's mapping file, moved out of
         // the cache when it was published: reused in place when it is current.
         let data = self.opts.out.join(DATA);
@@ -233,6 +225,14 @@ impl Stages for OnnxStages<'_> {
             Some(&data),
             self.opts.progress,
         )?;
+        // The export id's fingerprint: the seal of this file keyed by content (the file itself
+        // is keyed for reuse, with modification times).
+        self.seal = Some(mapping::engine_seal(
+            &c.file,
+            &identity.content,
+            &self.selection,
+            &cache,
+        )?);
         let reused = c.reused;
         self.mapping = Some(c);
         Ok(reused)
