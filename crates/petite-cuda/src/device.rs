@@ -954,12 +954,22 @@ mod tests {
                 for o in &p.outputs {
                     out[o.value.index()] = true;
                 }
-                let f = crate::fuse::plan(p, &live, &out).unwrap();
-                assert!(f.kernels.iter().all(|k| f.source.contains(k.as_str())));
-                sources.push((
-                    format!("{prec:?} {name} ({} kernels)", f.kernels.len()),
-                    f.source,
-                ));
+                // As run by default, and with every bf16 attention fused (its kernels then
+                // in the program's source).
+                for queries in [0, usize::MAX] {
+                    let f = crate::fuse::plan_with(p, &live, &out, queries).unwrap();
+                    assert!(f.kernels.iter().all(|k| f.source.contains(k.as_str())));
+                    if queries > 0 && f.attentions.is_empty() {
+                        continue;
+                    }
+                    sources.push((
+                        format!(
+                            "{prec:?} {name} ({} kernels, attention up to {queries} queries)",
+                            f.kernels.len()
+                        ),
+                        f.source,
+                    ));
+                }
             }
         }
         for cc in [(9, 0), (8, 7)] {

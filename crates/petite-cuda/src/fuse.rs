@@ -48,6 +48,9 @@ pub enum Role {
     /// computes it row by row (one block a row, as `pt_norm`) and applies its own ops to each
     /// element as it is normalized ([`Group::prologue`]).
     Prologue,
+    /// The logits product, softmax or narrowing cast of a bf16 attention that the product
+    /// reading its probabilities computes whole ([`Fusion::attentions`]): never computed alone.
+    Attended,
 }
 
 /// A matmul operand read in place: `base`'s buffer seen with `shape` and element `strides`.
@@ -92,6 +95,46 @@ pub struct Fusion {
     /// Softmaxes over `[B, H, Q, K]` whose input was `x + mask`, computed by the softmax kernel
     /// as it loads `x` (its operand 0 is then `x`, through [`Fusion::views`]).
     pub masks: HashMap<NodeId, Folded>,
+    /// bf16 attentions run whole by their `p·v` product (the key), [`Attend`].
+    pub attentions: HashMap<NodeId, Attend>,
+    /// Where [`Fusion::kernels`] holds the attention kernels (`pt_attn_logits`, `pt_attn_pv`:
+    /// in [`Fusion::source`] only when there are [`Fusion::attentions`]).
+    pub attention_kernels: Option<[usize; 2]>,
+}
+
+/// A bf16 attention in transformers' eager op order — `q·kᵀ` (bf16), a 16-bit scaling, a
+/// widening cast, `+ mask`, softmax, a cast to bf16, `p·v` — that the `p·v` product computes
+/// in two launches (`pt_attn_logits`, `pt_attn_pv`) instead of three (logits GEMM, softmax,
+/// PV GEMM) and without the logits and probabilities in memory as bf16: the same roundings,
+/// each dot product summed in its own order (as cuBLAS's is). Why: a step's attention (8
+/// heads, 50 queries, ~1,000 keys) is latency-bound; its three launches took 28 µs a layer on
+/// the H200. q and k are the logits product's operands, v the `p·v` product's operand 1, all
+/// read through their views ([`Fusion::views`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Attend {
+    /// The logits product `q·kᵀ`.
+    pub logits: NodeId,
+    /// The additive f32 mask.
+    pub mask: NodeId,
+    /// The scaling folded into the softmax ([`Folded::scale`]).
+    pub scale: Option<(f32, Dtype)>,
+    /// K and v as the key-axis concats of two pieces each (a step's prefix K/V and its own),
+    /// read where the pieces lie instead of copied together: `[k₀, k₁, v₀, v₁]` and the keys
+    /// of the first pieces. The concats are [`Role::Attended`].
+    pub pieces: Option<([NodeId; 4], usize)>,
+}
+
+/// Queries up to which a bf16 attention is fused ([`Attend`]) by default:
+/// `PETITE_CUDA_FUSED_ATTN` = `all`, a number (`64` takes pi0.5's steps of 50 queries and not
+/// its prefix of ~968), or unset / `off`: none. Off by default because on the H200 the fused
+/// kernels measured level with the three launches they replace (a step: 13.68 vs 13.72 ms,
+/// docs/MEASUREMENTS.md): each is a chain of dependent global-memory round trips.
+pub fn fused_attention_queries() -> usize {
+    match std::env::var("PETITE_CUDA_FUSED_ATTN").as_deref() {
+        Ok("all") => usize::MAX,
+        Ok(n) => n.parse().unwrap_or(0),
+        Err(_) => 0,
+    }
 }
 
 /// What a softmax kernel computes as it loads its input ([`Fusion::masks`]).
@@ -426,9 +469,126 @@ fn widened(
     })
 }
 
+/// The [`Attend`] that matmul `pv` computes, if it is the `p·v` of a bf16 attention chain of
+/// at most `max_q` queries whose operands the kernels can read
+/// ([`crate::plan::attention_dims_fit`], [`crate::plan::attention_strides_fit`]), and
+/// `[softmax, cast]` of that chain.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    p: &Program,
+    pv: NodeId,
+    role: &[Role],
+    views: &HashMap<(NodeId, usize), StridedView>,
+    masks: &HashMap<NodeId, Folded>,
+    runs_input: &[bool],
+    live_consumers: &dyn Fn(NodeId) -> usize,
+    is_output: &[bool],
+    max_q: usize,
+) -> Option<(Attend, [NodeId; 2])> {
+    let bf16 = |v: NodeId| p.node(v).tensor().is_some_and(|t| t.dtype == Dtype::Bf16);
+    let single = |v: NodeId| live_consumers(v) == 1 && !is_output[v.index()];
+    if !matches!(p.node(pv).op, Op::MatMul) {
+        return None;
+    }
+    let cast = p.node(pv).inputs[0];
+    if !bf16(pv)
+        || !matches!(p.node(cast).op, Op::Cast { to: Dtype::Bf16 })
+        || !runs_input[cast.index()]
+        || !single(cast)
+    {
+        return None;
+    }
+    let sm = p.node(cast).inputs[0];
+    let folded = masks.get(&sm)?;
+    let logits = views.get(&(sm, 0))?.base;
+    if role[sm.index()] != Role::Narrowed
+        || !matches!(p.node(logits).op, Op::MatMul)
+        || role[logits.index()] != Role::Plain
+        || !single(logits)
+        || !bf16(logits)
+        || folded.scale.is_some_and(|(_, d)| d != Dtype::Bf16)
+    {
+        return None;
+    }
+    let operand = |m: NodeId, j: usize| {
+        views
+            .get(&(m, j))
+            .cloned()
+            .unwrap_or_else(|| whole(p, p.node(m).inputs[j]))
+    };
+    let (q, k, v) = (operand(logits, 0), operand(logits, 1), operand(pv, 1));
+    if ![&q, &k, &v]
+        .iter()
+        .all(|o| o.shape.len() == 4 && bf16(o.base))
+    {
+        return None;
+    }
+    let (b, h, nq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let nk = k.shape[3];
+    let ok = k.shape[..3] == [b, h, d]
+        && v.shape[..3] == [b, h, nk]
+        && crate::plan::attention_strides_fit(&q.strides, &k.strides, &v.strides)
+        && crate::plan::attention_dims_fit(d, v.shape[3])
+        && nk > 0
+        && nq > 0
+        && nq <= max_q;
+    if !ok {
+        return None;
+    }
+    // K and v each a key-axis concat of two bf16 pieces, read by its view chain alone, split at
+    // the same key: the kernels read the pieces.
+    let halves = |o: &StridedView| -> Option<(NodeId, NodeId, usize)> {
+        let node = p.node(o.base);
+        let Op::Concat { axis: 2 } = node.op else {
+            return None;
+        };
+        let t = node.tensor()?;
+        let dense = |v: NodeId| {
+            p.node(v)
+                .tensor()
+                .is_some_and(|x| x.shape.len() == 4 && x.dtype == Dtype::Bf16)
+        };
+        (node.inputs.len() == 2
+            && single(o.base)
+            && role[o.base.index()] == Role::Plain
+            && t.shape.len() == 4
+            && node.inputs.iter().all(|&v| dense(v)))
+        .then(|| {
+            let n0 = p.node(node.inputs[0]).tensor().map_or(0, |x| x.shape[2]);
+            (node.inputs[0], node.inputs[1], n0)
+        })
+    };
+    let pieces = match (halves(&k), halves(&v)) {
+        (Some((k0, k1, n)), Some((v0, v1, m))) if n == m && n > 0 && n < nk => {
+            Some(([k0, k1, v0, v1], n))
+        }
+        _ => None,
+    };
+    Some((
+        Attend {
+            logits,
+            mask: folded.mask,
+            scale: folded.scale,
+            pieces,
+        },
+        [sm, cast],
+    ))
+}
+
 /// Plans the fusion of `program`'s `live` nodes; `is_output` marks program outputs (always
-/// materialized).
+/// materialized). bf16 attentions of up to [`fused_attention_queries`] queries are fused.
 pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusion> {
+    plan_with(program, live, is_output, fused_attention_queries())
+}
+
+/// [`plan`], fusing bf16 attentions of up to `attention_queries` queries ([`Attend`]; 0: none,
+/// as on GPUs without bf16 tensor-core `mma`, before sm_80).
+pub fn plan_with(
+    program: &Program,
+    live: &[bool],
+    is_output: &[bool],
+    attention_queries: usize,
+) -> Result<Fusion> {
     let order = program.topo_order()?;
     let consumers = program.consumers();
     let n = program.len();
@@ -545,6 +705,36 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
             runs_input[i] = true;
         }
     }
+    let mut attentions = HashMap::new();
+    for &id in &order {
+        if !live[id.index()] || !matches!(role[id.index()], Role::Plain | Role::Transposed) {
+            continue;
+        }
+        if let Some((a, [sm, cast])) = attend(
+            program,
+            id,
+            &role,
+            &views,
+            &masks,
+            &runs_input,
+            &live_consumers,
+            is_output,
+            attention_queries,
+        ) {
+            for n in [a.logits, sm, cast] {
+                role[n.index()] = Role::Attended;
+            }
+            if a.pieces.is_some() {
+                for m in [a.logits, id] {
+                    let base = views
+                        .get(&(m, 1))
+                        .map_or(program.node(m).inputs[1], |w| w.base);
+                    role[base.index()] = Role::Attended;
+                }
+            }
+            attentions.insert(id, a);
+        }
+    }
     for &id in order.iter().rev() {
         let i = id.index();
         let node = program.node(id);
@@ -552,6 +742,7 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
             || !fusible(&node.op)
             || node.tensor().is_none()
             || role[i] == Role::View
+            || role[i] == Role::Attended
             || runs_input[i]
         {
             continue;
@@ -674,6 +865,12 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
             prologue,
         });
     }
+    let attention_kernels = (!attentions.is_empty()).then(|| {
+        source.push_str(crate::source::attention_source());
+        let at = kernels.len();
+        kernels.extend(crate::source::ATTENTION_KERNELS.map(String::from));
+        [at, at + 1]
+    });
     Ok(Fusion {
         role,
         groups,
@@ -681,6 +878,8 @@ pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusi
         source,
         views,
         masks,
+        attentions,
+        attention_kernels,
     })
 }
 
@@ -1182,6 +1381,71 @@ mod tests {
             out[o.value.index()] = true;
         }
         plan(p, &live, &out).unwrap()
+    }
+
+    fn plan_queries(p: &Program, queries: usize) -> Fusion {
+        let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
+        let live = p.ancestors(&roots);
+        let mut out = vec![false; p.len()];
+        for o in &p.outputs {
+            out[o.value.index()] = true;
+        }
+        plan_with(p, &live, &out, queries).unwrap()
+    }
+
+    #[test]
+    fn pi05s_bf16_attentions_run_whole_up_to_the_query_limit() {
+        let cfg = petite_pi05::Pi05Config::default();
+        let bf16 = petite_pi05::build_all(&cfg, petite_pi05::Precision::Bf16).unwrap();
+        let softmaxes = |p: &Program| {
+            p.ids()
+                .filter(|&i| matches!(p.node(i).op, Op::Softmax { .. }))
+                .count()
+        };
+        let step = &bf16.step;
+        let f = plan_queries(step, 128);
+        assert!(softmaxes(step) > 0);
+        assert_eq!(f.attentions.len(), softmaxes(step), "every step attention");
+        for (&pv, a) in &f.attentions {
+            assert!(matches!(f.role[pv.index()], Role::Plain | Role::Transposed));
+            assert_eq!(f.role[a.logits.index()], Role::Attended);
+            let cast = step.node(pv).inputs[0];
+            assert_eq!(f.role[cast.index()], Role::Attended);
+            assert_eq!(f.role[step.node(cast).inputs[0].index()], Role::Attended);
+            // One KV head read by all 8 query heads in place: head stride 0.
+            assert_eq!(f.views[&(a.logits, 1)].strides[1], 0);
+            assert_eq!(f.views[&(pv, 1)].strides[1], 0);
+            assert!(matches!(a.scale, Some((_, Dtype::Bf16))));
+            // The prefix's K/V and the step's own, read where they lie (no concat).
+            let (kv, n0) = a.pieces.expect("K/V read as two pieces");
+            assert_eq!(n0, step.node(kv[0]).tensor().unwrap().shape[2]);
+            for m in [a.logits, pv] {
+                let concat = f.views[&(m, 1)].base;
+                assert!(matches!(step.node(concat).op, Op::Concat { axis: 2 }));
+                assert_eq!(f.role[concat.index()], Role::Attended);
+            }
+        }
+        // The prefix's 968 queries stay three launches unless asked; 0 fuses none.
+        let prefix = &bf16.prefix;
+        assert!(plan_queries(prefix, 128).attentions.is_empty());
+        assert_eq!(
+            plan_queries(prefix, usize::MAX).attentions.len(),
+            softmaxes(prefix)
+        );
+        // Their kernels are compiled with the program's fused kernels, and only then.
+        let [l, pv] = f.attention_kernels.expect("attention kernels");
+        assert_eq!(
+            (&*f.kernels[l], &*f.kernels[pv]),
+            ("pt_attn_logits", "pt_attn_pv")
+        );
+        assert!(f.source.contains("void pt_attn_pv("));
+        let none = plan_queries(step, 0);
+        assert!(none.attentions.is_empty() && none.attention_kernels.is_none());
+        assert!(!none.role.contains(&Role::Attended));
+        assert!(!none.source.contains("pt_attn"));
+        // f32 attention is its own op, never this chain.
+        let f32 = petite_pi05::build_all(&cfg, petite_pi05::Precision::F32).unwrap();
+        assert!(plan_queries(&f32.step, usize::MAX).attentions.is_empty());
     }
 
     #[test]

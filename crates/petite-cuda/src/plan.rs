@@ -4,6 +4,7 @@
 
 use crate::source::{EwOp, MAX_RANK, dtype_code};
 use crate::{Error, Result};
+use cudarc::driver::LaunchConfig;
 use petite_graph::Dtype;
 
 /// Threads a block for every kernel (a multiple of 32: the block reductions assume whole warps).
@@ -697,6 +698,293 @@ pub fn program_flops_by_dtype(p: &petite_graph::Program) -> [f64; 2] {
     by
 }
 
+/// `pt_attn_logits`/`pt_attn_pv`'s parameter block ([`crate::fuse::Attend`]): field for field
+/// the `AttnParams` of [`crate::source`]'s attention kernels. Strides are in elements.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnParams {
+    /// Keys.
+    pub nk: i64,
+    /// Keys in K's and v's first piece (`nk`: one piece).
+    pub n0: i64,
+    /// Query rows a group (`H·Q` when all heads share K and v, else `Q`).
+    pub rpg: i64,
+    /// Row tiles of 16 a group.
+    pub tiles: i64,
+    /// Query heads.
+    pub h: i64,
+    /// Queries.
+    pub q: i64,
+    /// 1 when all heads read one K and v (their head strides are 0): a group is a batch.
+    pub shared: i32,
+    /// q's and k's head dim (a multiple of 16).
+    pub d: i32,
+    /// Key splits of `pt_attn_logits` (32 keys each).
+    pub splits: i32,
+    /// Dtype code the scaled logits are rounded to (f32: not rounded).
+    pub dscale: i32,
+    /// Multiplies the bf16 logits.
+    pub scale: f32,
+    /// A mask is added.
+    pub has_mask: i32,
+    /// v's head dim (a multiple of 32, at most 256).
+    pub dv: i32,
+    /// Key blocks of `pt_attn_pv` (128 keys each).
+    pub splits2: i32,
+    /// q's strides along B, H, Q.
+    pub qsb: i64,
+    /// See `qsb`.
+    pub qsh: i64,
+    /// See `qsb`.
+    pub qsq: i64,
+    /// k's strides along B, H, K (its first piece).
+    pub ksb: i64,
+    /// See `ksb`.
+    pub ksh: i64,
+    /// See `ksb` (both pieces).
+    pub ksk: i64,
+    /// k's second piece's strides along B, H.
+    pub k1sb: i64,
+    /// See `k1sb`.
+    pub k1sh: i64,
+    /// v's strides along B, H, K (its first piece).
+    pub vsb: i64,
+    /// See `vsb`.
+    pub vsh: i64,
+    /// See `vsb` (both pieces).
+    pub vsk: i64,
+    /// v's second piece's strides along B, H.
+    pub v1sb: i64,
+    /// See `v1sb`.
+    pub v1sh: i64,
+    /// The mask's strides along B, H, Q, K (0 where broadcast).
+    pub msb: i64,
+    /// See `msb`.
+    pub msh: i64,
+    /// See `msb`.
+    pub msq: i64,
+    /// See `msb`.
+    pub msk: i64,
+    /// The output's strides along B, H, Q (its last dim contiguous).
+    pub osb: i64,
+    /// See `osb`.
+    pub osh: i64,
+    /// See `osb`.
+    pub osq: i64,
+}
+// SAFETY: as for EwParams.
+unsafe impl cudarc::driver::DeviceRepr for AttnParams {}
+
+/// A fused attention's operands: `(shape, element strides)` of q `[B, H, Q, D]`, of k seen
+/// as kᵀ `[B, H, D, K]` and of v `[B, H, K, Dv]` (head-repeated K/V as head stride 0), the
+/// mask's `[H, Q, sb, sh, sq, sk]` (as `pt_softmax` takes it), the scaling folded in, and the
+/// output's strides along B, H, Q.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape<'a> {
+    /// q.
+    pub q: (&'a [usize], &'a [i64]),
+    /// kᵀ.
+    pub k: (&'a [usize], &'a [i64]),
+    /// v.
+    pub v: (&'a [usize], &'a [i64]),
+    /// The mask's heads, queries and strides.
+    pub mask: [i64; 6],
+    /// The scaling and the dtype its product is rounded to.
+    pub scale: Option<(f32, Dtype)>,
+    /// Output strides along B, H, Q.
+    pub out: [i64; 3],
+    /// With K and v each two pieces along the keys (kᵀ's and v's strides those of their
+    /// contiguous concat): the first pieces' keys.
+    pub n0: Option<usize>,
+}
+
+/// A planned fused attention: the parameters, both launches, and the scratch rows (`B·H·Q`:
+/// f32 logits of `nk` and `splits` (max, sum) pairs each).
+#[derive(Debug, Clone, Copy)]
+pub struct AttnLaunch {
+    /// The kernels' parameters.
+    pub params: AttnParams,
+    /// `pt_attn_logits`: (row tiles, key splits), 128 threads.
+    pub logits: LaunchConfig,
+    /// `pt_attn_pv`: (row tiles, Dv / 32), 256 threads.
+    pub pv: LaunchConfig,
+    /// Scratch rows.
+    pub rows: usize,
+    /// Row tiles (`pt_attn_pv`'s counters; its partial products are `tiles · splits2 · 16 · dv`).
+    pub tiles: usize,
+}
+
+/// Plans a fused attention over `s` on a device of compute capability `cc`; refuses what the
+/// kernels cannot index (the fusion plan only picks what they can).
+pub fn attention_launch(s: AttnShape<'_>, cc: (i32, i32)) -> Result<AttnLaunch> {
+    let bad = |m: String| Error::Plan(format!("fused attention: {m}"));
+    if cc.0 < 8 {
+        return Err(bad(format!(
+            "needs sm_80 or later, not sm_{}{}",
+            cc.0, cc.1
+        )));
+    }
+    let (qs, qst) = s.q;
+    let (ks, kst) = s.k;
+    let (vs, vst) = s.v;
+    if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 {
+        return Err(bad("operands of rank 4 only".into()));
+    }
+    let (b, h, nq, d) = (qs[0], qs[1], qs[2], qs[3]);
+    let (nk, dv) = (ks[3], vs[3]);
+    if ks[..3] != [b, h, d] || vs[..3] != [b, h, nk] {
+        return Err(bad(format!("q {qs:?}, kᵀ {ks:?}, v {vs:?} disagree")));
+    }
+    if qst[3] != 1 || kst[2] != 1 || vst[3] != 1 {
+        return Err(bad("head dims not contiguous".into()));
+    }
+    if !attention_dims_fit(d, dv) || nk == 0 || nq == 0 {
+        return Err(bad(format!("head dims {d}/{dv}, {nq} queries, {nk} keys")));
+    }
+    // Rows are read 16 bytes at a time.
+    if !attention_strides_fit(qst, kst, vst) {
+        return Err(bad(format!(
+            "q {qst:?}, kᵀ {kst:?} or v {vst:?} rows not 8 elements apart"
+        )));
+    }
+    let shared = kst[1] == 0 && vst[1] == 0;
+    let (groups, rpg) = if shared { (b, h * nq) } else { (b * h, nq) };
+    let tiles = rpg.div_ceil(16);
+    let splits = nk.div_ceil(32);
+    let splits2 = nk.div_ceil(128);
+    // The kernels index in 32 bits: every element they address must be below 2^31.
+    let reach = |dims: &[usize], st: &[i64]| -> u128 {
+        dims.iter()
+            .zip(st)
+            .map(|(&n, &x)| n.saturating_sub(1) as u128 * x.unsigned_abs() as u128)
+            .sum::<u128>()
+            + 1
+    };
+    let m = s.mask;
+    let scratch = [
+        (b * h * nq) as u128 * nk as u128,
+        (groups * tiles * splits2 * 16 * dv) as u128,
+        reach(qs, qst),
+        reach(ks, kst),
+        reach(vs, vst),
+        reach(&[b, h, nq, nk], &m[2..]),
+        reach(&[b, h, nq, dv], &s.out),
+    ];
+    if scratch.iter().any(|&x| x >= 1 << 31) {
+        return Err(bad(format!(
+            "{scratch:?} elements reach past 32-bit indices"
+        )));
+    }
+    let n = |v: usize, what: &str| {
+        u32::try_from(v).map_err(|_| bad(format!("{v} {what} exceed the grid")))
+    };
+    let blocks = n(groups * tiles, "row tiles")?;
+    let (splits32, blocks2) = (n(splits, "key splits")?, n(splits2, "key blocks")?);
+    if splits32 > 65_535 {
+        return Err(bad(format!("{nk} keys")));
+    }
+    // Each piece is contiguous like the concat: its batch and head strides scale with its keys.
+    let piece = |x: i64, n: usize| -> Result<i64> {
+        if x % nk as i64 != 0 {
+            return Err(bad(format!("a stride of {x} over {nk} concatenated keys")));
+        }
+        Ok(x / nk as i64 * n as i64)
+    };
+    let n0 = s.n0.unwrap_or(nk);
+    if n0 == 0 || n0 > nk {
+        return Err(bad(format!(
+            "pieces of {n0} and {} keys",
+            nk.wrapping_sub(n0)
+        )));
+    }
+    let split = |st: &[i64]| -> Result<[i64; 4]> {
+        if n0 == nk {
+            return Ok([st[0], st[1], st[0], st[1]]);
+        }
+        Ok([
+            piece(st[0], n0)?,
+            piece(st[1], n0)?,
+            piece(st[0], nk - n0)?,
+            piece(st[1], nk - n0)?,
+        ])
+    };
+    let (kp, vp) = (split(kst)?, split(vst)?);
+    let (scale, dscale) = match s.scale {
+        Some((x, dt)) => (x, dtype_code(dt)),
+        None => (1.0, dtype_code(Dtype::F32)),
+    };
+    let params = AttnParams {
+        nk: nk as i64,
+        n0: n0 as i64,
+        rpg: rpg as i64,
+        tiles: tiles as i64,
+        h: h as i64,
+        q: nq as i64,
+        shared: i32::from(shared),
+        d: i32::try_from(d).map_err(|_| bad(format!("head dim {d}")))?,
+        splits: splits32 as i32,
+        dscale,
+        scale,
+        has_mask: 1,
+        dv: dv as i32,
+        splits2: blocks2 as i32,
+        qsb: qst[0],
+        qsh: qst[1],
+        qsq: qst[2],
+        ksb: kp[0],
+        ksh: kp[1],
+        ksk: kst[3],
+        k1sb: kp[2],
+        k1sh: kp[3],
+        vsb: vp[0],
+        vsh: vp[1],
+        vsk: vst[2],
+        v1sb: vp[2],
+        v1sh: vp[3],
+        msb: m[2],
+        msh: m[3],
+        msq: m[4],
+        msk: m[5],
+        osb: s.out[0],
+        osh: s.out[1],
+        osq: s.out[2],
+    };
+    let cfg = |grid: (u32, u32), threads: u32| LaunchConfig {
+        grid_dim: (grid.0, grid.1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    Ok(AttnLaunch {
+        params,
+        logits: cfg((blocks, splits32), 128),
+        pv: cfg((blocks, blocks2), 256),
+        rows: groups * rpg,
+        tiles: groups * tiles,
+    })
+}
+
+/// Head dims the fused attention kernels take: q/k's a multiple of 16, v's of 32, both at most
+/// 256 (a row of each in shared memory).
+pub fn attention_dims_fit(d: usize, dv: usize) -> bool {
+    d > 0 && d <= 256 && d.is_multiple_of(16) && dv > 0 && dv <= 256 && dv.is_multiple_of(32)
+}
+
+/// Strides the fused attention kernels read (rows 16 bytes at a time): q `[B, H, Q, D]`, kᵀ
+/// `[B, H, D, K]` and v `[B, H, K, Dv]` with their head dims contiguous and every other
+/// stride a multiple of 8 elements.
+pub fn attention_strides_fit(q: &[i64], k: &[i64], v: &[i64]) -> bool {
+    let eight = |xs: &[i64]| xs.iter().all(|x| x % 8 == 0);
+    q.len() == 4
+        && k.len() == 4
+        && v.len() == 4
+        && q[3] == 1
+        && k[2] == 1
+        && v[3] == 1
+        && eight(&q[..3])
+        && eight(&[k[0], k[1], k[3]])
+        && eight(&v[..3])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -768,6 +1056,88 @@ mod tests {
         assert_eq!(std::mem::size_of::<NormParams>(), 56);
         assert_eq!(std::mem::offset_of!(SoftmaxParams, h), 40);
         assert_eq!(std::mem::size_of::<RopeParams>(), 24 + 3 * 64);
+        // 6 i64; 4 ints, a float, 3 ints; 20 i64.
+        assert_eq!(std::mem::offset_of!(AttnParams, qsb), 80);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 80 + 20 * 8);
+    }
+
+    #[test]
+    fn fused_attention_groups_heads_sharing_kv_and_tiles_rows_and_keys() {
+        // pi0.5's step: 8 query heads over one KV head (head stride 0), 50 queries, 1,018 keys.
+        let (q, qs) = ([1, 8, 50, 256], [102_400, 256, 2_048, 1]);
+        let (k, ks) = ([1, 8, 256, 1_018], [260_608, 0, 1, 256]);
+        let (v, vs) = ([1, 8, 1_018, 256], [260_608, 0, 256, 1]);
+        fn shape_of<'a>(
+            (q, qs): (&'a [usize], &'a [i64]),
+            k: &'a [usize],
+            v: &'a [usize],
+            ks: &'a [i64],
+            vs: &'a [i64],
+        ) -> AttnShape<'a> {
+            AttnShape {
+                q: (q, qs),
+                k: (k, ks),
+                v: (v, vs),
+                mask: [8, 50, 0, 0, 1_018, 1],
+                scale: Some((0.0625, Dtype::Bf16)),
+                out: [102_400, 256, 2_048],
+                n0: None,
+            }
+        }
+        let shape = |ks, vs| shape_of((&q, &qs), &k, &v, ks, vs);
+        let l = attention_launch(shape(&ks, &vs), (9, 0)).unwrap();
+        let p = l.params;
+        // One group of 400 rows: 25 tiles of 16; 32 splits of 32 keys; 8 blocks of 128.
+        assert_eq!((p.shared, p.rpg, p.tiles, p.splits), (1, 400, 25, 32));
+        assert_eq!((p.splits2, p.dv, l.tiles), (8, 256, 25));
+        assert_eq!(
+            (l.logits.grid_dim, l.pv.grid_dim),
+            ((25, 32, 1), (25, 8, 1))
+        );
+        assert_eq!(
+            (l.logits.block_dim.0, l.pv.block_dim.0, l.rows),
+            (128, 256, 400)
+        );
+        assert_eq!((p.ksk, p.vsk, p.n0, p.nk), (256, 256, 1_018, 1_018));
+        assert_eq!(
+            (p.osh, p.osq, p.dscale),
+            (256, 2_048, dtype_code(Dtype::Bf16))
+        );
+        // The step's K/V as the prefix's 968 keys and its own 50, read in place.
+        let l = attention_launch(
+            AttnShape {
+                n0: Some(968),
+                ..shape(&ks, &vs)
+            },
+            (9, 0),
+        )
+        .unwrap();
+        assert_eq!(
+            (l.params.n0, l.params.ksb, l.params.k1sb),
+            (968, 247_808, 12_800)
+        );
+        assert_eq!(
+            (l.params.ksh, l.params.vsk, l.params.v1sb),
+            (0, 256, 12_800)
+        );
+        // Own KV heads: a group a head (8 groups of 50 rows: 4 tiles each).
+        let l = attention_launch(
+            shape(&[2_084_864, 260_608, 1, 256], &[2_084_864, 260_608, 256, 1]),
+            (8, 7),
+        )
+        .unwrap();
+        assert_eq!((l.params.shared, l.params.rpg, l.params.tiles), (0, 50, 4));
+        assert_eq!(l.logits.grid_dim, (32, 32, 1));
+        // No bf16 mma before sm_80; rows not 16 bytes apart and unpadded dims refused.
+        assert!(attention_launch(shape(&ks, &vs), (7, 5)).is_err());
+        assert!(attention_launch(shape(&[260_608, 0, 1, 260], &vs), (9, 0)).is_err());
+        assert!(attention_launch(shape(&ks, &[260_608, 0, 252, 1]), (9, 0)).is_err());
+        let q2 = [1, 8, 50, 24];
+        let s = AttnShape {
+            q: (&q2, &qs),
+            ..shape(&ks, &vs)
+        };
+        assert!(attention_launch(s, (9, 0)).is_err());
     }
 
     #[test]

@@ -93,12 +93,32 @@ fn err(msg: impl Into<String>) -> Error {
 impl<'d> DeviceProgram<'d> {
     /// Validates `program`, orders it, and uploads every weight it reads from `weights` (in
     /// the declared dtype, rows only for a row range) and every constant. With `release`, each
-    /// weight's host pages are given back once it is on the device.
+    /// weight's host pages are given back once it is on the device. bf16 attentions are fused
+    /// as `PETITE_CUDA_FUSED_ATTN` says ([`crate::fuse::fused_attention_queries`]; off unless
+    /// set).
     pub fn load(
         dev: &'d Device,
         program: &Program,
         weights: &dyn WeightSource,
         release: bool,
+    ) -> Result<Self> {
+        Self::load_fusing_attention(
+            dev,
+            program,
+            weights,
+            release,
+            crate::fuse::fused_attention_queries(),
+        )
+    }
+
+    /// [`DeviceProgram::load`], running bf16 attentions of up to `attention_queries` queries
+    /// as the fused attention kernels ([`crate::fuse::Attend`]; 0: none; never before sm_80).
+    pub fn load_fusing_attention(
+        dev: &'d Device,
+        program: &Program,
+        weights: &dyn WeightSource,
+        release: bool,
+        attention_queries: usize,
     ) -> Result<Self> {
         let t0 = std::time::Instant::now();
         program.validate()?;
@@ -110,7 +130,13 @@ impl<'d> DeviceProgram<'d> {
             is_output[o.value.index()] = true;
         }
         let fusion = if fusing() {
-            crate::fuse::plan(program, &live, &is_output)?
+            // The fused attention's products are bf16 `mma.sync`, sm_80 and later.
+            let attention = if dev.info().compute_capability.0 >= 8 {
+                attention_queries
+            } else {
+                0
+            };
+            crate::fuse::plan_with(program, &live, &is_output, attention)?
         } else {
             Fusion {
                 role: vec![Role::Plain; program.len()],
@@ -119,6 +145,8 @@ impl<'d> DeviceProgram<'d> {
                 source: String::new(),
                 views: Default::default(),
                 masks: Default::default(),
+                attentions: Default::default(),
+                attention_kernels: None,
             }
         };
         // Uses count the nodes that read a value from its buffer: fused roots read their
@@ -130,6 +158,21 @@ impl<'d> DeviceProgram<'d> {
             }
             let operands = |c: usize| -> Vec<NodeId> {
                 let id = NodeId(c as u32);
+                // A fused attention reads q and k (its logits product's operands), v, the mask.
+                if let Some(a) = fusion.attentions.get(&id) {
+                    let base = |m: NodeId, j: usize| {
+                        fusion
+                            .views
+                            .get(&(m, j))
+                            .map_or(program.node(m).inputs[j], |w| w.base)
+                    };
+                    return match a.pieces {
+                        Some((kv, _)) => {
+                            vec![base(a.logits, 0), kv[0], kv[1], kv[2], kv[3], a.mask]
+                        }
+                        None => vec![base(a.logits, 0), base(a.logits, 1), base(id, 1), a.mask],
+                    };
+                }
                 program.nodes[c]
                     .inputs
                     .iter()
@@ -148,9 +191,12 @@ impl<'d> DeviceProgram<'d> {
                         _ => vec![v],
                     })
                     .collect(),
-                Role::Inlined | Role::View | Role::Narrowed | Role::Transposed | Role::Prologue => {
-                    Vec::new()
-                }
+                Role::Inlined
+                | Role::View
+                | Role::Narrowed
+                | Role::Transposed
+                | Role::Prologue
+                | Role::Attended => Vec::new(),
                 Role::Root(g) => {
                     let group = &fusion.groups[g];
                     let mut r = group.leaves.clone();
@@ -314,6 +360,11 @@ impl<'d> DeviceProgram<'d> {
         self.f32_matmul = m;
     }
 
+    /// bf16 attentions run whole by the fused attention kernels ([`crate::fuse::Attend`]).
+    pub fn fused_attentions(&self) -> usize {
+        self.fusion.attentions.len()
+    }
+
     /// Nodes computed inside fused kernels, fused kernel launches a run, and distinct kernels.
     pub fn fusion_stats(&self) -> (usize, usize, usize) {
         let nodes = self.fusion.groups.iter().map(|g| g.nodes).sum();
@@ -399,7 +450,12 @@ impl<'d> DeviceProgram<'d> {
             if !self.live[id.index()]
                 || matches!(
                     self.fusion.role[id.index()],
-                    Role::Inlined | Role::View | Role::Narrowed | Role::Transposed | Role::Prologue
+                    Role::Inlined
+                        | Role::View
+                        | Role::Narrowed
+                        | Role::Transposed
+                        | Role::Prologue
+                        | Role::Attended
                 )
             {
                 continue;
@@ -1109,6 +1165,9 @@ impl<'d> DeviceProgram<'d> {
         out_ty: &TensorType,
         into: Option<&TensorType>,
     ) -> Result<DevTensor> {
+        if let Some(a) = self.fusion.attentions.get(&id) {
+            return self.attend(id, a, slots, out_ty, into);
+        }
         let dev = self.dev;
         let mut ops: Vec<(&DevTensor, MatOperand)> = Vec::with_capacity(2);
         for j in 0..2 {
@@ -1164,6 +1223,119 @@ impl<'d> DeviceProgram<'d> {
                 )?;
             }
         }
+        Ok(out)
+    }
+
+    /// The bf16 attention whose `p·v` is matmul `id` ([`crate::fuse::Attend`]): q and k read
+    /// through the logits product's views, v through this product's, the output written as
+    /// `out_ty` or, with `into`, heads merged (`[B, Q, H, Dv]`).
+    fn attend(
+        &self,
+        id: NodeId,
+        a: &crate::fuse::Attend,
+        slots: &[Slot],
+        out_ty: &TensorType,
+        into: Option<&TensorType>,
+    ) -> Result<DevTensor> {
+        let dev = self.dev;
+        let mut pieces: Option<[&DevTensor; 4]> = None;
+        let view = |n: NodeId, j: usize| -> Result<(&DevTensor, Vec<usize>, Vec<i64>)> {
+            let (t, v) = self.in_place(n, j, slots)?;
+            Ok(match v {
+                Some(w) => (t, w.shape.clone(), w.strides.clone()),
+                None => (t, t.shape().to_vec(), contiguous_strides(t.shape())),
+            })
+        };
+        let (q, k, v) = if let Some((kv, _)) = a.pieces {
+            // K and v's views are over their concats (not computed), or the concats read
+            // whole: the shapes and strides stand, the pointers are the pieces'.
+            let piece = |n: NodeId| match &slots[n.index()] {
+                Slot::T(t) => Ok(t),
+                _ => Err(err(format!("K/V piece {n} is not an available tensor"))),
+            };
+            let w = |m: NodeId| -> Result<(Vec<usize>, Vec<i64>)> {
+                if let Some(v) = self.fusion.views.get(&(m, 1)) {
+                    return Ok((v.shape.clone(), v.strides.clone()));
+                }
+                // Read whole (v of heads of their own): the concat's own layout.
+                let c = self.program.node(self.program.node(m).inputs[1]);
+                let t = c.tensor().ok_or_else(|| err("a tuple K/V concat"))?;
+                Ok((t.shape.clone(), contiguous_strides(&t.shape)))
+            };
+            let ((ks, kst), (vs, vst)) = (w(a.logits)?, w(id)?);
+            pieces = Some([piece(kv[0])?, piece(kv[1])?, piece(kv[2])?, piece(kv[3])?]);
+            let p = pieces.as_ref().expect("just set");
+            (view(a.logits, 0)?, (p[0], ks, kst), (p[2], vs, vst))
+        } else {
+            (view(a.logits, 0)?, view(a.logits, 1)?, view(id, 1)?)
+        };
+        let Slot::T(mask) = &slots[a.mask.index()] else {
+            return Err(err(format!("mask {} is not an available tensor", a.mask)));
+        };
+        let (h, nq) = (q.1[1], q.1[2]);
+        let out = dev.alloc(out_ty.dtype, &into.unwrap_or(out_ty).shape)?;
+        let os = contiguous_strides(&out_ty.shape);
+        let o = match into {
+            // [B, Q, H, Dv]: heads Dv apart, queries H·Dv apart.
+            Some(t) => {
+                let ts = contiguous_strides(&t.shape);
+                [ts[0], ts[2], ts[1]]
+            }
+            None => [os[0], os[1], os[2]],
+        };
+        let l = crate::plan::attention_launch(
+            crate::plan::AttnShape {
+                q: (&q.1, &q.2),
+                k: (&k.1, &k.2),
+                v: (&v.1, &v.2),
+                mask: mask_strides(mask.shape(), h, nq),
+                scale: a.scale,
+                out: o,
+                n0: a.pieces.map(|(_, n)| n),
+            },
+            self.dev.info().compute_capability,
+        )?;
+        let prm = &l.params;
+        let scratch = dev.alloc(Dtype::F32, &[l.rows, prm.nk as usize])?;
+        let stats = dev.alloc(Dtype::F32, &[l.rows, prm.splits as usize, 2])?;
+        // Partial products of the key blocks (none with one block), and a counter a tile.
+        let parts = if prm.splits2 > 1 {
+            l.tiles * prm.splits2 as usize * 16 * prm.dv as usize
+        } else {
+            0
+        };
+        let part = dev.alloc(Dtype::F32, &[parts])?;
+        let counters = dev.alloc(Dtype::I32, &[l.tiles])?;
+        let (pq, pm) = (dev.ptr(q.0), dev.ptr(mask));
+        let [pk, pk1, pv, pv1] = match &pieces {
+            Some(ps) => ps.map(|t| dev.ptr(t)),
+            None => [dev.ptr(k.0), dev.ptr(k.0), dev.ptr(v.0), dev.ptr(v.0)],
+        };
+        let (pl, ps, po) = (dev.ptr(&scratch), dev.ptr(&stats), dev.ptr(&out));
+        let (pp, pc) = (dev.ptr(&part), dev.ptr(&counters));
+        if [pq, pk, pk1, pv, pv1].iter().any(|p| p % 16 != 0) {
+            return Err(err("fused attention: q, k or v not 16-byte aligned"));
+        }
+        if out_ty.dtype != Dtype::Bf16 {
+            return Err(err("fused attention: a bf16 result only"));
+        }
+        let [fl, fp] = self
+            .fusion
+            .attention_kernels
+            .map(|k| k.map(|i| &self.fused[i]))
+            .ok_or_else(|| err("fused attention: its kernels were not compiled"))?;
+        dev.launch_fn(fl, l.logits, |bl| {
+            bl.arg(prm);
+            for p in [&pq, &pk, &pk1, &pm, &pl, &ps, &pc] {
+                Device::push_u64(bl, p);
+            }
+        })?;
+        dev.launch_fn(fp, l.pv, |bl| {
+            bl.arg(prm);
+            for p in [&pl, &ps, &pv, &pv1, &pp, &pc, &po] {
+                Device::push_u64(bl, p);
+            }
+        })?;
         Ok(out)
     }
 

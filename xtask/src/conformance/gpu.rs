@@ -8,8 +8,12 @@
 //!    f32 within 1e-4 of the f32 reference (itself run on the GPU), bf16 within the bf16 bound;
 //!    the wall time of each verify printed.
 //!
-//! `PETITE_BIN` names a prebuilt `petite` (a machine with a GPU but no Rust toolchain);
-//! otherwise the release build of this checkout is used.
+//! 4. petite-cuda's GPU tests (`crates/petite-cuda/tests/gpu_attention.rs`: the fused bf16
+//!    attention against the reference executor and the exact f64 attention).
+//!
+//! `PETITE_BIN` names a prebuilt `petite` and `PETITE_CUDA_TESTS` a prebuilt test binary of
+//! `gpu_attention` (a machine with a GPU but no Rust toolchain); otherwise the release build of
+//! this checkout is used and the tests run through cargo.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -93,6 +97,30 @@ pub fn run() -> Result<()> {
         line.contains("can run here") && !line.contains("cannot"),
         "the gpu tier needs a CUDA GPU (driver, cuBLAS, NVRTC): {line}"
     );
+    let mut tests = match std::env::var_os("PETITE_CUDA_TESTS") {
+        Some(bin) => Command::new(bin),
+        None => {
+            let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+            c.args([
+                "test",
+                "--release",
+                "-p",
+                "petite-cuda",
+                "--test",
+                "gpu_attention",
+                "--",
+            ])
+            .current_dir(util::root());
+            c
+        }
+    };
+    let text = output(tests.args(["--ignored", "--nocapture", "--test-threads", "1"]))?;
+    for l in text
+        .lines()
+        .filter(|l| l.starts_with("case ") || l.starts_with("test "))
+    {
+        println!("gpu: {l}");
+    }
     let scratch = tempfile::tempdir()?;
     let mut rows = Vec::new();
     let mut failed = Vec::new();

@@ -1,0 +1,291 @@
+//! The fused bf16 attention (`petite_cuda::fuse::Attend`: two kernels of bf16 `mma.sync`) on a
+//! real GPU against the reference executor (petite-reference, on the CPU) running the same
+//! op chain node by node. Needs a GPU: ignored by `cargo test`; the gpu tier runs it
+//! (`cargo xtask conformance --only gpu`), where it fails, never skips, without one.
+//!
+//! Both compute the same roundings (bf16 logits, bf16 scaling, f32 mask and softmax, bf16
+//! probabilities, bf16 output) and differ only in each dot product's summation order, so the
+//! check is that the fused kernels are as close to the exact f64 attention as the reference
+//! executor is.
+
+use std::collections::BTreeMap;
+
+use petite_cuda::{Device, DeviceProgram};
+use petite_graph::{Builder, Dtype, Program};
+use petite_reference::{NoWeights, Tensor};
+
+/// pi0.5's mask fill (the most negative bf16-representable f32 lerobot uses).
+const FILL: f32 = -2.381_976_3e38;
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+struct Case {
+    b: usize,
+    h: usize,
+    kvh: usize,
+    q: usize,
+    k: usize,
+    d: usize,
+    dv: usize,
+    /// K and v given as two inputs concatenated along the keys, the first of this many keys
+    /// (pi0.5's step: the prefix's K/V and its own).
+    split: Option<usize>,
+}
+
+/// `[b, h, kvh, q, k, d, dv]`.
+fn case([b, h, kvh, q, k, d, dv]: [usize; 7], split: Option<usize>) -> Case {
+    Case {
+        b,
+        h,
+        kvh,
+        q,
+        k,
+        d,
+        dv,
+        split,
+    }
+}
+
+/// pi0.5's bf16 attention as `petite_pi05` builds it: K/V (a concat of two pieces if split),
+/// KV heads repeated by reshape/expand/reshape, `q·kᵀ`, bf16 scaling, f32 cast, `+ mask`,
+/// softmax, bf16 cast, `p·v`, heads merged.
+fn program(c: &Case) -> Program {
+    let mut b = Builder::new();
+    let q = b.input("q", Dtype::Bf16, &[c.b, c.h, c.q, c.d]).unwrap();
+    let mut kv = |name: &str, d: usize| match c.split {
+        None => b.input(name, Dtype::Bf16, &[c.b, c.kvh, c.k, d]).unwrap(),
+        Some(n) => {
+            let x = b
+                .input(&format!("{name}0"), Dtype::Bf16, &[c.b, c.kvh, n, d])
+                .unwrap();
+            let y = b
+                .input(&format!("{name}1"), Dtype::Bf16, &[c.b, c.kvh, c.k - n, d])
+                .unwrap();
+            b.concat(&[x, y], 2).unwrap()
+        }
+    };
+    let k = kv("k", c.d);
+    let v = kv("v", c.dv);
+    let m = b.input("mask", Dtype::F32, &[1, 1, c.q, c.k]).unwrap();
+    let rep = c.h / c.kvh;
+    let mut repeat = |t, d| {
+        if rep == 1 {
+            return t;
+        }
+        let r = b.reshape(t, &[c.b, c.kvh, 1, c.k, d]).unwrap();
+        let r = b.expand(r, &[c.b, c.kvh, rep, c.k, d]).unwrap();
+        b.reshape(r, &[c.b, c.h, c.k, d]).unwrap()
+    };
+    let k = repeat(k, c.d);
+    let v = repeat(v, c.dv);
+    let kt = b.transpose(k, 2, 3).unwrap();
+    let l = b.matmul(q, kt).unwrap();
+    let l = b.mul_scalar(l, (c.d as f64).powf(-0.5)).unwrap();
+    let l = b.cast(l, Dtype::F32).unwrap();
+    let l = b.add(l, m).unwrap();
+    let p = b.softmax(l, -1).unwrap();
+    let p = b.cast(p, Dtype::Bf16).unwrap();
+    let o = b.matmul(p, v).unwrap();
+    let o = b.permute(o, &[0, 2, 1, 3]).unwrap();
+    b.output("o", o).unwrap();
+    b.finish().unwrap()
+}
+
+fn tensor(dt: Dtype, shape: &[usize], v: Vec<f32>) -> Tensor {
+    Tensor::from_f32_as(dt, shape, v).unwrap()
+}
+
+/// The whole inputs (`q`, `k`, `v`, `mask`), bf16-rounded.
+fn inputs(c: &Case, seed: u64) -> BTreeMap<String, Tensor> {
+    let n = |s: &[usize]| s.iter().product::<usize>();
+    let (qs, ks, vs) = (
+        [c.b, c.h, c.q, c.d],
+        [c.b, c.kvh, c.k, c.d],
+        [c.b, c.kvh, c.k, c.dv],
+    );
+    // Logits of a few units: q·k over d terms of ~1/3 each, times d^-0.5, times 3.
+    let q: Vec<f32> = values(n(&qs), seed).iter().map(|x| x * 3.0).collect();
+    // Some keys masked for each query, and the last 10% of keys for all (padding).
+    let mask: Vec<f32> = (0..c.q * c.k)
+        .map(|i| {
+            let (qi, j) = (i / c.k, i % c.k);
+            if j * 10 >= c.k * 9 || (j * 7 + qi) % 5 == 0 {
+                FILL
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    [
+        ("q", tensor(Dtype::Bf16, &qs, q)),
+        ("k", tensor(Dtype::Bf16, &ks, values(n(&ks), seed + 1))),
+        ("v", tensor(Dtype::Bf16, &vs, values(n(&vs), seed + 2))),
+        ("mask", tensor(Dtype::F32, &[1, 1, c.q, c.k], mask)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// What the program reads: `k` and `v` cut at the split into their two pieces when split.
+fn program_inputs(c: &Case, all: &BTreeMap<String, Tensor>) -> BTreeMap<String, Tensor> {
+    let mut out = all.clone();
+    let Some(s) = c.split else {
+        return out;
+    };
+    for (name, d) in [("k", c.d), ("v", c.dv)] {
+        let full = out
+            .remove(name)
+            .unwrap()
+            .float_values()
+            .unwrap()
+            .into_owned();
+        let (mut x, mut y) = (Vec::new(), Vec::new());
+        for (i, row) in full.chunks(d).enumerate() {
+            if i % c.k < s {
+                x.extend_from_slice(row)
+            } else {
+                y.extend_from_slice(row)
+            }
+        }
+        let (sx, sy) = ([c.b, c.kvh, s, d], [c.b, c.kvh, c.k - s, d]);
+        out.insert(format!("{name}0"), tensor(Dtype::Bf16, &sx, x));
+        out.insert(format!("{name}1"), tensor(Dtype::Bf16, &sy, y));
+    }
+    out
+}
+
+/// The exact attention in f64 from the (bf16) inputs, `[B, Q, H, Dv]`.
+fn exact(c: &Case, ins: &BTreeMap<String, Tensor>) -> Vec<f64> {
+    let f = |n: &str| ins[n].float_values().unwrap().into_owned();
+    let (q, k, v, m) = (f("q"), f("k"), f("v"), f("mask"));
+    let scale = (c.d as f64).powf(-0.5);
+    let mut out = vec![0f64; c.b * c.q * c.h * c.dv];
+    for b in 0..c.b {
+        for h in 0..c.h {
+            let kh = h / (c.h / c.kvh);
+            for qi in 0..c.q {
+                let qr = &q[((b * c.h + h) * c.q + qi) * c.d..][..c.d];
+                let logits: Vec<f64> = (0..c.k)
+                    .map(|j| {
+                        let kr = &k[((b * c.kvh + kh) * c.k + j) * c.d..][..c.d];
+                        let dot: f64 = qr.iter().zip(kr).map(|(&x, &y)| x as f64 * y as f64).sum();
+                        dot * scale + m[qi * c.k + j] as f64
+                    })
+                    .collect();
+                let mx = logits.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = logits.iter().map(|l| (l - mx).exp()).collect();
+                let s: f64 = e.iter().sum();
+                for col in 0..c.dv {
+                    let acc: f64 = (0..c.k)
+                        .map(|j| e[j] / s * v[((b * c.kvh + kh) * c.k + j) * c.dv + col] as f64)
+                        .sum();
+                    out[((b * c.q + qi) * c.h + h) * c.dv + col] = acc;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// (max, mean) |a − e|; any non-finite value or length mismatch fails.
+fn errors(a: &[f32], e: &[f64]) -> (f64, f64) {
+    assert!(
+        !a.is_empty() && a.len() == e.len(),
+        "{} vs {}",
+        a.len(),
+        e.len()
+    );
+    let mut mx = 0f64;
+    let mut sum = 0f64;
+    for (&x, &y) in a.iter().zip(e) {
+        assert!(x.is_finite(), "non-finite output {x}");
+        let d = (x as f64 - y).abs();
+        mx = mx.max(d);
+        sum += d;
+    }
+    (mx, sum / a.len() as f64)
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask conformance --only gpu"]
+fn fused_attention_is_as_close_to_exact_as_the_reference_executor() {
+    let dev = Device::open().expect("a CUDA GPU (this test fails without one)");
+    let cases = [
+        // pi0.5's step: 8 heads over one KV head, 50 queries, 968 + 50 keys, head dim 256;
+        // K/V whole, then as the prefix's 968 keys and the step's 50 (read in place).
+        case([1, 8, 1, 50, 1018, 256, 256], None),
+        case([1, 8, 1, 50, 1018, 256, 256], Some(968)),
+        // Own KV heads, two batches, keys and rows off the tiles (70 keys, 20 rows).
+        case([2, 2, 2, 20, 70, 32, 64], None),
+        case([2, 2, 2, 20, 70, 32, 64], Some(33)),
+        // One query, one key.
+        case([1, 4, 1, 1, 1, 16, 32], None),
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        let p = program(c);
+        let ins = inputs(c, 7 + i as u64);
+        let cpu = petite_reference::run(&p, &NoWeights, program_inputs(c, &ins)).unwrap();
+        let gp = DeviceProgram::load_fusing_attention(&dev, &p, &NoWeights, false, 64).unwrap();
+        assert_eq!(gp.fused_attentions(), 1, "case {i}: the attention is fused");
+        let gpu = gp.run(program_inputs(c, &ins)).unwrap();
+        let e = exact(c, &ins);
+        let cpu = cpu["o"].float_values().unwrap().into_owned();
+        let gpu = gpu["o"].float_values().unwrap().into_owned();
+        let (cm, ca) = errors(&cpu, &e);
+        let (gm, ga) = errors(&gpu, &e);
+        let same = cpu
+            .iter()
+            .zip(&gpu)
+            .filter(|(a, b)| a.to_bits() == b.to_bits())
+            .count();
+        eprintln!(
+            "case {i}: max/mean |x - exact|: reference {cm:.3e}/{ca:.3e}, fused {gm:.3e}/{ga:.3e}; \
+             {same} of {} outputs bit-identical",
+            cpu.len()
+        );
+        // One bf16 rounding of the largest output is the floor of either error.
+        let ulp = e.iter().fold(0f64, |m, x| m.max(x.abs())) * 2f64.powi(-8);
+        assert!(
+            gm <= 2.0 * cm.max(ulp),
+            "case {i}: fused max error {gm:e} vs {cm:e}"
+        );
+        assert!(
+            ga <= 1.25 * ca + ulp / 64.0,
+            "case {i}: fused mean error {ga:e} vs {ca:e}"
+        );
+    }
+}
+
+/// The harness without a GPU: the reference executor's bf16 chain is within bf16 noise of the
+/// exact f64 attention computed here, with K/V whole or in two pieces (so the GPU test compares
+/// against a sound baseline).
+#[test]
+fn the_reference_executor_is_within_bf16_noise_of_the_exact_attention() {
+    for split in [None, Some(33)] {
+        let c = case([2, 2, 2, 20, 70, 32, 64], split);
+        let ins = inputs(&c, 3);
+        let cpu = petite_reference::run(&program(&c), &NoWeights, program_inputs(&c, &ins));
+        let cpu = cpu.unwrap()["o"].float_values().unwrap().into_owned();
+        let e = exact(&c, &ins);
+        let (m, a) = errors(&cpu, &e);
+        let top = e.iter().fold(0f64, |m, x| m.max(x.abs()));
+        assert!(top > 0.05, "outputs of some size: {top}");
+        // bf16 probabilities and output: a few bf16 ulps of the largest output at most.
+        assert!(
+            m <= top * 2f64.powi(-5) && a < m,
+            "{split:?}: max {m:e}, mean {a:e}, top {top}"
+        );
+    }
+}
