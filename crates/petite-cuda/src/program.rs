@@ -146,6 +146,7 @@ impl<'d> DeviceProgram<'d> {
                 views: Default::default(),
                 masks: Default::default(),
                 attentions: Default::default(),
+                biases: Default::default(),
                 attention_kernels: None,
             }
         };
@@ -695,7 +696,14 @@ impl<'d> DeviceProgram<'d> {
             Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } => {
                 return Err(err("sources are bound before the run"));
             }
-            Op::Linear => self.linear(ins[0], ins[1], ins.get(2).copied(), out_ty)?,
+            Op::Linear => {
+                // A bias the fused group reading this linear adds is not added here.
+                let b = match self.fusion.biases.contains_key(&id) {
+                    true => None,
+                    false => ins.get(2).copied(),
+                };
+                self.linear(ins[0], ins[1], b, out_ty)?
+            }
             Op::MatMul => return Err(err("matmul is evaluated above")),
             Op::Conv2d { stride, padding } => self.conv2d(
                 ins[0],
