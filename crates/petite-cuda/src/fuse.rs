@@ -1425,13 +1425,7 @@ mod tests {
     }
 
     fn plan_all(p: &Program) -> Fusion {
-        let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
-        let live = p.ancestors(&roots);
-        let mut out = vec![false; p.len()];
-        for o in &p.outputs {
-            out[o.value.index()] = true;
-        }
-        plan(p, &live, &out).unwrap()
+        plan_queries(p, fused_attention_queries())
     }
 
     fn plan_queries(p: &Program, queries: usize) -> Fusion {
