@@ -114,10 +114,18 @@ pub struct Fusion {
 /// heads, 50 queries, ~1,000 keys) is latency-bound; its three launches took 28 µs a layer on
 /// the H200. q and k are the logits product's operands, v the `p·v` product's operand 1, all
 /// read through their views ([`Fusion::views`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Attend {
     /// The logits product `q·kᵀ`.
     pub logits: NodeId,
+    /// q `[B, H, Q, D]`, kᵀ `[B, H, D, K]` and v `[B, H, K, Dv]` as the kernels read them (each
+    /// a view, or its value whole); with [`Attend::pieces`], k's and v's bases are the concats
+    /// (never computed), whose layouts the pieces share.
+    pub q: StridedView,
+    /// See [`Attend::q`].
+    pub k: StridedView,
+    /// See [`Attend::q`].
+    pub v: StridedView,
     /// The additive f32 mask.
     pub mask: NodeId,
     /// The scaling folded into the softmax ([`Folded::scale`]).
@@ -131,7 +139,7 @@ pub struct Attend {
 /// Queries up to which a bf16 attention is fused ([`Attend`]) by default:
 /// `PETITE_CUDA_FUSED_ATTN` = `all`, a number (`64` takes pi0.5's steps of 50 queries and not
 /// its prefix of ~968), or unset / `off`: none. Off by default because on the H200 the fused
-/// kernels measured level with the three launches they replace (a step: 13.68 vs 13.72 ms,
+/// kernels measured level with the three launches they replace (ten steps: 13.64 vs 13.75 ms,
 /// docs/MEASUREMENTS.md): each is a chain of dependent global-memory round trips.
 pub fn fused_attention_queries() -> usize {
     match std::env::var("PETITE_CUDA_FUSED_ATTN").as_deref() {
@@ -571,6 +579,9 @@ fn attend(
     Some((
         Attend {
             logits,
+            q,
+            k,
+            v,
             mask: folded.mask,
             scale: folded.scale,
             pieces,
@@ -729,11 +740,8 @@ pub fn plan_with(
                 role[n.index()] = Role::Attended;
             }
             if a.pieces.is_some() {
-                for m in [a.logits, id] {
-                    let base = views
-                        .get(&(m, 1))
-                        .map_or(program.node(m).inputs[1], |w| w.base);
-                    role[base.index()] = Role::Attended;
+                for concat in [a.k.base, a.v.base] {
+                    role[concat.index()] = Role::Attended;
                 }
             }
             attentions.insert(id, a);

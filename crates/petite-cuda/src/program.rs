@@ -161,17 +161,9 @@ impl<'d> DeviceProgram<'d> {
                 let id = NodeId(c as u32);
                 // A fused attention reads q and k (its logits product's operands), v, the mask.
                 if let Some(a) = fusion.attentions.get(&id) {
-                    let base = |m: NodeId, j: usize| {
-                        fusion
-                            .views
-                            .get(&(m, j))
-                            .map_or(program.node(m).inputs[j], |w| w.base)
-                    };
                     return match a.pieces {
-                        Some((kv, _)) => {
-                            vec![base(a.logits, 0), kv[0], kv[1], kv[2], kv[3], a.mask]
-                        }
-                        None => vec![base(a.logits, 0), base(a.logits, 1), base(id, 1), a.mask],
+                        Some((kv, _)) => vec![a.q.base, kv[0], kv[1], kv[2], kv[3], a.mask],
+                        None => vec![a.q.base, a.k.base, a.v.base, a.mask],
                     };
                 }
                 program.nodes[c]
@@ -1174,7 +1166,7 @@ impl<'d> DeviceProgram<'d> {
         into: Option<&TensorType>,
     ) -> Result<DevTensor> {
         if let Some(a) = self.fusion.attentions.get(&id) {
-            return self.attend(id, a, slots, out_ty, into);
+            return self.attend(a, slots, out_ty, into);
         }
         let dev = self.dev;
         let mut ops: Vec<(&DevTensor, MatOperand)> = Vec::with_capacity(2);
@@ -1234,53 +1226,39 @@ impl<'d> DeviceProgram<'d> {
         Ok(out)
     }
 
-    /// The bf16 attention whose `p·v` is matmul `id` ([`crate::fuse::Attend`]): q and k read
-    /// through the logits product's views, v through this product's, the output written as
+    /// The bf16 attention `a` (run by its `p·v` matmul, [`crate::fuse::Attend`]): q, k and v read
+    /// through the views the plan found ([`crate::fuse::Attend::q`]), the output written as
     /// `out_ty` or, with `into`, heads merged (`[B, Q, H, Dv]`).
     fn attend(
         &self,
-        id: NodeId,
         a: &crate::fuse::Attend,
         slots: &[Slot],
         out_ty: &TensorType,
         into: Option<&TensorType>,
     ) -> Result<DevTensor> {
         let dev = self.dev;
-        let mut pieces: Option<[&DevTensor; 4]> = None;
-        let view = |n: NodeId, j: usize| -> Result<(&DevTensor, Vec<usize>, Vec<i64>)> {
-            let (t, v) = self.in_place(n, j, slots)?;
-            Ok(match v {
-                Some(w) => (t, w.shape.clone(), w.strides.clone()),
-                None => (t, t.shape().to_vec(), contiguous_strides(t.shape())),
-            })
+        let tensor = |n: NodeId| match &slots[n.index()] {
+            Slot::T(t) => Ok(t),
+            _ => Err(err(format!(
+                "attention operand {n} is not an available tensor"
+            ))),
         };
-        let (q, k, v) = if let Some((kv, _)) = a.pieces {
-            // K and v's views are over their concats (not computed), or the concats read
-            // whole: the shapes and strides stand, the pointers are the pieces'.
-            let piece = |n: NodeId| match &slots[n.index()] {
-                Slot::T(t) => Ok(t),
-                _ => Err(err(format!("K/V piece {n} is not an available tensor"))),
-            };
-            let w = |m: NodeId| -> Result<(Vec<usize>, Vec<i64>)> {
-                if let Some(v) = self.fusion.views.get(&(m, 1)) {
-                    return Ok((v.shape.clone(), v.strides.clone()));
-                }
-                // Read whole (v of heads of their own): the concat's own layout.
-                let c = self.program.node(self.program.node(m).inputs[1]);
-                let t = c.tensor().ok_or_else(|| err("a tuple K/V concat"))?;
-                Ok((t.shape.clone(), contiguous_strides(&t.shape)))
-            };
-            let ((ks, kst), (vs, vst)) = (w(a.logits)?, w(id)?);
-            pieces = Some([piece(kv[0])?, piece(kv[1])?, piece(kv[2])?, piece(kv[3])?]);
-            let p = pieces.as_ref().expect("just set");
-            (view(a.logits, 0)?, (p[0], ks, kst), (p[2], vs, vst))
-        } else {
-            (view(a.logits, 0)?, view(a.logits, 1)?, view(id, 1)?)
+        // K and v from their two pieces (their views' layouts are the concats'), or whole.
+        let [pk, pk1, pv, pv1] = match a.pieces {
+            Some((kv, _)) => [
+                dev.ptr(tensor(kv[0])?),
+                dev.ptr(tensor(kv[1])?),
+                dev.ptr(tensor(kv[2])?),
+                dev.ptr(tensor(kv[3])?),
+            ],
+            None => {
+                let (k, v) = (dev.ptr(tensor(a.k.base)?), dev.ptr(tensor(a.v.base)?));
+                [k, k, v, v]
+            }
         };
-        let Slot::T(mask) = &slots[a.mask.index()] else {
-            return Err(err(format!("mask {} is not an available tensor", a.mask)));
-        };
-        let (h, nq) = (q.1[1], q.1[2]);
+        let (q, k, v) = (&a.q, &a.k, &a.v);
+        let mask = tensor(a.mask)?;
+        let (h, nq) = (q.shape[1], q.shape[2]);
         let out = dev.alloc(out_ty.dtype, &into.unwrap_or(out_ty).shape)?;
         let os = contiguous_strides(&out_ty.shape);
         let o = match into {
@@ -1293,9 +1271,9 @@ impl<'d> DeviceProgram<'d> {
         };
         let l = crate::plan::attention_launch(
             crate::plan::AttnShape {
-                q: (&q.1, &q.2),
-                k: (&k.1, &k.2),
-                v: (&v.1, &v.2),
+                q: (&q.shape, &q.strides),
+                k: (&k.shape, &k.strides),
+                v: (&v.shape, &v.strides),
                 mask: mask_strides(mask.shape(), h, nq),
                 scale: a.scale,
                 out: o,
@@ -1314,11 +1292,7 @@ impl<'d> DeviceProgram<'d> {
         };
         let part = dev.alloc(Dtype::F32, &[parts])?;
         let counters = dev.alloc(Dtype::I32, &[l.tiles])?;
-        let (pq, pm) = (dev.ptr(q.0), dev.ptr(mask));
-        let [pk, pk1, pv, pv1] = match &pieces {
-            Some(ps) => ps.map(|t| dev.ptr(t)),
-            None => [dev.ptr(k.0), dev.ptr(k.0), dev.ptr(v.0), dev.ptr(v.0)],
-        };
+        let (pq, pm) = (dev.ptr(tensor(q.base)?), dev.ptr(mask));
         let (pl, ps, po) = (dev.ptr(&scratch), dev.ptr(&stats), dev.ptr(&out));
         let (pp, pc) = (dev.ptr(&part), dev.ptr(&counters));
         if [pq, pk, pk1, pv, pv1].iter().any(|p| p % 16 != 0) {

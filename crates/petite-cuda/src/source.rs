@@ -637,7 +637,7 @@ extern "C" __global__ void pt_bias(i64 rows, i64 n, int has_bias, int db, int do
 /// fixed order (so every run gives the same bits), forms `p` exactly as `pt_softmax` does
 /// (`exp(f - max) / sum`, rounded to bf16) and multiplies by v. K and v may come in two pieces
 /// along the keys (a concat of the prefix's K/V and the step's own, read in place).
-pub(crate) const ATTN: &str = r#"
+const ATTN: &str = r#"
 struct AttnParams {
   i64 nk; i64 n0; i64 rpg; i64 tiles; i64 h; i64 q;
   int shared; int d; int splits; int dscale; float scale; int has_mask; int dv; int splits2;
