@@ -698,7 +698,33 @@ impl Device {
         args(&mut a);
         // SAFETY: generated kernels take (n, input pointers…, output pointer), pushed by the
         // caller in that order; every pointer is a live buffer of this device sized for n.
-        unsafe { self.raw_launch(f, cfg, a) }.map_err(driver("launch a fused kernel"))
+        unsafe { self.raw_launch(f, cfg, None, a) }.map_err(driver("launch a fused kernel"))
+    }
+
+    /// [`Device::launch_fn`] in thread-block clusters of `cluster` blocks along x (sm_90 and
+    /// later), with `cfg`'s dynamic shared memory allowed past the 48 KiB default.
+    pub(crate) fn launch_cluster_fn<'a>(
+        &'a self,
+        f: &'a CudaFunction,
+        cfg: LaunchConfig,
+        cluster: u32,
+        args: impl FnOnce(&mut Args<'a>),
+    ) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("bind the context"))?;
+        f.set_attribute(
+            dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            i32::try_from(cfg.shared_mem_bytes)
+                .map_err(|_| Error::Plan("shared memory past i32".into()))?,
+        )
+        .map_err(driver("allow a kernel's shared memory"))?;
+        let mut a = Args::new();
+        args(&mut a);
+        // SAFETY: as for `launch_fn`: the caller pushes the kernel's parameters in order, each
+        // pointer a live buffer of this device sized for what the kernel reads and writes.
+        unsafe { self.raw_launch(f, cfg, Some(cluster), a) }
+            .map_err(driver("launch a cluster kernel"))
     }
 
     /// `f` on this device's stream. Where the device has it (sm_90 and later), with
@@ -715,13 +741,26 @@ impl Device {
         &self,
         f: &CudaFunction,
         cfg: LaunchConfig,
+        cluster: Option<u32>,
         mut args: Args<'_>,
     ) -> std::result::Result<(), cudarc::driver::DriverError> {
         self.ctx.bind_to_thread()?;
         // SAFETY: a zeroed attribute is a valid plain-data value; the id and the flag are set.
-        let mut attr: dsys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = dsys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        let mut attrs: [dsys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut n = 0;
+        if self.pdl {
+            attrs[n].id =
+                dsys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attrs[n].value.programmaticStreamSerializationAllowed = 1;
+            n += 1;
+        }
+        if let Some(x) = cluster {
+            attrs[n].id = dsys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attrs[n].value.clusterDim.x = x;
+            attrs[n].value.clusterDim.y = 1;
+            attrs[n].value.clusterDim.z = 1;
+            n += 1;
+        }
         let lc = dsys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -731,12 +770,12 @@ impl Device {
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: if self.pdl {
-                &mut attr
+            attrs: if n > 0 {
+                attrs.as_mut_ptr()
             } else {
                 std::ptr::null_mut()
             },
-            numAttrs: u32::from(self.pdl),
+            numAttrs: n as u32,
         };
         // SAFETY: `lc` and `attr` live across the call; the caller vouches for `args`.
         unsafe {
@@ -782,7 +821,7 @@ impl Device {
         args(&mut a);
         // SAFETY: the argument lists match the kernels' signatures (see `program.rs`), and every
         // pointer is a live buffer of this device large enough for what the kernel indexes.
-        unsafe { self.raw_launch(f, cfg, a) }.map_err(driver(format!("launch {name}")))
+        unsafe { self.raw_launch(f, cfg, None, a) }.map_err(driver(format!("launch {name}")))
     }
 
     /// `C = A·B` per [`Gemm`], with `A`, `B` of `ab` and `C` of `c` (f32 accumulation; f32

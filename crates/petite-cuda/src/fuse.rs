@@ -101,9 +101,9 @@ pub struct Fusion {
     /// them: the GEMM writes the product and no `pt_bias` pass runs (the same f32 sum, so the
     /// same bits). Why: SigLIP's 203 bias passes took 1.1 ms of a chunk on the H200.
     pub biases: HashMap<NodeId, NodeId>,
-    /// Where [`Fusion::kernels`] holds the attention kernels (`pt_attn_logits`, `pt_attn_pv`:
-    /// in [`Fusion::source`] only when there are [`Fusion::attentions`]).
-    pub attention_kernels: Option<[usize; 2]>,
+    /// Where [`Fusion::kernels`] holds the attention kernels (`pt_attn_logits`, `pt_attn_pv`,
+    /// `pt_attn_cl`: in [`Fusion::source`] only when there are [`Fusion::attentions`]).
+    pub attention_kernels: Option<[usize; 3]>,
 }
 
 /// A bf16 attention in transformers' eager op order — `q·kᵀ` (bf16), a 16-bit scaling, a
@@ -136,18 +136,23 @@ pub struct Attend {
     pub pieces: Option<([NodeId; 4], usize)>,
 }
 
-/// Queries up to which a bf16 attention is fused ([`Attend`]) by default:
-/// `PETITE_CUDA_FUSED_ATTN` = `all`, a number (`64` takes pi0.5's steps of 50 queries and not
-/// its prefix of ~968), or unset / `off`: none. Off by default because on the H200 the fused
-/// kernels measured level with the three launches they replace (ten steps: 13.64 vs 13.75 ms,
-/// docs/MEASUREMENTS.md): each is a chain of dependent global-memory round trips.
-pub fn fused_attention_queries() -> usize {
+/// Queries up to which a bf16 attention is fused ([`Attend`]) on a device of compute
+/// capability `cc`: [`DEFAULT_FUSED_ATTENTION_QUERIES`] on sm_90 and later, where it runs as one
+/// launch of thread-block clusters (`pt_attn_cl`: pi0.5's ten steps 13.71 → 11.95 ms on the
+/// H200, docs/MEASUREMENTS.md), none before (the two-launch form measured level with the
+/// three launches it replaces). `PETITE_CUDA_FUSED_ATTN` = `all`, a number or `off` overrides.
+pub fn fused_attention_queries(cc: (i32, i32)) -> usize {
     match std::env::var("PETITE_CUDA_FUSED_ATTN").as_deref() {
         Ok("all") => usize::MAX,
         Ok(n) => n.parse().unwrap_or(0),
+        Err(_) if cc.0 >= 9 => DEFAULT_FUSED_ATTENTION_QUERIES,
         Err(_) => 0,
     }
 }
+
+/// Queries up to which attentions are fused by default on sm_90: pi0.5's steps (50 queries),
+/// not its prefix (~968, past what one cluster's blocks hold of the rows' statistics cheaply).
+pub const DEFAULT_FUSED_ATTENTION_QUERIES: usize = 64;
 
 /// What a softmax kernel computes as it loads its input ([`Fusion::masks`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -591,9 +596,10 @@ fn attend(
 }
 
 /// Plans the fusion of `program`'s `live` nodes; `is_output` marks program outputs (always
-/// materialized). bf16 attentions of up to [`fused_attention_queries`] queries are fused.
+/// materialized). bf16 attentions are fused as on an sm_90 device
+/// ([`fused_attention_queries`]).
 pub fn plan(program: &Program, live: &[bool], is_output: &[bool]) -> Result<Fusion> {
-    plan_with(program, live, is_output, fused_attention_queries())
+    plan_with(program, live, is_output, fused_attention_queries((9, 0)))
 }
 
 /// [`plan`], fusing bf16 attentions of up to `attention_queries` queries ([`Attend`]; 0: none,
@@ -911,7 +917,7 @@ pub fn plan_with(
         source.push_str(crate::source::attention_source());
         let at = kernels.len();
         kernels.extend(crate::source::ATTENTION_KERNELS.map(String::from));
-        [at, at + 1]
+        [at, at + 1, at + 2]
     });
     Ok(Fusion {
         role,
@@ -1433,7 +1439,7 @@ mod tests {
     }
 
     fn plan_all(p: &Program) -> Fusion {
-        plan_queries(p, fused_attention_queries())
+        plan_queries(p, fused_attention_queries((9, 0)))
     }
 
     fn plan_queries(p: &Program, queries: usize) -> Fusion {
@@ -1486,12 +1492,12 @@ mod tests {
             softmaxes(prefix)
         );
         // Their kernels are compiled with the program's fused kernels, and only then.
-        let [l, pv] = f.attention_kernels.expect("attention kernels");
+        let [l, pv, cl] = f.attention_kernels.expect("attention kernels");
         assert_eq!(
-            (&*f.kernels[l], &*f.kernels[pv]),
-            ("pt_attn_logits", "pt_attn_pv")
+            (&*f.kernels[l], &*f.kernels[pv], &*f.kernels[cl]),
+            ("pt_attn_logits", "pt_attn_pv", "pt_attn_cl")
         );
-        assert!(f.source.contains("void pt_attn_pv("));
+        assert!(f.source.contains("void pt_attn_pv(") && f.source.contains("void pt_attn_cl("));
         // SigLIP's f32 out/fc1/fc2 linears have their biases added by the groups reading them
         // (q/k/v are read by the attention op: their own bias pass).
         let folded = plan_queries(prefix, 0).biases.len();

@@ -808,6 +808,10 @@ pub struct AttnLaunch {
     pub logits: LaunchConfig,
     /// `pt_attn_pv`: (row tiles, Dv / 32), 256 threads.
     pub pv: LaunchConfig,
+    /// `pt_attn_cl`, the whole attention in one launch, where it fits ([`attention_cluster`]):
+    /// ([`ATTN_CLUSTER`] key blocks, tiles of 32 rows), 256 threads, its dynamic shared memory;
+    /// launched in clusters of [`ATTN_CLUSTER`] blocks along x.
+    pub cluster: Option<LaunchConfig>,
     /// Scratch rows.
     pub rows: usize,
     /// Row tiles (`pt_attn_pv`'s counters; its partial products are `tiles · splits2 · 16 · dv`).
@@ -954,13 +958,51 @@ pub fn attention_launch(s: AttnShape<'_>, cc: (i32, i32)) -> Result<AttnLaunch> 
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
+    let cluster = match attention_cluster(nk, dv, cc) {
+        Some(bytes) => {
+            let rows = n(groups * rpg.div_ceil(32), "row tiles")?;
+            (rows <= 65_535).then_some(LaunchConfig {
+                grid_dim: (ATTN_CLUSTER, rows, 1),
+                block_dim: (512, 1, 1),
+                shared_mem_bytes: bytes,
+            })
+        }
+        None => None,
+    };
     Ok(AttnLaunch {
         params,
         logits: cfg((blocks, splits32), 128),
         pv: cfg((blocks, blocks2), 256),
+        cluster,
         rows: groups * rpg,
         tiles: groups * tiles,
     })
+}
+
+/// Blocks of a `pt_attn_cl` cluster (its `AT_CL`): each holds an eighth of the keys, so the
+/// row statistics and the partial products are exchanged through distributed shared memory
+/// instead of global memory (a portable cluster size).
+pub const ATTN_CLUSTER: u32 = 8;
+
+/// Keys a `pt_attn_cl` block holds (its `AT_CL_KC`): an eighth of `nk`, rounded up to 64.
+pub fn attention_cluster_keys(nk: usize) -> usize {
+    nk.div_ceil(ATTN_CLUSTER as usize).div_ceil(64) * 64
+}
+
+/// `pt_attn_cl`'s dynamic shared memory for `nk` keys and v's head dim `dv`, where the one-launch
+/// attention runs: sm_90 or later (clusters), at most 1,024 keys (128 a block) and `dv` a
+/// multiple of 128; `None` elsewhere (the two launches run). The layout is the kernel's: q's 32
+/// rows, K's (or the f32 partial products, rows of `dv + 8`, whichever is larger), v's (rows
+/// of 264 bf16), p, and the row statistics.
+pub fn attention_cluster(nk: usize, dv: usize, cc: (i32, i32)) -> Option<u32> {
+    if cc.0 < 9 || nk == 0 || nk > 1024 || !dv.is_multiple_of(128) || dv > 256 {
+        return None;
+    }
+    let kc = attention_cluster_keys(nk);
+    let row = (256 + 8) * 2;
+    let bytes =
+        32 * row + (kc * row).max(32 * (dv + 8) * 4) + kc * row + 64 * (kc + 8) + 1024 + 256 + 256;
+    u32::try_from(bytes).ok()
 }
 
 /// Head dims the fused attention kernels take: q/k's a multiple of 16, v's of 32, both at most
@@ -1102,6 +1144,30 @@ mod tests {
         assert_eq!(
             (p.osh, p.osq, p.dscale),
             (256, 2_048, dtype_code(Dtype::Bf16))
+        );
+        // On sm_90 also as one launch: clusters of 8 blocks of 128 keys, 13 tiles of 32 rows,
+        // 162,304 bytes of shared memory a block (under the H200's 227 KiB).
+        let c = l.cluster.expect("one launch on sm_90");
+        assert_eq!((c.grid_dim, c.block_dim.0), ((8, 13, 1), 512));
+        assert_eq!(attention_cluster_keys(1_018), 128);
+        assert_eq!(c.shared_mem_bytes, 162_304);
+        assert!(c.shared_mem_bytes <= 227 << 10);
+        assert_eq!(attention_cluster(1_024, 256, (9, 0)), Some(162_304));
+        // Not before sm_90, past 1,024 keys, or with v's head dim not a multiple of 128.
+        assert!(
+            attention_launch(shape(&ks, &vs), (8, 7))
+                .unwrap()
+                .cluster
+                .is_none()
+        );
+        assert_eq!(attention_cluster(1_025, 256, (9, 0)), None);
+        assert_eq!(attention_cluster(1_018, 64, (9, 0)), None);
+        // Few keys: 64 a block (the blocks past them hold none), and the partial products'
+        // 32 rows of dv + 8 floats outgrow K's rows.
+        assert_eq!(attention_cluster_keys(1), 64);
+        assert_eq!(
+            attention_cluster(1, 256, (9, 0)),
+            Some(32 * 528 + 32 * 264 * 4 + 64 * 528 + 64 * 72 + 1_536)
         );
         // The step's K/V as the prefix's 968 keys and its own 50, read in place.
         let l = attention_launch(

@@ -46,6 +46,9 @@ pub struct DeviceProgram<'d> {
     merged: Vec<(DevTensor, Option<DevTensor>)>,
     /// How its f32 products are computed ([`DeviceProgram::set_f32_matmul`]).
     f32_matmul: F32Matmul,
+    /// Whether a fused attention runs as one cluster launch where it fits
+    /// ([`DeviceProgram::set_attention_cluster`]).
+    attention_cluster: bool,
 }
 
 enum Slot {
@@ -93,9 +96,9 @@ fn err(msg: impl Into<String>) -> Error {
 impl<'d> DeviceProgram<'d> {
     /// Validates `program`, orders it, and uploads every weight it reads from `weights` (in
     /// the declared dtype, rows only for a row range) and every constant. With `release`, each
-    /// weight's host pages are given back once it is on the device. bf16 attentions are fused
-    /// as `PETITE_CUDA_FUSED_ATTN` says ([`crate::fuse::fused_attention_queries`]; off unless
-    /// set).
+    /// weight's host pages are given back once it is on the device. bf16 attentions of few
+    /// queries are fused on sm_90 and later ([`crate::fuse::fused_attention_queries`];
+    /// `PETITE_CUDA_FUSED_ATTN` overrides).
     pub fn load(
         dev: &'d Device,
         program: &Program,
@@ -107,7 +110,7 @@ impl<'d> DeviceProgram<'d> {
             program,
             weights,
             release,
-            crate::fuse::fused_attention_queries(),
+            crate::fuse::fused_attention_queries(dev.info().compute_capability),
         )
     }
 
@@ -323,9 +326,10 @@ impl<'d> DeviceProgram<'d> {
             }
         }
         crate::device::trace(format_args!(
-            "program of {} nodes loaded in {:.2} s",
+            "program of {} nodes loaded in {:.2} s ({} attentions fused)",
             program.len(),
-            t0.elapsed().as_secs_f64()
+            t0.elapsed().as_secs_f64(),
+            fusion.attentions.len()
         ));
         Ok(DeviceProgram {
             dev,
@@ -345,6 +349,8 @@ impl<'d> DeviceProgram<'d> {
             sibling_of,
             merged,
             f32_matmul: F32Matmul::Exact,
+            attention_cluster: std::env::var_os("PETITE_CUDA_ATTN_CLUSTER")
+                .is_none_or(|v| v != "0"),
         })
     }
 
@@ -356,6 +362,15 @@ impl<'d> DeviceProgram<'d> {
     /// bf16 attentions run whole by the fused attention kernels ([`crate::fuse::Attend`]).
     pub fn fused_attentions(&self) -> usize {
         self.fusion.attentions.len()
+    }
+
+    /// Whether a fused attention runs as one launch of thread-block clusters (`pt_attn_cl`,
+    /// sm_90 and later, up to 1,024 keys and v's head dim a multiple of 128:
+    /// [`crate::plan::attention_cluster`]) or as two (`pt_attn_logits`, `pt_attn_pv`). On by
+    /// default; `PETITE_CUDA_ATTN_CLUSTER=0` turns it off. Both give the same roundings; only
+    /// the dot products' summation orders differ.
+    pub fn set_attention_cluster(&mut self, on: bool) {
+        self.attention_cluster = on;
     }
 
     /// Nodes computed inside fused kernels, fused kernel launches a run, and distinct kernels.
@@ -397,7 +412,37 @@ impl<'d> DeviceProgram<'d> {
     /// and returns once an index check of the embeddings has read back (one sync a run).
     pub fn run_device(
         &self,
+        inputs: BTreeMap<String, DevTensor>,
+    ) -> Result<BTreeMap<String, DevTensor>> {
+        let flag = if self.has_embedding() {
+            Some(self.dev.zeros(Dtype::I64, &[1])?)
+        } else {
+            None
+        };
+        let out = self.run_device_flagged(inputs, flag.as_ref())?;
+        if let Some(f) = &flag {
+            self.check_indices(f)?;
+        }
+        Ok(out)
+    }
+
+    /// Whether the program gathers rows by index (an embedding), so that a run needs an index
+    /// flag ([`DeviceProgram::run_device_flagged`]).
+    pub fn has_embedding(&self) -> bool {
+        self.program
+            .nodes
+            .iter()
+            .any(|n| matches!(n.op, Op::Embedding))
+    }
+
+    /// [`DeviceProgram::run_device`] without reading anything back, so that it can be captured
+    /// into a CUDA graph: an out-of-table embedding index is recorded in `flag` (i64 `[1]`,
+    /// zero beforehand; required when [`DeviceProgram::has_embedding`]), which the caller reads
+    /// with [`DeviceProgram::check_indices`] once the work has run.
+    pub fn run_device_flagged(
+        &self,
         mut inputs: BTreeMap<String, DevTensor>,
+        flag: Option<&DevTensor>,
     ) -> Result<BTreeMap<String, DevTensor>> {
         let p = &self.program;
         let mut slots: Vec<Slot> = (0..p.len()).map(|_| Slot::Empty).collect();
@@ -431,10 +476,13 @@ impl<'d> DeviceProgram<'d> {
                 message: "not an input of this program".into(),
             });
         }
-        let gather_err = if p.nodes.iter().any(|n| matches!(n.op, Op::Embedding)) {
-            Some(self.dev.zeros(Dtype::I64, &[1])?)
-        } else {
-            None
+        let gather_err = match flag {
+            Some(f) if f.dtype() == Dtype::I64 && f.numel() == 1 => Some(f),
+            Some(f) => return Err(err(format!("an index flag is i64 [1], not {f:?}"))),
+            None if self.has_embedding() => {
+                return Err(err("an embedding needs an index flag"));
+            }
+            None => None,
         };
         let mut remaining = self.uses.clone();
         let profile = self.profile;
@@ -483,7 +531,7 @@ impl<'d> DeviceProgram<'d> {
                 _ => {
                     let out = match self.fusion.role[id.index()] {
                         Role::Root(g) => self.run_fused(g, id, &slots),
-                        _ => self.eval(id, &slots, gather_err.as_ref()),
+                        _ => self.eval(id, &slots, gather_err),
                     }
                     .map_err(|e| self.node_err(id, e))?;
                     self.check_type(id, &out)?;
@@ -506,17 +554,6 @@ impl<'d> DeviceProgram<'d> {
         if profile {
             self.report_profile(&marks)?;
         }
-        if let Some(e) = &gather_err {
-            let bad = self.dev.download(e)?;
-            if let Some(&pos) = bad.as_i64().and_then(|v| v.first())
-                && pos != 0
-            {
-                return Err(err(format!(
-                    "an embedding index at position {} is outside its table",
-                    pos - 1
-                )));
-            }
-        }
         let mut out = BTreeMap::new();
         for o in &p.outputs {
             match &slots[o.value.index()] {
@@ -529,6 +566,21 @@ impl<'d> DeviceProgram<'d> {
             }
         }
         Ok(out)
+    }
+
+    /// Reads an index flag of [`DeviceProgram::run_device_flagged`] back (waiting for the work
+    /// before it): an error naming the first out-of-table position, if any.
+    pub fn check_indices(&self, flag: &DevTensor) -> Result<()> {
+        let bad = self.dev.download(flag)?;
+        if let Some(&pos) = bad.as_i64().and_then(|v| v.first())
+            && pos != 0
+        {
+            return Err(err(format!(
+                "an embedding index at position {} is outside its table",
+                pos - 1
+            )));
+        }
+        Ok(())
     }
 
     /// Prints device time by op kind and the slowest nodes to stderr (`PETITE_CUDA_PROFILE`).
@@ -1282,6 +1334,28 @@ impl<'d> DeviceProgram<'d> {
             self.dev.info().compute_capability,
         )?;
         let prm = &l.params;
+        let (pq, pm) = (dev.ptr(tensor(q.base)?), dev.ptr(mask));
+        if [pq, pk, pk1, pv, pv1].iter().any(|p| p % 16 != 0) {
+            return Err(err("fused attention: q, k or v not 16-byte aligned"));
+        }
+        if out_ty.dtype != Dtype::Bf16 {
+            return Err(err("fused attention: a bf16 result only"));
+        }
+        let [fl, fp, fc] = self
+            .fusion
+            .attention_kernels
+            .map(|k| k.map(|i| &self.fused[i]))
+            .ok_or_else(|| err("fused attention: its kernels were not compiled"))?;
+        if let Some(cfg) = l.cluster.filter(|_| self.attention_cluster) {
+            let po = dev.ptr(&out);
+            dev.launch_cluster_fn(fc, cfg, crate::plan::ATTN_CLUSTER, |bl| {
+                bl.arg(prm);
+                for p in [&pq, &pk, &pk1, &pv, &pv1, &pm, &po] {
+                    Device::push_u64(bl, p);
+                }
+            })?;
+            return Ok(out);
+        }
         let scratch = dev.alloc(Dtype::F32, &[l.rows, prm.nk as usize])?;
         let stats = dev.alloc(Dtype::F32, &[l.rows, prm.splits as usize, 2])?;
         // Partial products of the key blocks (none with one block), and a counter a tile.
@@ -1292,20 +1366,8 @@ impl<'d> DeviceProgram<'d> {
         };
         let part = dev.alloc(Dtype::F32, &[parts])?;
         let counters = dev.alloc(Dtype::I32, &[l.tiles])?;
-        let (pq, pm) = (dev.ptr(tensor(q.base)?), dev.ptr(mask));
         let (pl, ps, po) = (dev.ptr(&scratch), dev.ptr(&stats), dev.ptr(&out));
         let (pp, pc) = (dev.ptr(&part), dev.ptr(&counters));
-        if [pq, pk, pk1, pv, pv1].iter().any(|p| p % 16 != 0) {
-            return Err(err("fused attention: q, k or v not 16-byte aligned"));
-        }
-        if out_ty.dtype != Dtype::Bf16 {
-            return Err(err("fused attention: a bf16 result only"));
-        }
-        let [fl, fp] = self
-            .fusion
-            .attention_kernels
-            .map(|k| k.map(|i| &self.fused[i]))
-            .ok_or_else(|| err("fused attention: its kernels were not compiled"))?;
         dev.launch_fn(fl, l.logits, |bl| {
             bl.arg(prm);
             for p in [&pq, &pk, &pk1, &pm, &pl, &ps, &pc] {

@@ -132,7 +132,7 @@ pub fn attention_source() -> &'static str {
 }
 
 /// Entry points of [`attention_source`].
-pub const ATTENTION_KERNELS: [&str; 2] = ["pt_attn_logits", "pt_attn_pv"];
+pub const ATTENTION_KERNELS: [&str; 3] = ["pt_attn_logits", "pt_attn_pv", "pt_attn_cl"];
 
 const PRELUDE: &str = r#"
 #define DT_F32 0
@@ -971,6 +971,250 @@ extern "C" __global__ __launch_bounds__(256) void pt_attn_pv(AttnParams p, const
     at_row(p, gi, row, b, h, qi);
     out[b * (int)p.osb + h * (int)p.osh + qi * (int)p.osq + col] = f2bf(v[u]);
   }
+}
+
+// Thread-block clusters (sm_90): this block's rank, a barrier over the cluster that orders
+// shared-memory writes before the other blocks' reads, and reads of another block's shared
+// memory (`p` is this block's address of the same variable).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned at_cl_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void at_cl_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ unsigned at_cl_map(const void* p, unsigned rank) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float2 at_cl_ld2(unsigned a) {
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 at_cl_ld4(unsigned a) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+  return v;
+}
+#endif
+
+// The whole attention in one launch on sm_90: grid (AT_CL, groups·tiles of 32 rows), clusters
+// of AT_CL blocks along x, 512 threads, the plan's dynamic shared memory. Block `rank` of a
+// cluster holds keys rank·kc .. rank·kc + kc (kc = AT_CL_KC(nk) ≤ 128) of 32 query rows: q,
+// its K and its v staged at once (cp.async); f = round(bf16(q·k)·scale) + mask on the tensor
+// cores, each row's local (max, exp-sum); the cluster's statistics combined in rank order
+// through distributed shared memory (every block the same values); p = exp(f - max) / sum
+// rounded to bf16 as pt_softmax does; p·v; the f32 partial products summed in rank order, each
+// block an eighth of the columns. No scratch in global memory, and every run the same bits.
+// Warp w: rows 16·(w / 8) .., keys (w % 8)·kc / 8 .. for the logits, columns (w % 8)·dv / 8 ..
+// for p·v (so dv a multiple of 128). Many warps, short chains: the kernel is latency-bound.
+#define AT_CL 8
+#define AT_CL_KC(nk) ((((nk) + AT_CL - 1) / AT_CL + 63) / 64 * 64)
+extern "C" __global__ __launch_bounds__(512) void pt_attn_cl(AttnParams p, const void* qp, const void* k0,
+    const void* k1, const void* v0, const void* v1, const void* mask, unsigned short* out) {
+  PT_PDL();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(16) unsigned char at_smem[];
+  typedef unsigned short Row[AT_DMAX + AT_PAD];
+  const int nk = (int)p.nk, rpg = (int)p.rpg, dv = p.dv, kc = AT_CL_KC(nk), kp = kc + AT_PAD;
+  // The partial products' row stride: 8 floats of padding keep a warp's stores conflict-free.
+  const int ds = dv + 8;
+  const int tiles = (rpg + 31) / 32, gi = blockIdx.y / tiles, r0 = (blockIdx.y - gi * tiles) * 32;
+  const unsigned rank = at_cl_rank();
+  const int j0 = (int)rank * kc;
+  // q (32 rows), K (kc rows; then the f32 partial products), v (kc rows), p (bf16), and the
+  // row statistics.
+  Row* qs = (Row*)at_smem;
+  Row* ks = qs + 32;
+  const int area = kc * (int)sizeof(Row) > 32 * ds * 4 ? kc * (int)sizeof(Row) : 32 * ds * 4;
+  Row* vs = (Row*)((unsigned char*)ks + area);
+  unsigned short* ps = (unsigned short*)(vs + kc);
+  float* red = (float*)(ps + 32 * kp);
+  float2* st = (float2*)(red + 256);
+  float* mrow = (float*)(st + 32);
+  float* srow = mrow + 32;
+  float* part = (float*)ks;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+  const int rt = w >> 3, kq = w & 7, nt = kc / 64, kw = kq * (kc / 8);
+  int b0, h0, q0;
+  at_row(p, gi, 0, b0, h0, q0);
+  const int ch = p.d / 8;
+  for (int e = threadIdx.x; e < 32 * ch; e += 512) {
+    int r = e / ch, x = e - r * ch, b, h, qi;
+    at_row(p, gi, r0 + r < rpg ? r0 + r : rpg - 1, b, h, qi);
+    at_cp16(&qs[r][x * 8], (const unsigned short*)qp + (b * (int)p.qsb + h * (int)p.qsh + qi * (int)p.qsq + x * 8), r0 + r < rpg);
+  }
+  at_stage(p, k0, k1, b0, h0, j0, kc, ks, false);
+  at_stage(p, v0, v1, b0, h0, j0, kc, vs, true);
+  int rr[2], hh[2], qq[2], b = b0;
+  for (int i = 0; i < 2; ++i) {
+    rr[i] = r0 + rt * 16 + g + 8 * i;
+    at_row(p, gi, rr[i] < rpg ? rr[i] : rpg - 1, b, hh[i], qq[i]);
+  }
+  float mk[2][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float* mr = (const float*)mask + (b * (int)p.msb + hh[i] * (int)p.msh + qq[i] * (int)p.msq);
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        int j = j0 + kw + t * 8 + 2 * c + e;
+        mk[i][2 * t + e] = (t < nt && p.has_mask && j < nk) ? mr[j * (int)p.msk] : 0.0f;
+      }
+  }
+  at_cp_wait<1>();
+  __syncthreads();
+  float acc[2][4];
+#pragma unroll
+  for (int t = 0; t < 2; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+  const int ra = rt * 16 + g;
+  for (int d = 0; d < p.d; d += 16) {
+    const int o = d + 2 * c;
+    unsigned a0 = at_u32(&qs[ra][o]), a1 = at_u32(&qs[ra + 8][o]), a2 = at_u32(&qs[ra][o + 8]), a3 = at_u32(&qs[ra + 8][o + 8]);
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+      if (t < nt) {
+        const int kr = kw + t * 8 + g;
+        at_mma(acc[t], a0, a1, a2, a3, at_u32(&ks[kr][o]), at_u32(&ks[kr][o + 8]));
+      }
+  }
+  // acc[t][2i + e] is row ra + 8i, key j0 + kw + 8t + 2c + e.
+  float f[2][4], mx[2] = {-PT_INF, -PT_INF};
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        int j = j0 + kw + t * 8 + 2 * c + e;
+        float v = bf2f(f2bf(acc[t][2 * i + e])) * p.scale;
+        if (p.dscale == DT_BF16) v = bf2f(f2bf(v));
+        else if (p.dscale == DT_F16) v = h2f(f2h(v));
+        v = (t < nt && j < nk) ? v + mk[i][2 * t + e] : -PT_INF;
+        f[i][2 * t + e] = v;
+        mx[i] = fmaxf(mx[i], v);
+      }
+  float m[2];
+  for (int i = 0; i < 2; ++i) {
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+    if (c == 0) red[kq * 32 + ra + 8 * i] = mx[i];
+  }
+  __syncthreads();
+  float s[2];
+  for (int i = 0; i < 2; ++i) {
+    const int r = ra + 8 * i;
+    float mm = red[r];
+#pragma unroll
+    for (int k = 1; k < 8; ++k) mm = fmaxf(mm, red[k * 32 + r]);
+    m[i] = mm;
+    float t = 0.0f;
+    if (mm != -PT_INF)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) t += expf(f[i][k] - mm);
+    t += __shfl_xor_sync(0xffffffffu, t, 1);
+    t += __shfl_xor_sync(0xffffffffu, t, 2);
+    s[i] = t;
+  }
+  __syncthreads();
+  for (int i = 0; i < 2; ++i)
+    if (c == 0) red[kq * 32 + ra + 8 * i] = s[i];
+  __syncthreads();
+  if (kq == 0 && c == 0)
+    for (int i = 0; i < 2; ++i) {
+      const int r = ra + 8 * i;
+      float ss = red[r];
+#pragma unroll
+      for (int k = 1; k < 8; ++k) ss += red[k * 32 + r];
+      st[r] = make_float2(m[i], ss);
+    }
+  // Every block's statistics, combined in rank order (each block computes the same).
+  at_cl_sync();
+  if (threadIdx.x < 32) {
+    float2 sv[AT_CL];
+#pragma unroll
+    for (int k = 0; k < AT_CL; ++k) sv[k] = at_cl_ld2(at_cl_map(&st[threadIdx.x], k));
+    float mm = -PT_INF, ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < AT_CL; ++k) mm = fmaxf(mm, sv[k].x);
+#pragma unroll
+    for (int k = 0; k < AT_CL; ++k) if (sv[k].x != -PT_INF) ss += sv[k].y * expf(sv[k].x - mm);
+    mrow[threadIdx.x] = mm;
+    srow[threadIdx.x] = ss;
+  }
+  __syncthreads();
+  for (int i = 0; i < 2; ++i) {
+    const int r = ra + 8 * i;
+    const float mm = mrow[r], ss = srow[r];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+      if (t < nt) {
+        const int jl = kw + t * 8 + 2 * c;
+        unsigned short pe[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          pe[e] = (rr[i] < rpg && j0 + jl + e < nk) ? f2bf(expf(f[i][2 * t + e] - mm) / ss) : (unsigned short)0;
+        *(unsigned*)&ps[r * kp + jl] = (unsigned)pe[0] | ((unsigned)pe[1] << 16);
+      }
+  }
+  at_cp_wait<0>();
+  __syncthreads();
+  // p·v: warp w's 16 rows, columns cb .. cb + dv / 8.
+  const int nt2 = dv / 64, cb = kq * (dv / 8);
+  float o[4][4];
+#pragma unroll
+  for (int t = 0; t < 4; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+  for (int k = 0; k < kc; k += 16) {
+    const int oo = k + 2 * c;
+    unsigned a0 = at_u32(&ps[ra * kp + oo]), a1 = at_u32(&ps[(ra + 8) * kp + oo]);
+    unsigned a2 = at_u32(&ps[ra * kp + oo + 8]), a3 = at_u32(&ps[(ra + 8) * kp + oo + 8]);
+#pragma unroll
+    for (int t = 0; t < 4; t += 2)
+      if (t < nt2) {
+        const int mi = lane >> 3;
+        const unsigned short* src = &vs[k + (mi & 1) * 8 + (lane & 7)][cb + 8 * t + (mi >> 1) * 8];
+        unsigned addr = (unsigned)__cvta_generic_to_shared(src), bf[4];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+          : "=r"(bf[0]), "=r"(bf[1]), "=r"(bf[2]), "=r"(bf[3]) : "r"(addr));
+        at_mma(o[t], a0, a1, a2, a3, bf[0], bf[1]);
+        at_mma(o[t + 1], a0, a1, a2, a3, bf[2], bf[3]);
+      }
+  }
+  // The partial products over K's rows (the logits read them before the barriers above).
+#pragma unroll
+  for (int t = 0; t < 4; ++t)
+    if (t < nt2)
+      for (int i = 0; i < 2; ++i)
+        *(float2*)&part[(ra + 8 * i) * ds + cb + 8 * t + 2 * c] = make_float2(o[t][2 * i], o[t][2 * i + 1]);
+  at_cl_sync();
+  // This block's eighth of the columns, summed over the blocks in rank order, 4 at a time.
+  const int cw = dv / AT_CL, c4 = cw / 4;
+  for (int e = threadIdx.x; e < 32 * c4; e += 512) {
+    const int r = e / c4, col = (int)rank * cw + (e - r * c4) * 4, row = r0 + r;
+    float4 x[AT_CL];
+#pragma unroll
+    for (int k = 0; k < AT_CL; ++k) x[k] = at_cl_ld4(at_cl_map(&part[r * ds + col], k));
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int k = 0; k < AT_CL; ++k) {
+      sum.x += x[k].x; sum.y += x[k].y; sum.z += x[k].z; sum.w += x[k].w;
+    }
+    if (row < rpg) {
+      int bb, h, qi;
+      at_row(p, gi, row, bb, h, qi);
+      unsigned short* dst = out + (bb * (int)p.osb + h * (int)p.osh + qi * (int)p.osq + col);
+      *(uint2*)dst = make_uint2((unsigned)f2bf(sum.x) | ((unsigned)f2bf(sum.y) << 16),
+                                (unsigned)f2bf(sum.z) | ((unsigned)f2bf(sum.w) << 16));
+    }
+  }
+  // No block leaves while another may still read its shared memory.
+  at_cl_sync();
+#endif
 }
 "#;
 

@@ -228,43 +228,60 @@ fn fused_attention_is_as_close_to_exact_as_the_reference_executor() {
         case([1, 8, 1, 50, 1018, 256, 256], None),
         case([1, 8, 1, 50, 1018, 256, 256], Some(968)),
         // Own KV heads, two batches, keys and rows off the tiles (70 keys, 20 rows).
-        case([2, 2, 2, 20, 70, 32, 64], None),
-        case([2, 2, 2, 20, 70, 32, 64], Some(33)),
-        // One query, one key.
-        case([1, 4, 1, 1, 1, 16, 32], None),
+        case([2, 2, 2, 20, 70, 32, 128], None),
+        case([2, 2, 2, 20, 70, 32, 128], Some(33)),
+        // One query, one key; then the most keys one cluster holds (128 a block).
+        case([1, 4, 1, 1, 1, 16, 128], None),
+        case([1, 8, 1, 100, 1024, 256, 256], Some(1000)),
+        // v's head dim not a multiple of 128: two launches only.
+        case([1, 4, 1, 3, 40, 16, 32], None),
     ];
+    let cc = dev.info().compute_capability;
     for (i, c) in cases.iter().enumerate() {
         let p = program(c);
         let ins = inputs(c, 7 + i as u64);
         let cpu = petite_reference::run(&p, &NoWeights, program_inputs(c, &ins)).unwrap();
-        let gp = DeviceProgram::load_fusing_attention(&dev, &p, &NoWeights, false, 64).unwrap();
+        let mut gp =
+            DeviceProgram::load_fusing_attention(&dev, &p, &NoWeights, false, 128).unwrap();
         assert_eq!(gp.fused_attentions(), 1, "case {i}: the attention is fused");
-        let gpu = gp.run(program_inputs(c, &ins)).unwrap();
         let e = exact(c, &ins);
         let cpu = cpu["o"].float_values().unwrap().into_owned();
-        let gpu = gpu["o"].float_values().unwrap().into_owned();
         let (cm, ca) = errors(&cpu, &e);
-        let (gm, ga) = errors(&gpu, &e);
-        let same = cpu
-            .iter()
-            .zip(&gpu)
-            .filter(|(a, b)| a.to_bits() == b.to_bits())
-            .count();
-        eprintln!(
-            "case {i}: max/mean |x - exact|: reference {cm:.3e}/{ca:.3e}, fused {gm:.3e}/{ga:.3e}; \
-             {same} of {} outputs bit-identical",
-            cpu.len()
-        );
-        // One bf16 rounding of the largest output is the floor of either error.
-        let ulp = e.iter().fold(0f64, |m, x| m.max(x.abs())) * 2f64.powi(-8);
-        assert!(
-            gm <= 2.0 * cm.max(ulp),
-            "case {i}: fused max error {gm:e} vs {cm:e}"
-        );
-        assert!(
-            ga <= 1.25 * ca + ulp / 64.0,
-            "case {i}: fused mean error {ga:e} vs {ca:e}"
-        );
+        // One launch in clusters (where it fits), then two.
+        let fits = petite_cuda::plan::attention_cluster(c.k, c.dv, cc).is_some();
+        assert_eq!(fits, cc.0 >= 9 && c.dv % 128 == 0, "case {i}");
+        for cluster in [true, false] {
+            gp.set_attention_cluster(cluster);
+            let gpu = gp.run(program_inputs(c, &ins)).unwrap();
+            let gpu = gpu["o"].float_values().unwrap().into_owned();
+            assert_eq!(gpu.len(), cpu.len(), "case {i}");
+            let (gm, ga) = errors(&gpu, &e);
+            let same = cpu
+                .iter()
+                .zip(&gpu)
+                .filter(|(a, b)| a.to_bits() == b.to_bits())
+                .count();
+            let how = if cluster && fits {
+                "one launch"
+            } else {
+                "two launches"
+            };
+            eprintln!(
+                "case {i} ({how}): max/mean |x - exact|: reference {cm:.3e}/{ca:.3e}, fused \
+                 {gm:.3e}/{ga:.3e}; {same} of {} outputs bit-identical",
+                cpu.len()
+            );
+            // One bf16 rounding of the largest output is the floor of either error.
+            let ulp = e.iter().fold(0f64, |m, x| m.max(x.abs())) * 2f64.powi(-8);
+            assert!(
+                gm <= 2.0 * cm.max(ulp),
+                "case {i} ({how}): fused max error {gm:e} vs {cm:e}"
+            );
+            assert!(
+                ga <= 1.25 * ca + ulp / 64.0,
+                "case {i} ({how}): fused mean error {ga:e} vs {ca:e}"
+            );
+        }
     }
 }
 

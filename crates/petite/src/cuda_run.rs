@@ -55,6 +55,14 @@ pub struct CudaPolicy<'d> {
     /// The step captured over `fixed` (at the first chunk), or `None` when not replaying.
     graph: OnceCell<Graph>,
     use_graph: bool,
+    /// The prefix's fixed inputs (the images, their masks, the tokens and their mask).
+    prefix_fixed: BTreeMap<String, DevTensor>,
+    /// The prefix's embedding index flag (i64 `[1]`) and the zero it is reset from.
+    flag: [DevTensor; 2],
+    /// The prefix captured over `prefix_fixed` with its K/V copied into `fixed` (at the first
+    /// chunk), when `prefix_graph` (`PETITE_CUDA_NO_PREFIX_GRAPH` unset).
+    prefix_graph_cell: OnceCell<Graph>,
+    prefix_graph: bool,
 }
 
 impl<'d> CudaPolicy<'d> {
@@ -97,23 +105,34 @@ impl<'d> CudaPolicy<'d> {
         let [[p16, p32], [s16, s32]] =
             [&progs.prefix, &progs.step].map(petite_cuda::plan::program_flops_by_dtype);
         let (flops, flops_f32) = ([p16 + p32, s16 + s32], [p32, s32]);
-        let mut fixed = BTreeMap::new();
-        for &id in &progs.step.inputs {
-            let name = progs.step.input_name(id).unwrap_or_default().to_string();
-            let t = progs
-                .step
-                .node(id)
-                .tensor()
-                .ok_or_else(|| Error::Usage(format!("step input {name} is a tuple")))?;
-            fixed.insert(name, dev.zeros(t.dtype, &t.shape).map_err(cuda)?);
-        }
+        let fixed_inputs = |p: &petite_graph::Program| -> Result<BTreeMap<String, DevTensor>> {
+            let mut fixed = BTreeMap::new();
+            for &id in &p.inputs {
+                let name = p.input_name(id).unwrap_or_default().to_string();
+                let t = p
+                    .node(id)
+                    .tensor()
+                    .ok_or_else(|| Error::Usage(format!("input {name} is a tuple")))?;
+                fixed.insert(name, dev.zeros(t.dtype, &t.shape).map_err(cuda)?);
+            }
+            Ok(fixed)
+        };
+        let fixed = fixed_inputs(&progs.step)?;
+        let prefix_fixed = fixed_inputs(&progs.prefix)?;
+        let zero = || dev.zeros(petite_graph::Dtype::I64, &[1]).map_err(cuda);
+        let flag = [zero()?, zero()?];
+        let use_graph = std::env::var_os("PETITE_CUDA_NO_GRAPH").is_none()
+            && std::env::var_os("PETITE_CUDA_PROFILE").is_none();
         Ok(CudaPolicy {
+            prefix_fixed,
+            flag,
+            prefix_graph_cell: OnceCell::new(),
+            prefix_graph: use_graph && std::env::var_os("PETITE_CUDA_NO_PREFIX_GRAPH").is_none(),
             flops,
             flops_f32,
             fixed,
             graph: OnceCell::new(),
-            use_graph: std::env::var_os("PETITE_CUDA_NO_GRAPH").is_none()
-                && std::env::var_os("PETITE_CUDA_PROFILE").is_none(),
+            use_graph,
             dev,
             cfg: cfg.clone(),
             prefix,
@@ -158,22 +177,58 @@ impl<'d> CudaPolicy<'d> {
             io::TOKEN_MASK.to_string(),
             up(Tensor::u8(&[cfg.tokens], inputs.token_mask.clone())?)?,
         );
-        let kv = self.prefix.run_device(pin).map_err(cuda)?;
+        let fixed = |n: &str| {
+            self.fixed
+                .get(n)
+                .ok_or_else(|| petite_cuda::Error::Plan(format!("the step has no input {n}")))
+        };
+        // The prefix: replayed as one graph from fixed buffers (its K/V copied into the step's
+        // inputs inside it), or queued node by node.
+        let kv = if self.prefix_graph {
+            for (name, t) in &pin {
+                let dst = self
+                    .prefix_fixed
+                    .get(name)
+                    .ok_or_else(|| Error::Usage(format!("the prefix has no input {name}")))?;
+                dev.copy(t, dst).map_err(cuda)?;
+            }
+            if self.prefix_graph_cell.get().is_none() {
+                let [flag, zero] = &self.flag;
+                let ((), g) = dev
+                    .capture(|| {
+                        dev.copy(zero, flag)?;
+                        let kv = self
+                            .prefix
+                            .run_device_flagged(self.prefix_fixed.clone(), Some(flag))?;
+                        for (name, t) in &kv {
+                            dev.copy(t, fixed(name)?)?;
+                        }
+                        Ok(())
+                    })
+                    .map_err(cuda)?;
+                let _ = self.prefix_graph_cell.set(g);
+            }
+            self.prefix_graph_cell
+                .get()
+                .ok_or_else(|| Error::Usage("no prefix graph".into()))?
+                .launch()
+                .map_err(cuda)?;
+            None
+        } else {
+            Some(self.prefix.run_device(pin).map_err(cuda)?)
+        };
         let m1 = dev.mark().map_err(cuda)?;
         let noise = up(Tensor::f32(
             &[cfg.chunk, cfg.action_dim],
             inputs.noise.clone(),
         )?)?;
         let x = if self.use_graph {
-            let fixed = |n: &str| {
-                self.fixed
-                    .get(n)
-                    .ok_or_else(|| Error::Usage(format!("the step has no input {n}")))
-            };
-            for (name, t) in &kv {
-                dev.copy(t, fixed(name)?).map_err(cuda)?;
+            if let Some(kv) = &kv {
+                for (name, t) in kv {
+                    dev.copy(t, fixed(name).map_err(cuda)?).map_err(cuda)?;
+                }
             }
-            let xb = fixed(io::X_T)?;
+            let xb = fixed(io::X_T).map_err(cuda)?;
             dev.copy(&noise, xb).map_err(cuda)?;
             if self.graph.get().is_none() {
                 let ((), g) = dev
@@ -191,13 +246,14 @@ impl<'d> CudaPolicy<'d> {
                 .graph
                 .get()
                 .ok_or_else(|| Error::Usage("no step graph".into()))?;
-            let rb = fixed(io::TIME_ROW)?;
+            let rb = fixed(io::TIME_ROW).map_err(cuda)?;
             for row in &self.rows {
                 dev.copy(row, rb).map_err(cuda)?;
                 g.launch().map_err(cuda)?;
             }
             xb.clone()
         } else {
+            let kv = kv.ok_or_else(|| Error::Usage("the prefix ran as a graph".into()))?;
             let mut x = noise;
             for row in &self.rows {
                 let mut sin = kv.clone();
@@ -218,6 +274,10 @@ impl<'d> CudaPolicy<'d> {
             .map_err(|t| Error::Usage(format!("x_next is {}, not float", t.dtype())))?;
         let m3 = dev.mark().map_err(cuda)?;
         dev.synchronize().map_err(cuda)?;
+        if self.prefix_graph {
+            // The prefix's embedding indices, checked once the chunk has run.
+            self.prefix.check_indices(&self.flag[0]).map_err(cuda)?;
+        }
         let times = ChunkTimes {
             prefix_ms: m0.ms_to(&m1).map_err(cuda)?,
             steps_ms: m1.ms_to(&m2).map_err(cuda)?,
