@@ -534,9 +534,29 @@ impl Device {
     }
 
     /// The most bytes this process's buffers held at once since the last
-    /// [`Device::reset_peak`] (the stream-ordered pool's high-water mark; `None` without one).
+    /// [`Device::reset_peak`] (the stream-ordered pool's high-water mark; `None` without one),
+    /// plus the most the driver reserved for CUDA graphs' own buffers (a captured program's
+    /// values, kept between its replays).
     pub fn peak_bytes(&self) -> Option<u64> {
-        self.pool_attr(dsys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+        let pool = self.pool_attr(dsys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?;
+        // What the graphs hold now counts even where a reset left the mark below it.
+        let graphs =
+            self.graph_attr(dsys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)?
+                .max(self.graph_attr(
+                    dsys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+                )?);
+        Some(pool + graphs)
+    }
+
+    fn graph_attr(&self, a: dsys::CUgraphMem_attribute) -> Option<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: a valid device; these attributes are u64.
+        unsafe {
+            dsys::cuDeviceGetGraphMemAttribute(self.ctx.cu_device(), a, (&mut v as *mut u64).cast())
+        }
+        .result()
+        .ok()?;
+        Some(v)
     }
 
     /// Bytes the buffers hold now.
@@ -559,6 +579,17 @@ impl Device {
             .result()
             .map_err(driver("reset the pool's high-water mark"))?;
         }
+        let mut zero: u64 = 0;
+        // SAFETY: a valid device; the attribute takes a u64 (only 0 is allowed).
+        unsafe {
+            dsys::cuDeviceSetGraphMemAttribute(
+                self.ctx.cu_device(),
+                dsys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
+                (&mut zero as *mut u64).cast(),
+            )
+        }
+        .result()
+        .map_err(driver("reset the graphs' high-water mark"))?;
         Ok(())
     }
 
