@@ -8,11 +8,12 @@
 //!    f32 within 1e-4 of the f32 reference (itself run on the GPU), bf16 within the bf16 bound;
 //!    the wall time of each verify printed.
 //!
-//! 4. petite-cuda's GPU tests (`crates/petite-cuda/tests/gpu_attention.rs`: the fused bf16
-//!    attention against the reference executor and the exact f64 attention).
+//! 4. petite-cuda's GPU tests (`crates/petite-cuda/tests/gpu.rs`: the fused bf16 attention
+//!    against the reference executor and the exact f64 attention; an embedding's index check
+//!    read back after a CUDA graph).
 //!
 //! `PETITE_BIN` names a prebuilt `petite` and `PETITE_CUDA_TESTS` a prebuilt test binary of
-//! `gpu_attention` (a machine with a GPU but no Rust toolchain); otherwise the release build of
+//! `crates/petite-cuda/tests/gpu.rs` (a machine with a GPU but no Rust toolchain); otherwise the release build of
 //! this checkout is used and the tests run through cargo.
 
 use std::path::{Path, PathBuf};
@@ -107,7 +108,7 @@ pub fn run() -> Result<()> {
                 "-p",
                 "petite-cuda",
                 "--test",
-                "gpu_attention",
+                "gpu",
                 "--",
             ])
             .current_dir(util::root());

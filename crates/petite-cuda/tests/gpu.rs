@@ -1,7 +1,9 @@
-//! The fused bf16 attention (`petite_cuda::fuse::Attend`: two kernels of bf16 `mma.sync`) on a
-//! real GPU against the reference executor (petite-reference, on the CPU) running the same
-//! op chain node by node. Needs a GPU: ignored by `cargo test`; the gpu tier runs it
-//! (`cargo xtask conformance --only gpu`), where it fails, never skips, without one.
+//! petite-cuda on a real GPU. Needs one: ignored by `cargo test`; the gpu tier runs these
+//! (`cargo xtask conformance --only gpu`), where they fail, never skip, without one.
+//!
+//! The fused bf16 attention (`petite_cuda::fuse::Attend`: one cluster launch or two kernels of
+//! bf16 `mma.sync`) against the reference executor (petite-reference, on the CPU) running the
+//! same op chain node by node; and an embedding's index check read back after a CUDA graph.
 //!
 //! Both compute the same roundings (bf16 logits, bf16 scaling, f32 mask and softmax, bf16
 //! probabilities, bf16 output) and differ only in each dot product's summation order, so the
@@ -304,5 +306,83 @@ fn the_reference_executor_is_within_bf16_noise_of_the_exact_attention() {
             m <= top * 2f64.powi(-5) && a < m,
             "{split:?}: max {m:e}, mean {a:e}, top {top}"
         );
+    }
+}
+
+/// An embedding's out-of-table index is an error whether the run reads its flag back itself
+/// (`run_device`) or leaves that to the caller (`run_device_flagged`, as a CUDA graph needs:
+/// the flag reset inside the graph and read after each replay, as pi0.5's prefix graph does).
+#[test]
+#[ignore = "needs a GPU: cargo xtask conformance --only gpu"]
+fn an_out_of_table_index_is_an_error_also_read_back_after_a_graph() {
+    let dev = Device::open().expect("a CUDA GPU (this test fails without one)");
+    let mut b = Builder::new();
+    let t = b.input("table", Dtype::F32, &[4, 3]).unwrap();
+    let i = b.input("idx", Dtype::I64, &[2]).unwrap();
+    let e = b.embedding(t, i).unwrap();
+    b.output("e", e).unwrap();
+    let p = b.finish().unwrap();
+    let gp = DeviceProgram::load(&dev, &p, &NoWeights, false).unwrap();
+    assert!(gp.has_embedding());
+    let table = dev
+        .upload(&Tensor::f32(&[4, 3], (0..12).map(|x| x as f32).collect()).unwrap())
+        .unwrap();
+    let idx = |v: Vec<i64>| dev.upload(&Tensor::i64(&[2], v).unwrap()).unwrap();
+    let ins = |ix| {
+        BTreeMap::from([
+            ("table".to_string(), table.clone()),
+            ("idx".to_string(), ix),
+        ])
+    };
+    let rows = |t: &petite_cuda::DevTensor| {
+        dev.download(t)
+            .unwrap()
+            .float_values()
+            .unwrap()
+            .into_owned()
+    };
+    // Read back by the run itself.
+    let ok = gp.run_device(ins(idx(vec![3, 0]))).unwrap();
+    assert_eq!(rows(&ok["e"]), [9.0, 10.0, 11.0, 0.0, 1.0, 2.0]);
+    let e = gp.run_device(ins(idx(vec![1, 4]))).unwrap_err().to_string();
+    assert!(e.contains("position 1 is outside"), "{e}");
+    // No flag where the program gathers: refused before any work.
+    assert!(gp.run_device_flagged(ins(idx(vec![0, 0])), None).is_err());
+    // Captured once over fixed buffers, replayed with other indices.
+    let fixed = idx(vec![0, 0]);
+    let [flag, zero] = [(); 2].map(|_| dev.zeros(Dtype::I64, &[1]).unwrap());
+    let out = dev.zeros(Dtype::F32, &[2, 3]).unwrap();
+    let ((), g) = dev
+        .capture(|| {
+            dev.copy(&zero, &flag)?;
+            let r = gp.run_device_flagged(ins(fixed.clone()), Some(&flag))?;
+            dev.copy(&r["e"], &out)
+        })
+        .unwrap();
+    for (v, bad) in [
+        (vec![2, 1], None),
+        (vec![0, 7], Some(1)),
+        (vec![-1, 0], Some(0)),
+        (vec![1, 3], None),
+    ] {
+        dev.copy(&idx(v.clone()), &fixed).unwrap();
+        g.launch().unwrap();
+        match (gp.check_indices(&flag), bad) {
+            (Ok(()), None) => {
+                let want: Vec<f32> = v
+                    .iter()
+                    .flat_map(|&r| (0..3).map(move |c| (r * 3 + c) as f32))
+                    .collect();
+                assert_eq!(rows(&out), want, "{v:?}");
+            }
+            (Err(e), Some(pos)) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains(&format!("position {pos} is outside")),
+                    "{v:?}: {e}"
+                );
+            }
+            (r, _) => panic!("{v:?}: {r:?}"),
+        }
     }
 }
