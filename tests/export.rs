@@ -170,7 +170,20 @@ fn checkpoint_modification_time_reaches_no_output_byte_and_still_forces_a_rebuil
     let s = Scratch::new("mtime");
     let c = copy_case("two_cams_mqa", &s.0);
     let model = c.join("model.safetensors");
-    for backend in ["reference", "portable"] {
+    // The bytes each backend publishes: the programs, or the ONNX model, its external data
+    // (the mapping file, whose header once recorded the modification-time key) and interface.
+    let published = |backend: &str, dir: &Path| -> Vec<Vec<u8>> {
+        if backend == "onnx" {
+            ["pi05.onnx", "pi05.onnx.data", "pi05.onnx.json"]
+                .iter()
+                .map(|f| std::fs::read(dir.join(f)).unwrap())
+                .collect()
+        } else {
+            let (p, st) = outputs(dir);
+            vec![p, st]
+        }
+    };
+    for backend in ["reference", "portable", "onnx"] {
         let (a, b) = (
             s.0.join(format!("{backend}-a")),
             s.0.join(format!("{backend}-b")),
@@ -182,33 +195,43 @@ fn checkpoint_modification_time_reaches_no_output_byte_and_still_forces_a_rebuil
         };
         // --engine-cap (this file's `export`) applies to the engine backends only.
         let run = |out: &Path, extra: &[&str]| {
-            let mut cmd = if backend == "portable" {
-                common::export_cmd(&c, out)
-            } else {
+            let mut cmd = if backend == "reference" {
                 export_cmd(&c, out, extra)
+            } else {
+                common::export_cmd(&c, out)
             };
             ok(cmd.args(["--backend", backend]).output().unwrap());
         };
         run(&a, keep);
-        let before = outputs(&a);
+        let before = published(backend, &a);
         touch_later(&model, Duration::from_secs(3600));
         run(&b, &[]);
         assert!(
-            before == outputs(&b),
+            before == published(backend, &b),
             "{backend}: the bytes changed with the checkpoint's modification time"
         );
-        // Into the first directory again: the checkpoint's file changed, so its engines are
-        // built again, not reused; the bytes are still the same.
+        // Into the first directory again: the checkpoint's file changed, so its engines (onnx:
+        // its mapping file, published as pi05.onnx.data) are built again, not reused; the
+        // bytes are still the same.
         run(&a, keep);
+        let r = report(&a);
         if backend == "reference" {
-            let r = report(&a);
             assert_eq!(r["engines"]["reused"], 0, "{r:#}");
             assert!(r["engines"]["built"].as_u64().unwrap() >= 4, "{r:#}");
         }
+        if backend == "onnx" {
+            assert_eq!(r["mapping"]["reused"], false, "{r:#}");
+        }
         assert!(
-            before == outputs(&a),
+            before == published(backend, &a),
             "{backend}: the re-run's bytes differ"
         );
+        // And once more, nothing changed: reused.
+        if backend == "onnx" {
+            run(&a, keep);
+            assert_eq!(report(&a)["mapping"]["reused"], true);
+            assert!(before == published(backend, &a));
+        }
     }
 }
 

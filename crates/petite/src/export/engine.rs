@@ -539,7 +539,7 @@ impl Stages for EngineStages<'_> {
         } else {
             Some(mapping::engine_mapping(
                 ck,
-                &identity.resume,
+                identity,
                 &self.selection,
                 &cache,
                 self.opts.progress,

@@ -139,12 +139,23 @@ pub(super) struct Converted {
 /// source identity and selection exists and opens, else converted (temporary name, renamed).
 pub(super) fn engine_mapping(
     ck: &CanonicalCheckpoint,
-    identity: &str,
+    identity: &super::Identity,
     selection: &[(String, Dtype)],
     cache: &Path,
     progress: bool,
 ) -> Result<Converted> {
     engine_mapping_at(ck, identity, selection, cache, None, progress)
+}
+
+/// The sidecar of a mapping file at `path` holding its resume key: the key of the source's
+/// identity with modification times, which decides reuse (a checkpoint rewritten in place is
+/// converted again) but stays out of the file's own bytes, whose header records only the
+/// content key — `--backend onnx` publishes the file as `pi05.onnx.data`, which must not change
+/// with a checkpoint's modification time.
+pub(super) fn resume_sidecar(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".resume");
+    PathBuf::from(s)
 }
 
 /// The key a mapping file of `selection` from the source `identity` is written under.
@@ -166,19 +177,21 @@ fn engine_key(identity: &str, selection: &[(String, Dtype)]) -> String {
 
 /// [`engine_mapping`], also reusing the file at `also` (an earlier export's published copy of
 /// its mapping file, e.g. `--backend onnx`'s `pi05.onnx.data`) when it was written under the
-/// same key; a new file is still converted into `cache`.
+/// same keys; a new file is still converted into `cache`. The file's header records the key of
+/// the source's content identity; its [`resume_sidecar`] the key with modification times.
 pub(super) fn engine_mapping_at(
     ck: &CanonicalCheckpoint,
-    identity: &str,
+    identity: &super::Identity,
     selection: &[(String, Dtype)],
     cache: &Path,
     also: Option<&Path>,
     progress: bool,
 ) -> Result<Converted> {
-    let key = engine_key(identity, selection);
+    let key = engine_key(&identity.content, selection);
+    let resume = engine_key(&identity.resume, selection);
     let path = path(cache, &key);
     for p in std::iter::once(path.as_path()).chain(also) {
-        if let Some(file) = current(p, &key, selection.iter().map(|(n, _)| n.as_str())) {
+        if let Some(file) = current(p, &key, &resume, selection.iter().map(|(n, _)| n.as_str())) {
             return Ok(Converted {
                 file,
                 reused: true,
@@ -186,7 +199,9 @@ pub(super) fn engine_mapping_at(
             });
         }
     }
+    // Every file of another key goes, and this path's sidecar until the new file is whole.
     clear_stale(cache, &path)?;
+    let _ = std::fs::remove_file(resume_sidecar(&path));
     let pb = super::bar(progress, 0, "convert");
     let opts = ConvertOptions {
         progress: Some(petite_weights::Progress::new({
@@ -201,6 +216,9 @@ pub(super) fn engine_mapping_at(
     let rep = petite_weights::convert(ck, &path, &opts);
     pb.finish_and_clear();
     let rep = rep?;
+    // Written (atomically) once the file is whole: a run killed before has no sidecar, so the
+    // file is converted again.
+    petite_fs::write(&resume_sidecar(&path), resume.as_bytes())?;
     Ok(Converted {
         file: MappedSafetensors::open_as(&path, Role::MappingFile)?,
         reused: false,
@@ -246,13 +264,18 @@ pub(super) fn path(cache: &Path, key: &str) -> PathBuf {
 }
 
 /// The mapping file at `path` if an earlier run wrote it under `key` (which covers the source
-/// files, dtype and selection), its seal matches (else: a notice, and it is rebuilt) and it
-/// holds every tensor in `names`; anything else is rewritten.
+/// files' content, dtype and selection) and its [`resume_sidecar`] holds `resume` (the same
+/// with the files' modification times), its seal matches (else: a notice, and it is rebuilt)
+/// and it holds every tensor in `names`; anything else is rewritten.
 pub(super) fn current<'a>(
     path: &Path,
     key: &str,
+    resume: &str,
     mut names: impl Iterator<Item = &'a str>,
 ) -> Option<MappedSafetensors> {
+    if std::fs::read(resume_sidecar(path)).ok()? != resume.as_bytes() {
+        return None;
+    }
     if !crate::guard::reusable(path, "mapping file") {
         return None;
     }

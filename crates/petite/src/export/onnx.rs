@@ -219,7 +219,7 @@ impl Stages for OnnxStages<'_> {
         let data = self.opts.out.join(DATA);
         let c = mapping::engine_mapping_at(
             &self.l.ck,
-            &identity.resume,
+            identity,
             &self.selection,
             &cache,
             Some(&data),
@@ -290,6 +290,11 @@ impl Stages for OnnxStages<'_> {
             save.publish_as(c.file.path().to_path_buf(), data.clone());
             if seal(c.file.path()).exists() {
                 save.publish_as(seal(c.file.path()), seal(&data));
+            }
+            // The resume key goes with it (a re-run reuses the published file in place).
+            let resume = mapping::resume_sidecar;
+            if resume(c.file.path()).exists() {
+                save.publish_as(resume(c.file.path()), resume(&data));
             }
         }
         // What the model references: each weight once, and where its bytes start.
