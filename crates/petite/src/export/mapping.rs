@@ -218,7 +218,7 @@ pub(super) fn engine_mapping_at(
     let rep = rep?;
     // Written (atomically) once the file is whole: a run killed before has no sidecar, so the
     // file is converted again.
-    petite_fs::write(&resume_sidecar(&path), resume.as_bytes())?;
+    petite_fs::write(resume_sidecar(&path), resume.as_bytes())?;
     Ok(Converted {
         file: MappedSafetensors::open_as(&path, Role::MappingFile)?,
         reused: false,
