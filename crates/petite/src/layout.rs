@@ -8,11 +8,14 @@
 //!   prefix.pte, step.pte          the programs (.pte backends)
 //!   prefix.pte.json, step.pte.json their method descriptions (portable)
 //!   pi05.onnx, pi05.onnx.data     the model and its external data (onnx)
+//!   pi05.onnx.data.seal, .resume  the data file's seal and reuse key (onnx; the mapping
+//!                                 file's sidecars, moved with it)
 //!   pi05.onnx.json                its interface (onnx)
 //!   report.json                   what the export measured (+ verify's result)
 //!   policy.json                   the runner's description; written last
-//!   cache/                        the mapping file, kept for the next run (tensorrt;
-//!                                 the reference and portable backends write none)
+//!   cache/                        the mapping file and its .seal and .resume sidecars,
+//!                                 kept for the next run (tensorrt; the reference and
+//!                                 portable backends write none)
 //!   engines/                      engine files while building (or --keep-engines); the
 //!                                 reference and portable backends' partial .pte files and
 //!                                 their journals ([`partial_pte`]) while weights stream
