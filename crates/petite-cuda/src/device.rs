@@ -57,6 +57,9 @@ pub struct DeviceInfo {
     pub compute_capability: (i32, i32),
     /// Device memory, bytes.
     pub total_memory: u64,
+    /// The most shared memory a block may ask for (the opt-in limit: 227 KiB on an H100/H200,
+    /// ~99 KiB on consumer GPUs), bytes.
+    pub max_shared_per_block: u32,
 }
 
 /// Looks for the driver, cuBLAS and NVRTC libraries and device 0, loading each library only
@@ -135,10 +138,15 @@ fn device_info() -> Result<DeviceInfo> {
     let minor = attr(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
     // SAFETY: as above.
     let total = unsafe { device::total_mem(dev) }.map_err(driver("cuDeviceTotalMem"))?;
+    // Unknown: 0, so nothing that needs more than the default is launched.
+    let shared =
+        attr(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .unwrap_or(0);
     Ok(DeviceInfo {
         name: device::get_name(dev).unwrap_or_default(),
         compute_capability: (major, minor),
         total_memory: total as u64,
+        max_shared_per_block: u32::try_from(shared).unwrap_or(0),
     })
 }
 

@@ -366,7 +366,8 @@ impl<'d> DeviceProgram<'d> {
 
     /// Whether a fused attention runs as one launch of thread-block clusters (`pt_attn_cl`,
     /// sm_90 and later, up to 1,024 keys and v's head dim a multiple of 128:
-    /// [`crate::plan::attention_cluster`]) or as two (`pt_attn_logits`, `pt_attn_pv`). On by
+    /// [`crate::plan::attention_cluster`], where the device grants a block its 162 KB of shared
+    /// memory: [`crate::DeviceInfo::max_shared_per_block`]) or as two (`pt_attn_logits`, `pt_attn_pv`). On by
     /// default; `PETITE_CUDA_ATTN_CLUSTER=0` turns it off. Both give the same roundings; only
     /// the dot products' summation orders differ.
     pub fn set_attention_cluster(&mut self, on: bool) {
@@ -1346,7 +1347,13 @@ impl<'d> DeviceProgram<'d> {
             .attention_kernels
             .map(|k| k.map(|i| &self.fused[i]))
             .ok_or_else(|| err("fused attention: its kernels were not compiled"))?;
-        if let Some(cfg) = l.cluster.filter(|_| self.attention_cluster) {
+        // Where the device grants the cluster kernel's shared memory (consumer GPUs give a
+        // block less than an H200's 227 KiB): else the two launches.
+        let shared = dev.info().max_shared_per_block;
+        if let Some(cfg) = l
+            .cluster
+            .filter(|c| self.attention_cluster && c.shared_mem_bytes <= shared)
+        {
             let po = dev.ptr(&out);
             dev.launch_cluster_fn(fc, cfg, crate::plan::ATTN_CLUSTER, |bl| {
                 bl.arg(prm);

@@ -250,8 +250,12 @@ fn fused_attention_is_as_close_to_exact_as_the_reference_executor() {
         let cpu = cpu["o"].float_values().unwrap().into_owned();
         let (cm, ca) = errors(&cpu, &e);
         // One launch in clusters (where it fits), then two.
-        let fits = petite_cuda::plan::attention_cluster(c.k, c.dv, cc).is_some();
-        assert_eq!(fits, cc.0 >= 9 && c.dv % 128 == 0, "case {i}");
+        let shared = dev.info().max_shared_per_block;
+        let fits = petite_cuda::plan::attention_cluster(c.k, c.dv, cc).is_some_and(|b| b <= shared);
+        if cc == (9, 0) {
+            // An H100/H200: every case whose v head dim allows it runs as one launch.
+            assert_eq!(fits, c.dv % 128 == 0, "case {i}");
+        }
         for cluster in [true, false] {
             gp.set_attention_cluster(cluster);
             let gpu = gp.run(program_inputs(c, &ins)).unwrap();
