@@ -74,8 +74,9 @@ pub struct VerifyOptions {
 pub enum Stages {
     /// At once where that was measured faster and the memory holds both: an engine export on
     /// `--device cuda` whose engines and reference fit the GPU's free memory together (the two
-    /// stages then read the disk at once, which gives more than one reader); otherwise one after
-    /// the other.
+    /// stages then read the disk at once, which gives more than one reader), or any export on the
+    /// CPU where the machine has 6 GiB of memory for them (one stage's idle moments go to the
+    /// other); otherwise one after the other.
     #[default]
     Auto,
     /// One after the other: the engines' memory is given back before the reference's is taken
@@ -117,6 +118,42 @@ fn fit_on_gpu(engines: u64, reference: u64, free: u64) -> (bool, String) {
     }
 }
 
+/// Memory `--stages auto` wants on the CPU before it runs both stages at once: together they
+/// peaked at 2.2 GB of RSS on the full-size export (1.34 GB one after the other; mostly the
+/// weights' file pages), and the page cache the weights stream through needs room beside them.
+const CPU_CONCURRENT_MEMORY: u64 = 6 << 30;
+
+/// `--stages auto` on the CPU: at once where the machine's memory (`machine`: the cgroup limit
+/// or what is available, [`crate::memory::machine_memory`]) is at least
+/// [`CPU_CONCURRENT_MEMORY`] — the idle moments of one stage (the steps' small ops) go to the
+/// other: a full-size verify 2–3% faster in 7 of 8 alternating pairs (docs/MEASUREMENTS.md) —
+/// else one after the other (a small device's one memory pool).
+fn fit_on_cpu(machine: Option<(&str, u64)>) -> (bool, String) {
+    let h = petite_weights::human_bytes;
+    match machine {
+        Some((what, m)) if m >= CPU_CONCURRENT_MEMORY => (
+            true,
+            format!(
+                "on the CPU at once: the {what} ({}) holds both stages (at least {})",
+                h(m),
+                h(CPU_CONCURRENT_MEMORY)
+            ),
+        ),
+        Some((what, m)) => (
+            false,
+            format!(
+                "on the CPU one after the other: the {what} ({}) is under {}",
+                h(m),
+                h(CPU_CONCURRENT_MEMORY)
+            ),
+        ),
+        None => (
+            false,
+            "on the CPU one after the other: the machine's memory is unknown".into(),
+        ),
+    }
+}
+
 /// Whether the stages run at once, and why (a line for the report and the progress output).
 /// `engines`: the bytes of the export's `.pte` files (an upper bound of its engines' weights);
 /// `reference`: the f32 programs' weight bytes.
@@ -130,11 +167,7 @@ fn stages_at_once(
     Ok(match (stages, device, kind) {
         (Stages::Serial, ..) => (false, "--stages serial".into()),
         (Stages::Concurrent, ..) => (true, "--stages concurrent".into()),
-        (Stages::Auto, Device::Cpu, _) => (
-            false,
-            "on the CPU one after the other (both stages use every core; at once measured no faster)"
-                .into(),
-        ),
+        (Stages::Auto, Device::Cpu, _) => fit_on_cpu(crate::memory::machine_memory()),
         (Stages::Auto, Device::Cuda, BundleKind::Engines) => {
             let (free, _) = crate::runtimes::open_cuda()?
                 .mem_info()
@@ -400,11 +433,22 @@ mod tests {
                 assert_eq!(at(Stages::Serial), (false, "--stages serial".into()));
                 assert_eq!(at(Stages::Concurrent), (true, "--stages concurrent".into()));
                 if device == Device::Cpu {
-                    let (once, why) = at(Stages::Auto);
-                    assert!(!once && why.contains("on the CPU"), "{why}");
+                    let (_, why) = at(Stages::Auto);
+                    assert!(why.contains("on the CPU"), "{why}");
                 }
             }
         }
+        // Auto on the CPU: at once from CPU_CONCURRENT_MEMORY, to the byte; unknown: one after
+        // the other.
+        let m = super::CPU_CONCURRENT_MEMORY;
+        let (once, why) = fit_on_cpu(Some(("memory available", m)));
+        assert!(
+            once && why.contains("at once") && why.contains("6.00 GiB"),
+            "{why}"
+        );
+        let (once, why) = fit_on_cpu(Some(("cgroup memory limit", m - 1)));
+        assert!(!once && why.contains("cgroup memory limit"), "{why}");
+        assert!(!fit_on_cpu(None).0);
         // Auto on the GPU: both stages' weights and the margin, to the byte.
         let need = 7 * G + 12 * G + super::CONCURRENT_MARGIN;
         let (once, why) = fit_on_gpu(7 * G, 12 * G, need);
