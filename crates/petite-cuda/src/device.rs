@@ -547,12 +547,12 @@ impl Device {
     /// values, kept between its replays).
     pub fn peak_bytes(&self) -> Option<u64> {
         let pool = self.pool_attr(dsys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?;
-        // What the graphs hold now counts even where a reset left the mark below it.
-        let graphs =
-            self.graph_attr(dsys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)?
-                .max(self.graph_attr(
-                    dsys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
-                )?);
+        // What the graphs hold now counts even where a reset left the mark below it; a driver
+        // that cannot say leaves the pool's figure (graphs then counted as none).
+        let graph = |a| self.graph_attr(a).unwrap_or(0);
+        let graphs = graph(dsys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH).max(
+            graph(dsys::CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+        );
         Some(pool + graphs)
     }
 
