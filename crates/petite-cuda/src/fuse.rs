@@ -104,32 +104,6 @@ pub struct Fusion {
     /// Where [`Fusion::kernels`] holds the attention kernels (`pt_attn_logits`, `pt_attn_pv`,
     /// `pt_attn_cl`: in [`Fusion::source`] only when there are [`Fusion::attentions`]).
     pub attention_kernels: Option<[usize; 3]>,
-    /// Where [`Fusion::kernels`] holds the skinny GEMM (`pt_gemm_cl`: in [`Fusion::source`]
-    /// only when a live bf16 linear has a shape it takes, [`skinny_linear`]).
-    pub gemm_kernel: Option<usize>,
-}
-
-/// Whether linear `id` of `p` has the shape and dtypes `pt_gemm_cl` takes on an sm_90 device
-/// ([`crate::plan::gemm_cluster`]): bf16 x and weight, few rows. The device decides at run time
-/// (its architecture and shared memory); this decides whether the program carries the kernel.
-pub fn skinny_linear(p: &Program, id: NodeId) -> bool {
-    let node = p.node(id);
-    if !matches!(node.op, Op::Linear) {
-        return false;
-    }
-    let (Some(x), Some(w), Some(out)) = (
-        p.node(node.inputs[0]).tensor(),
-        p.node(node.inputs[1]).tensor(),
-        node.tensor(),
-    ) else {
-        return false;
-    };
-    let k = x.shape.last().copied().unwrap_or(0);
-    let rows = x.shape.iter().product::<usize>() / k.max(1);
-    x.dtype == Dtype::Bf16
-        && w.dtype == Dtype::Bf16
-        && w.shape.len() == 2
-        && crate::plan::gemm_cluster(rows, k, w.shape[0], 1, out.dtype, (9, 0), u32::MAX).is_some()
 }
 
 /// A bf16 attention in transformers' eager op order — `q·kᵀ` (bf16), a 16-bit scaling, a
@@ -939,23 +913,11 @@ pub fn plan_with(
             prologue,
         });
     }
-    let gemm = order
-        .iter()
-        .any(|&id| live[id.index()] && skinny_linear(program, id));
-    if gemm || !attentions.is_empty() {
-        source.push_str(&crate::source::tensor_core_source(
-            !attentions.is_empty(),
-            gemm,
-        ));
-    }
     let attention_kernels = (!attentions.is_empty()).then(|| {
+        source.push_str(crate::source::attention_source());
         let at = kernels.len();
         kernels.extend(crate::source::ATTENTION_KERNELS.map(String::from));
         [at, at + 1, at + 2]
-    });
-    let gemm_kernel = gemm.then(|| {
-        kernels.push(crate::source::GEMM_KERNEL.to_string());
-        kernels.len() - 1
     });
     Ok(Fusion {
         role,
@@ -967,7 +929,6 @@ pub fn plan_with(
         attentions,
         biases,
         attention_kernels,
-        gemm_kernel,
     })
 }
 

@@ -1027,93 +1027,6 @@ pub fn attention_strides_fit(q: &[i64], k: &[i64], v: &[i64]) -> bool {
         && eight(&v[..3])
 }
 
-/// `pt_gemm_cl`'s parameter block: field for field the `GemmClParams` of
-/// [`crate::source::tensor_core_source`]'s skinny GEMM.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GemmClParams {
-    /// Rows of x and of the output (at most [`GEMM_CLUSTER_ROWS`]).
-    pub m: i32,
-    /// Output features (weight rows) of each part.
-    pub n: i32,
-    /// Depth (x's row length, contiguous).
-    pub k: i32,
-    /// Dtype code of the output (bf16 or f32).
-    pub dout: i32,
-    /// Elements between the parts' weights.
-    pub sw: i64,
-    /// Elements between the parts' outputs.
-    pub so: i64,
-}
-// SAFETY: as for EwParams.
-unsafe impl cudarc::driver::DeviceRepr for GemmClParams {}
-
-/// Blocks of a `pt_gemm_cl` cluster (its `GC_CL`): each an eighth of the depth.
-pub const GEMM_CLUSTER: u32 = 8;
-/// Output features a `pt_gemm_cl` cluster computes (its `GC_NF`).
-pub const GEMM_CLUSTER_FEATURES: usize = 64;
-/// The most rows `pt_gemm_cl` takes (eight n-tiles of 8 a warp).
-pub const GEMM_CLUSTER_ROWS: usize = 64;
-
-/// A linear `x[rows, k] · w[n, k]ᵀ` (`parts` of them over the same x: sibling linears whose
-/// weights lie `n·k` apart and outputs `rows·n` apart) as one `pt_gemm_cl` launch, on a device
-/// of compute capability `cc` granting a block `shared` bytes of shared memory: its parameters
-/// and launch, or `None` where the kernel does not apply — before sm_90 (clusters), more than
-/// [`GEMM_CLUSTER_ROWS`] rows, `k` not a power of two from 1,024 to 4,096 (a block takes an
-/// eighth of it, in rounds of 128; x's share in shared memory, ≤ 70 KB, so that three blocks
-/// fit an SM and every cluster of the step's shapes is resident at once), `n` not a multiple
-/// of [`GEMM_CLUSTER_FEATURES`], an output other than bf16 or f32.
-///
-/// Why: cuBLAS takes 3.6–9.4 µs for the step's GEMMs of 50 rows on an H200 (session 14's
-/// Nsight figures) where reading their weights takes 0.3–4.7 µs: its tiles are shaped for
-/// many rows; these products are the weight's read, spread over the whole GPU.
-pub fn gemm_cluster(
-    rows: usize,
-    k: usize,
-    n: usize,
-    parts: usize,
-    dout: Dtype,
-    cc: (i32, i32),
-    shared: u32,
-) -> Option<(GemmClParams, LaunchConfig)> {
-    if cc.0 < 9
-        || rows == 0
-        || rows > GEMM_CLUSTER_ROWS
-        || !k.is_power_of_two()
-        || !(1024..=4096).contains(&k)
-        || n == 0
-        || !n.is_multiple_of(GEMM_CLUSTER_FEATURES)
-        || parts == 0
-        || !matches!(dout, Dtype::Bf16 | Dtype::F32)
-    {
-        return None;
-    }
-    // x's rows (padded to 8) over the block's depth (rows of kc + 32), or the partial sums
-    // (rows of 68 floats) that reuse it.
-    let rows8 = rows.div_ceil(8) * 8;
-    let bytes =
-        (rows8 * (k / GEMM_CLUSTER as usize + 32) * 2).max(rows8 * (GEMM_CLUSTER_FEATURES + 4) * 4);
-    let bytes = u32::try_from(bytes).ok().filter(|&b| b <= shared)?;
-    let params = GemmClParams {
-        m: i32::try_from(rows).ok()?,
-        n: i32::try_from(n).ok()?,
-        k: i32::try_from(k).ok()?,
-        dout: crate::source::dtype_code(dout),
-        sw: i64::try_from(n * k).ok()?,
-        so: i64::try_from(rows * n).ok()?,
-    };
-    let cfg = LaunchConfig {
-        grid_dim: (
-            GEMM_CLUSTER,
-            u32::try_from(n / GEMM_CLUSTER_FEATURES).ok()?,
-            u32::try_from(parts).ok().filter(|&p| p <= 65_535)?,
-        ),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: bytes,
-    };
-    Some((params, cfg))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1317,43 +1230,6 @@ mod tests {
         b.output("z", z).unwrap();
         let p = b.finish().unwrap();
         assert_eq!(program_flops(&p), 2.0 * 3.0 * 5.0 * 4.0);
-    }
-
-    #[test]
-    fn the_skinny_gemm_takes_few_rows_of_power_of_two_depth_on_sm90_only() {
-        let h200 = (9, 0);
-        let big = u32::MAX;
-        // pi0.5's step: q, gate/up (two parts), down.
-        let (p, cfg) = gemm_cluster(50, 1024, 2048, 1, Dtype::Bf16, h200, big).unwrap();
-        assert_eq!(
-            (p.m, p.n, p.k, p.sw, p.so),
-            (50, 2048, 1024, 2048 * 1024, 50 * 2048)
-        );
-        assert_eq!(p.dout, dtype_code(Dtype::Bf16));
-        assert_eq!(cfg.grid_dim, (GEMM_CLUSTER, 32, 1));
-        assert_eq!(cfg.block_dim, (128, 1, 1));
-        // 56 rows of x (50 padded to 8) over an eighth of the depth, padded by 32.
-        assert_eq!(cfg.shared_mem_bytes, 56 * (128 + 32) * 2);
-        let (_, cfg) = gemm_cluster(50, 1024, 4096, 2, Dtype::F32, h200, big).unwrap();
-        assert_eq!(cfg.grid_dim, (GEMM_CLUSTER, 64, 2));
-        let (_, cfg) = gemm_cluster(50, 4096, 1024, 1, Dtype::Bf16, h200, big).unwrap();
-        assert_eq!(cfg.shared_mem_bytes, 56 * (512 + 32) * 2);
-        // One row: eight staged (zeros past the first); the partial sums reuse them.
-        let (_, cfg) = gemm_cluster(1, 1024, 64, 1, Dtype::Bf16, h200, big).unwrap();
-        assert_eq!(cfg.shared_mem_bytes, 8 * (128 + 32) * 2);
-        // What it does not take: before sm_90, too many rows, depths off the rounds, features
-        // off the clusters' 64, other outputs, a device granting too little shared memory.
-        let no = |rows, k, n, dt, cc, shared| gemm_cluster(rows, k, n, 1, dt, cc, shared).is_none();
-        assert!(no(50, 1024, 2048, Dtype::Bf16, (8, 7), big));
-        assert!(no(65, 1024, 2048, Dtype::Bf16, h200, big));
-        assert!(no(0, 1024, 2048, Dtype::Bf16, h200, big));
-        for k in [0, 512, 1536, 8192] {
-            assert!(no(50, k, 2048, Dtype::Bf16, h200, big), "k {k}");
-        }
-        assert!(no(50, 1024, 96, Dtype::Bf16, h200, big));
-        assert!(no(50, 1024, 2048, Dtype::F16, h200, big));
-        assert!(no(50, 4096, 1024, Dtype::Bf16, h200, 56 * 544 * 2 - 1));
-        assert!(gemm_cluster(50, 1024, 64, 0, Dtype::Bf16, h200, big).is_none());
     }
 
     #[test]

@@ -49,9 +49,6 @@ pub struct DeviceProgram<'d> {
     /// Whether a fused attention runs as one cluster launch where it fits
     /// ([`DeviceProgram::set_attention_cluster`]).
     attention_cluster: bool,
-    /// Whether bf16 linears of few rows run as `pt_gemm_cl` where it applies
-    /// ([`DeviceProgram::set_gemm_cluster`]).
-    gemm_cluster: bool,
 }
 
 enum Slot {
@@ -154,7 +151,6 @@ impl<'d> DeviceProgram<'d> {
                 attentions: Default::default(),
                 biases: Default::default(),
                 attention_kernels: None,
-                gemm_kernel: None,
             }
         };
         // Uses count the nodes that read a value from its buffer: fused roots read their
@@ -355,7 +351,6 @@ impl<'d> DeviceProgram<'d> {
             f32_matmul: F32Matmul::Exact,
             attention_cluster: std::env::var_os("PETITE_CUDA_ATTN_CLUSTER")
                 .is_none_or(|v| v != "0"),
-            gemm_cluster: std::env::var_os("PETITE_CUDA_GEMM_CLUSTER").is_none_or(|v| v != "0"),
         })
     }
 
@@ -367,14 +362,6 @@ impl<'d> DeviceProgram<'d> {
     /// bf16 attentions run whole by the fused attention kernels ([`crate::fuse::Attend`]).
     pub fn fused_attentions(&self) -> usize {
         self.fusion.attentions.len()
-    }
-
-    /// Whether bf16 linears of at most 64 rows run as one launch of thread-block clusters
-    /// (`pt_gemm_cl`, [`crate::plan::gemm_cluster`]: sm_90 and later, the weight's read spread
-    /// over the GPU, the blocks' partial sums added in a fixed order) or through cuBLAS. On by
-    /// default; `PETITE_CUDA_GEMM_CLUSTER=0` turns it off.
-    pub fn set_gemm_cluster(&mut self, on: bool) {
-        self.gemm_cluster = on;
     }
 
     /// Whether a fused attention runs as one launch of thread-block clusters (`pt_attn_cl`,
@@ -928,7 +915,15 @@ impl<'d> DeviceProgram<'d> {
         if k == 0 {
             dev.memset_zero(&acc)?;
         } else {
-            self.product(&gm, parts, wm, x, &acc)?;
+            dev.gemm(
+                &gm,
+                dev.ptr(wm),
+                dev.ptr(x),
+                x.dtype(),
+                dev.ptr(&acc),
+                acc.dtype(),
+                self.f32_matmul,
+            )?;
         }
         let views: Vec<DevTensor> = (0..parts)
             .map(|i| out.view(i * per * dt.size(), &out_ty.shape))
@@ -1152,7 +1147,15 @@ impl<'d> DeviceProgram<'d> {
         }
         let acc = if dt == Dtype::F32 || b.is_none() {
             if k > 0 {
-                self.product(&g, 1, w, x, &out)?;
+                dev.gemm(
+                    &g,
+                    dev.ptr(w),
+                    dev.ptr(x),
+                    x.dtype(),
+                    dev.ptr(&out),
+                    dt,
+                    self.f32_matmul,
+                )?;
             }
             if b.is_none() {
                 return Ok(out);
@@ -1163,63 +1166,20 @@ impl<'d> DeviceProgram<'d> {
             if k == 0 {
                 dev.memset_zero(&acc)?;
             } else {
-                self.product(&g, 1, w, x, &acc)?;
+                dev.gemm(
+                    &g,
+                    dev.ptr(w),
+                    dev.ptr(x),
+                    x.dtype(),
+                    dev.ptr(&acc),
+                    Dtype::F32,
+                    self.f32_matmul,
+                )?;
             }
             acc
         };
         self.bias(&acc, b, rows, n, &out)?;
         Ok(out)
-    }
-
-    /// `c = x · wᵀ` per linear GEMM `g` (`parts` of them, [`Gemm::batched`] over the parts'
-    /// weights and outputs): one `pt_gemm_cl` launch where it applies
-    /// ([`crate::plan::gemm_cluster`], [`DeviceProgram::set_gemm_cluster`]), else cuBLAS.
-    fn product(
-        &self,
-        g: &Gemm,
-        parts: usize,
-        w: &DevTensor,
-        x: &DevTensor,
-        c: &DevTensor,
-    ) -> Result<()> {
-        let dev = self.dev;
-        let (pw, px, pc) = (dev.ptr(w), dev.ptr(x), dev.ptr(c));
-        let k = *x.shape().last().unwrap_or(&0);
-        let n = *w.shape().get(w.shape().len().wrapping_sub(2)).unwrap_or(&0);
-        let rows = x.numel() / k.max(1);
-        let info = dev.info();
-        let cluster = self
-            .fusion
-            .gemm_kernel
-            .filter(|_| {
-                self.gemm_cluster
-                    && x.dtype() == Dtype::Bf16
-                    && w.dtype() == Dtype::Bf16
-                    && [pw, px, pc].iter().all(|p| p % 16 == 0)
-            })
-            .and_then(|f| {
-                let (prm, cfg) = crate::plan::gemm_cluster(
-                    rows,
-                    k,
-                    n,
-                    parts,
-                    c.dtype(),
-                    info.compute_capability,
-                    info.max_shared_per_block,
-                )?;
-                Some((f, prm, cfg))
-            });
-        match cluster {
-            Some((f, prm, cfg)) => {
-                dev.launch_cluster_fn(&self.fused[f], cfg, crate::plan::GEMM_CLUSTER, |bl| {
-                    bl.arg(&prm);
-                    for p in [&px, &pw, &pc] {
-                        Device::push_u64(bl, p);
-                    }
-                })
-            }
-            None => dev.gemm(g, pw, px, x.dtype(), pc, c.dtype(), self.f32_matmul),
-        }
     }
 
     /// `out[r, c] = acc[r, c] + bias[c]` rounded to out's dtype (acc and out may alias).

@@ -123,26 +123,15 @@ pub fn module_source() -> String {
     s
 }
 
-/// The tensor-core kernels' source, appended to a program's fused-kernel source (after
-/// [`fused_prelude`]) only for what the program runs: the fused attention kernels
-/// ([`crate::fuse::Attend`]; entry points [`ATTENTION_KERNELS`]) when it fuses an attention,
-/// the skinny GEMM ([`GEMM_KERNEL`]) when it has a linear that kernel takes. NVRTC compiles
-/// them beside the weights' upload, and programs without them pay nothing for them.
-pub fn tensor_core_source(attention: bool, gemm: bool) -> String {
-    let mut s = String::from(TC);
-    if attention {
-        s.push_str(ATTN);
-    }
-    if gemm {
-        s.push_str(GEMM);
-    }
-    s
+/// The fused attention kernels' source ([`crate::fuse::Attend`]; entry points
+/// [`ATTENTION_KERNELS`]), appended to a program's fused-kernel source (after
+/// [`fused_prelude`]) only when the program fuses an attention: NVRTC compiles them beside the
+/// weights' upload, and programs without one pay nothing for them.
+pub fn attention_source() -> &'static str {
+    ATTN
 }
 
-/// Entry point of the skinny GEMM in [`tensor_core_source`] ([`crate::plan::gemm_cluster`]).
-pub const GEMM_KERNEL: &str = "pt_gemm_cl";
-
-/// Entry points of the fused attention in [`tensor_core_source`].
+/// Entry points of [`attention_source`].
 pub const ATTENTION_KERNELS: [&str; 3] = ["pt_attn_logits", "pt_attn_pv", "pt_attn_cl"];
 
 const PRELUDE: &str = r#"
@@ -648,70 +637,6 @@ extern "C" __global__ void pt_bias(i64 rows, i64 n, int has_bias, int db, int do
 /// fixed order (so every run gives the same bits), forms `p` exactly as `pt_softmax` does
 /// (`exp(f - max) / sum`, rounded to bf16) and multiplies by v. K and v may come in two pieces
 /// along the keys (a concat of the prefix's K/V and the step's own, read in place).
-/// What the tensor-core kernels (the fused attention, the skinny GEMM) share: bf16 `mma.sync`,
-/// `cp.async` staging and thread-block clusters.
-const TC: &str = r#"
-__device__ __forceinline__ void at_mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
-__device__ __forceinline__ unsigned at_u32(const unsigned short* s) { return *(const unsigned*)s; }
-// 16 bytes from global to shared memory without waiting (zeros when !valid; src stays a valid
-// address either way).
-__device__ __forceinline__ void at_cp16(void* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-#else
-  *(uint4*)dst = valid ? *(const uint4*)src : make_uint4(0, 0, 0, 0);
-#endif
-}
-__device__ __forceinline__ void at_cp_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-// Waits until at most n committed groups are still in flight.
-template <int n> __device__ __forceinline__ void at_cp_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" :: "n"(n) : "memory");
-#endif
-}
-
-// Thread-block clusters (sm_90): this block's rank, a barrier over the cluster that orders
-// shared-memory writes before the other blocks' reads, and reads of another block's shared
-// memory (`p` is this block's address of the same variable).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ unsigned at_cl_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void at_cl_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ unsigned at_cl_map(const void* p, unsigned rank) {
-  unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ float2 at_cl_ld2(unsigned a) {
-  float2 v;
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
-  return v;
-}
-__device__ __forceinline__ float4 at_cl_ld4(unsigned a) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
-  return v;
-}
-#endif
-
-"#;
-
 const ATTN: &str = r#"
 struct AttnParams {
   i64 nk; i64 n0; i64 rpg; i64 tiles; i64 h; i64 q;
@@ -748,6 +673,36 @@ __device__ __forceinline__ const unsigned short* at_key(const AttnParams& p, con
   int sb1 = (int)(v ? p.v1sb : p.k1sb), sh1 = (int)(v ? p.v1sh : p.k1sh);
   return (const unsigned short*)k1 + (b * sb1 + h * sh1 + (j - (int)p.n0) * sk);
 }
+__device__ __forceinline__ void at_mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+__device__ __forceinline__ unsigned at_u32(const unsigned short* s) { return *(const unsigned*)s; }
+// 16 bytes from global to shared memory without waiting (zeros when !valid; src stays a valid
+// address either way).
+__device__ __forceinline__ void at_cp16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#else
+  *(uint4*)dst = valid ? *(const uint4*)src : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ __forceinline__ void at_cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most n committed groups are still in flight.
+template <int n> __device__ __forceinline__ void at_cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" :: "n"(n) : "memory");
+#endif
+}
+
 // Stages rows j0 .. j0 + rows of K (or of v: all dv columns) into buf, 16 bytes a copy, and
 // commits them as one group. Thread t copies column chunk t % ch of every (blockDim / ch)-th
 // row when ch (chunks a row) divides the block (no division a copy), else any chunk.
@@ -1018,6 +973,35 @@ extern "C" __global__ __launch_bounds__(256) void pt_attn_pv(AttnParams p, const
   }
 }
 
+// Thread-block clusters (sm_90): this block's rank, a barrier over the cluster that orders
+// shared-memory writes before the other blocks' reads, and reads of another block's shared
+// memory (`p` is this block's address of the same variable).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned at_cl_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void at_cl_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ unsigned at_cl_map(const void* p, unsigned rank) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float2 at_cl_ld2(unsigned a) {
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 at_cl_ld4(unsigned a) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+  return v;
+}
+#endif
+
 // The whole attention in one launch on sm_90: grid (AT_CL, groups·tiles of 32 rows), clusters
 // of AT_CL blocks along x, 512 threads, the plan's dynamic shared memory. Block `rank` of a
 // cluster holds keys rank·kc .. rank·kc + kc (kc = AT_CL_KC(nk) ≤ 128) of 32 query rows: q,
@@ -1234,130 +1218,6 @@ extern "C" __global__ __launch_bounds__(512) void pt_attn_cl(AttnParams p, const
 }
 "#;
 
-/// The skinny GEMM: bf16 linears of a few rows (pi0.5's step: 50), whose time is reading the
-/// weight once ([`crate::plan::gemm_cluster`]).
-const GEMM: &str = r#"
-// out[m, n] = x[m, k] · w[n, k]ᵀ for m ≤ 64 rows, bf16 operands, f32 sums rounded once to out's
-// dtype (as cuBLAS computes it, in another summation order), `parts` such products over the
-// same x (grid z: weights sw elements apart, outputs so apart). Grid (GC_CL, n / GC_NF,
-// parts), clusters of GC_CL blocks along x, 128 threads, the plan's dynamic shared memory
-// (x's rows, padded to 8, over the block's depth). Block `rank` of a cluster takes the depth
-// rank·kc .. rank·kc + kc (kc = k / GC_CL, a power of two ≥ 64) of the cluster's GC_NF weight
-// rows: warp w rows 16w .. 16w + 15, read straight into registers, 16 bytes a thread, 128 of
-// the depth a round, the first two rounds requested before the kernel waits for its
-// predecessor (weights are never written by a program); then x's share, staged by cp.async.
-// The products run on the tensor cores with the weight as mma's row-major A and x as its
-// column-major B, each thread's 8 consecutive depths of a row standing for the fragment's
-// depth slots (any order of the depth sums the same terms; A and B use the same one). The
-// blocks' f32 partial sums are added in rank order through distributed shared memory, each
-// block eight of the output rows: deterministic, no scratch in global memory, one launch.
-struct GemmClParams { int m; int n; int k; int dout; i64 sw; i64 so; };
-#define GC_CL 8
-#define GC_NF 64
-// x's rows in shared memory are kc + GC_PAD long: a quarter-warp's 16-byte loads of two rows
-// then fall in distinct banks.
-#define GC_PAD 32
-__device__ __forceinline__ uint4 gc_ldw(const unsigned short* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-// A round: 128 of the depth of rows g and g + 8 (wr: the thread's first row, 8c into the depth).
-__device__ __forceinline__ void gc_load(uint4* b, const unsigned short* wr, int k, int d) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    b[2 * j] = gc_ldw(wr + d + 32 * j);
-    b[2 * j + 1] = gc_ldw(wr + 8 * k + d + 32 * j);
-  }
-}
-// The round's products: per 32 of the depth, two mma over each n-tile of x's rows.
-__device__ __forceinline__ void gc_round(float (*acc)[4], const uint4* b, const unsigned short* xr, int ks, int mt, int d) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint4 lo = b[2 * j], hi = b[2 * j + 1];
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-      if (t < mt) {
-        const uint4 xv = *(const uint4*)(xr + t * 8 * ks + d + 32 * j);
-        at_mma(acc[t], lo.x, hi.x, lo.y, hi.y, xv.x, xv.y);
-        at_mma(acc[t], lo.z, hi.z, lo.w, hi.w, xv.z, xv.w);
-      }
-  }
-}
-extern "C" __global__ __launch_bounds__(128) void pt_gemm_cl(GemmClParams p, const unsigned short* x,
-    const unsigned short* w, void* out) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  extern __shared__ __align__(16) unsigned char gc_smem[];
-  const int k = p.k, kc = k / GC_CL, ks = kc + GC_PAD, rounds = kc / 128;
-  const unsigned rank = at_cl_rank();
-  const int lane = threadIdx.x & 31, wv = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
-  const int f0 = blockIdx.y * GC_NF, k0 = (int)rank * kc, mt = (p.m + 7) / 8;
-  const unsigned short* wr = w + (blockIdx.z * p.sw + (i64)(f0 + wv * 16 + g) * k + k0 + 8 * c);
-  uint4 b0[8], b1[8];
-  gc_load(b0, wr, k, 0);
-  if (rounds > 1) gc_load(b1, wr, k, 128);
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  // x's rows 0 .. 8·mt (zeros past m), kc / 8 copies a row (a power of two).
-  unsigned short* xs = (unsigned short*)gc_smem;
-  const int lch = __ffs(kc / 8) - 1, cm = (kc / 8) - 1;
-  for (int e = threadIdx.x; e < (mt * 8) << lch; e += 128) {
-    const int r = e >> lch, col = (e & cm) * 8;
-    at_cp16(&xs[r * ks + col], x + ((i64)(r < p.m ? r : p.m - 1) * k + k0 + col), r < p.m);
-  }
-  at_cp_commit();
-  float acc[8][4];
-#pragma unroll
-  for (int t = 0; t < 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
-  at_cp_wait<0>();
-  __syncthreads();
-  const unsigned short* xr = xs + g * ks + 8 * c;
-  // Two register buffers: round r + 2 is requested while round r + 1 is multiplied.
-  for (int r = 0; r < rounds; r += 2) {
-    gc_round(acc, b0, xr, ks, mt, 128 * r);
-    if (r + 2 < rounds) gc_load(b0, wr, k, 128 * (r + 2));
-    if (r + 1 < rounds) {
-      gc_round(acc, b1, xr, ks, mt, 128 * (r + 1));
-      if (r + 3 < rounds) gc_load(b1, wr, k, 128 * (r + 3));
-    }
-  }
-  // The partial sums, [row][feature] (rows of GC_NF + 4 floats: the stores are conflict-free),
-  // over x's staging once every warp is done with it.
-  __syncthreads();
-  float* pr = (float*)gc_smem;
-  const int ps = GC_NF + 4, fe = wv * 16 + g;
-#pragma unroll
-  for (int t = 0; t < 8; ++t)
-    if (t < mt) {
-      const int r = t * 8 + 2 * c;
-      pr[r * ps + fe] = acc[t][0];
-      pr[(r + 1) * ps + fe] = acc[t][1];
-      pr[r * ps + fe + 8] = acc[t][2];
-      pr[(r + 1) * ps + fe + 8] = acc[t][3];
-    }
-  at_cl_sync();
-  // Rows 8·rank .. 8·rank + 7, four features a thread, summed over the blocks in rank order.
-  const int r = (int)rank * 8 + (threadIdx.x >> 4), col = (threadIdx.x & 15) * 4;
-  if (r < p.m) {
-    float4 v[GC_CL];
-#pragma unroll
-    for (int b = 0; b < GC_CL; ++b) v[b] = at_cl_ld4(at_cl_map(&pr[r * ps + col], b));
-    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int b = 0; b < GC_CL; ++b) {
-      s.x += v[b].x; s.y += v[b].y; s.z += v[b].z; s.w += v[b].w;
-    }
-    const i64 o = blockIdx.z * p.so + (i64)r * p.n + f0 + col;
-    if (p.dout == DT_F32) *(float4*)((float*)out + o) = s;
-    else *(uint2*)((unsigned short*)out + o) = make_uint2((unsigned)f2bf(s.x) | ((unsigned)f2bf(s.y) << 16),
-                                                          (unsigned)f2bf(s.z) | ((unsigned)f2bf(s.w) << 16));
-  }
-  // No block leaves while another may still read its shared memory.
-  at_cl_sync();
-#endif
-}
-"#;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1380,25 +1240,16 @@ mod tests {
         };
         assert!(balanced(&s));
         assert!(!s.contains("#include"), "NVRTC must need no include path");
-        // The tensor-core kernels: their own source, appended to a program's fused kernels,
-        // each part only where the program runs it.
-        let all = [ATTENTION_KERNELS.as_slice(), &[GEMM_KERNEL]].concat();
-        for (attention, gemm) in [(true, true), (true, false), (false, true), (false, false)] {
-            let a = tensor_core_source(attention, gemm);
-            for k in &all {
-                let wanted = if *k == GEMM_KERNEL { gemm } else { attention };
-                assert_eq!(
-                    a.matches(&format!(" void {k}(")).count(),
-                    usize::from(wanted),
-                    "{k}"
-                );
-                assert!(
-                    !s.contains(&format!(" void {k}(")),
-                    "{k} is not in the fixed module"
-                );
-            }
-            assert!(balanced(&a));
+        // The attention kernels: their own source, appended to a program's fused kernels.
+        let a = attention_source();
+        for k in ATTENTION_KERNELS {
+            assert_eq!(a.matches(&format!(" void {k}(")).count(), 1, "{k}");
+            assert!(
+                !s.contains(&format!(" void {k}(")),
+                "{k} is not in the fixed module"
+            );
         }
+        assert!(balanced(a));
     }
 
     #[test]

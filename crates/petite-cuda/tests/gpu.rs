@@ -3,8 +3,7 @@
 //!
 //! The fused bf16 attention (`petite_cuda::fuse::Attend`: one cluster launch or two kernels of
 //! bf16 `mma.sync`) against the reference executor (petite-reference, on the CPU) running the
-//! same op chain node by node; the skinny bf16 GEMM (`pt_gemm_cl`) against cuBLAS, both
-//! against the exact products; and an embedding's index check read back after a CUDA graph.
+//! same op chain node by node; and an embedding's index check read back after a CUDA graph.
 //!
 //! Both compute the same roundings (bf16 logits, bf16 scaling, f32 mask and softmax, bf16
 //! probabilities, bf16 output) and differ only in each dot product's summation order, so the
@@ -15,7 +14,7 @@ use std::collections::BTreeMap;
 
 use petite_cuda::{Device, DeviceProgram};
 use petite_graph::{Builder, Dtype, Program};
-use petite_reference::{MemoryWeights, NoWeights, Tensor};
+use petite_reference::{NoWeights, Tensor};
 
 /// pi0.5's mask fill (the most negative bf16-representable f32 lerobot uses).
 const FILL: f32 = -2.381_976_3e38;
@@ -311,127 +310,6 @@ fn the_reference_executor_is_within_bf16_noise_of_the_exact_attention() {
             m <= top * 2f64.powi(-5) && a < m,
             "{split:?}: max {m:e}, mean {a:e}, top {top}"
         );
-    }
-}
-
-/// bf16 bits of `x` (finite), rounded to nearest even.
-fn bf16(x: f32) -> u16 {
-    let u = x.to_bits();
-    ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16
-}
-
-/// The skinny GEMM (`pt_gemm_cl`: bf16 linears of at most 64 rows, the depth split over a
-/// cluster's blocks) is as close to the exact product as cuBLAS is, for pi0.5's step shapes
-/// (50 rows; q, o, gate/up as siblings — one launch of two parts — and down) and shapes off
-/// them (one row, 64, a bias: an f32 product then `pt_bias`).
-#[test]
-#[ignore = "needs a GPU: cargo xtask conformance --only gpu"]
-fn skinny_gemm_is_as_close_to_exact_as_cublas() {
-    let dev = Device::open().expect("a CUDA GPU (this test fails without one)");
-    let cc = dev.info().compute_capability;
-    // (rows, k, n, sibling linears over the same x, bias)
-    let cases = [
-        (50, 1024, 2048, 1, false),
-        (50, 1024, 4096, 2, false),
-        (50, 4096, 1024, 1, false),
-        (50, 2048, 1024, 1, false),
-        (1, 1024, 64, 1, false),
-        (64, 1024, 256, 2, false),
-        (33, 1024, 128, 1, true),
-    ];
-    for (i, &(rows, k, n, parts, bias)) in cases.iter().enumerate() {
-        let mut b = Builder::new();
-        let x = b.input("x", Dtype::Bf16, &[1, rows, k]).unwrap();
-        let mut ws = MemoryWeights::new();
-        let mut weights = Vec::new();
-        for j in 0..parts {
-            let name = format!("w{j}");
-            // Products of a few units: k terms of ~1/3 each, scaled by 3·k^-0.5.
-            let s = (k as f32).powf(-0.5) * 3.0;
-            let w: Vec<f32> = values(n * k, 100 + j as u64)
-                .iter()
-                .map(|v| v * s)
-                .collect();
-            let bits: Vec<u16> = w.iter().map(|&v| bf16(v)).collect();
-            ws.insert_bf16_bits(&name, &[n, k], &bits).unwrap();
-            weights.push(bits);
-            let wv = b.weight(&name, Dtype::Bf16, &[n, k]).unwrap();
-            let bv = bias.then(|| {
-                let bits: Vec<u16> = values(n, 200 + j as u64).iter().map(|&v| bf16(v)).collect();
-                ws.insert_bf16_bits(&format!("b{j}"), &[n], &bits).unwrap();
-                b.weight(&format!("b{j}"), Dtype::Bf16, &[n]).unwrap()
-            });
-            let y = b.linear(x, wv, bv).unwrap();
-            b.output(&format!("y{j}"), y).unwrap();
-        }
-        let p = b.finish().unwrap();
-        let xt = tensor(Dtype::Bf16, &[1, rows, k], values(rows * k, 7 + i as u64));
-        let xv = xt.float_values().unwrap().into_owned();
-        let ins: BTreeMap<String, Tensor> = [("x".to_string(), xt)].into_iter().collect();
-        let mut gp = DeviceProgram::load(&dev, &p, &ws, false).unwrap();
-        let dout = if bias { Dtype::F32 } else { Dtype::Bf16 };
-        let shared = dev.info().max_shared_per_block;
-        let fits = petite_cuda::plan::gemm_cluster(rows, k, n, parts, dout, cc, shared).is_some();
-        if cc == (9, 0) {
-            assert!(fits, "case {i}: an H100/H200 runs it as pt_gemm_cl");
-        }
-        let mut outs = Vec::new();
-        for cluster in [true, false] {
-            gp.set_gemm_cluster(cluster);
-            outs.push(gp.run(ins.clone()).unwrap());
-        }
-        for (j, w) in weights.iter().enumerate() {
-            let name = format!("y{j}");
-            let bb: Vec<f64> = if bias {
-                values(n, 200 + j as u64)
-                    .iter()
-                    .map(|&v| f32::from_bits(u32::from(bf16(v)) << 16) as f64)
-                    .collect()
-            } else {
-                vec![0.0; n]
-            };
-            let e: Vec<f64> = (0..rows * n)
-                .map(|o| {
-                    let (r, c) = (o / n, o % n);
-                    let dot: f64 = (0..k)
-                        .map(|d| {
-                            xv[r * k + d] as f64
-                                * f32::from_bits(u32::from(w[c * k + d]) << 16) as f64
-                        })
-                        .sum();
-                    dot + bb[c]
-                })
-                .collect();
-            let [gm, cb] = [0, 1].map(|t| outs[t][&name].float_values().unwrap().into_owned());
-            let (em, ea) = errors(&gm, &e);
-            let (cm, ca) = errors(&cb, &e);
-            let same = gm
-                .iter()
-                .zip(&cb)
-                .filter(|(a, b)| a.to_bits() == b.to_bits())
-                .count();
-            eprintln!(
-                "case {i} y{j} ({rows}x{k} by {n}x{k}, {parts} part(s){}): max/mean |x - exact|: \
-                 cuBLAS {cm:.3e}/{ca:.3e}, pt_gemm_cl {em:.3e}/{ea:.3e}; {same} of {} outputs \
-                 bit-identical",
-                if bias { ", bias" } else { "" },
-                gm.len()
-            );
-            // One bf16 rounding of the largest output is the floor of either error.
-            let ulp = e.iter().fold(0f64, |m, x| m.max(x.abs())) * 2f64.powi(-8);
-            assert!(
-                em <= 2.0 * cm.max(ulp),
-                "case {i} y{j}: max error {em:e} vs cuBLAS {cm:e}"
-            );
-            assert!(
-                ea <= 1.25 * ca + ulp / 64.0,
-                "case {i} y{j}: mean error {ea:e} vs cuBLAS {ca:e}"
-            );
-            // Another summation order than cuBLAS's: some bits differ where the kernel ran.
-            if fits && k >= 1024 {
-                assert!(same < gm.len(), "case {i} y{j}: pt_gemm_cl did not run");
-            }
-        }
     }
 }
 
