@@ -9,8 +9,8 @@
 use crate::kernels::{self, Conv2dParams, Reduce, SdpaShape};
 use crate::tensor::{Data, Tensor};
 use crate::{Error, Result};
-use half::f16;
-use petite_dtype::{bf16_bits_to_f32, round_through_bf16};
+use half::{bf16, f16};
+use petite_dtype::{bf16_bits_to_f32, round_through_bf16, to_bf16};
 use petite_graph::{
     BinaryOp, CompareOp, Dtype, LogicalOp, NodeId, Op, Program, ReduceOp, ShapeDisplay, TensorType,
     UnaryOp,
@@ -248,6 +248,9 @@ impl<'a> Executor<'a> {
             });
         }
         let mut remaining = self.uses.clone();
+        // `PETITE_CPU_PROFILE`: time by op kind and the slowest nodes, printed after the run.
+        let profile = std::env::var_os("PETITE_CPU_PROFILE").is_some_and(|v| v != "0");
+        let mut slowest: Vec<(f64, NodeId)> = Vec::new();
         // Readahead: `asked` weights of `ahead` requested, the first `reached` of them read.
         let (mut asked, mut reached, mut window) = (0usize, 0usize, 0usize);
         let mut then_asked = false;
@@ -289,8 +292,11 @@ impl<'a> Executor<'a> {
                 };
                 let t0 = std::time::Instant::now();
                 let out = cx.eval().map_err(|e| self.node_err(id, e))?;
-                *stats.op_seconds.entry(node.op.name()).or_insert(0.0) +=
-                    t0.elapsed().as_secs_f64();
+                let secs = t0.elapsed().as_secs_f64();
+                *stats.op_seconds.entry(node.op.name()).or_insert(0.0) += secs;
+                if profile {
+                    slowest.push((secs, id));
+                }
                 self.check_type(id, &out)?;
                 held[id.index()] = slot_bytes(&out);
                 live_bytes += held[id.index()];
@@ -343,6 +349,32 @@ impl<'a> Executor<'a> {
                 }
             };
             out.insert(o.name.clone(), t);
+        }
+        if profile {
+            let mut by: Vec<_> = stats.op_seconds.iter().collect();
+            by.sort_by(|a, b| b.1.total_cmp(a.1));
+            let total: f64 = by.iter().map(|(_, s)| **s).sum();
+            let top: Vec<String> = by
+                .iter()
+                .take(8)
+                .map(|(op, s)| format!("{op} {:.1}", *s * 1e3))
+                .collect();
+            slowest.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let nodes: Vec<String> = slowest
+                .iter()
+                .take(6)
+                .map(|(s, id)| {
+                    let n = p.node(*id);
+                    format!("{id} {} -> {} {:.1}", n.op.name(), n.ty, s * 1e3)
+                })
+                .collect();
+            eprintln!(
+                "petite-reference profile: {} nodes, {:.1} ms: {} (ms); slowest: {}",
+                stats.nodes_run,
+                total * 1e3,
+                top.join(", "),
+                nodes.join(", ")
+            );
         }
         Ok((out, stats))
     }
@@ -1068,6 +1100,32 @@ impl<'a> Ctx<'_, 'a> {
     fn binary(&mut self, kind: BinaryOp) -> Result<Slot> {
         let at = self.ty(0)?.clone();
         let bt = self.ty(1)?.clone();
+        if at.dtype == Dtype::Bf16 && bt.dtype == Dtype::Bf16 && self.out_ty()?.dtype == Dtype::Bf16
+        {
+            // One pass over the bf16 values: each widened, combined in f32 and rounded, as
+            // the path below does through f32 copies of both operands and of the result
+            // (the same bits; bf16 programs' products and residuals spent ~1 s of a
+            // full-size verify in those copies).
+            let (a, b) = (self.tensor(0)?, self.tensor(1)?);
+            if let (Data::Bf16(x), Data::Bf16(y)) = (a.data(), b.data()) {
+                let w = |v: bf16| bf16_bits_to_f32(v.to_bits());
+                let (o, shape) = match kind {
+                    BinaryOp::Add => {
+                        kernels::map_binary(x, &at.shape, y, &bt.shape, |p, q| to_bf16(w(p) + w(q)))
+                    }
+                    BinaryOp::Sub => {
+                        kernels::map_binary(x, &at.shape, y, &bt.shape, |p, q| to_bf16(w(p) - w(q)))
+                    }
+                    BinaryOp::Mul => {
+                        kernels::map_binary(x, &at.shape, y, &bt.shape, |p, q| to_bf16(w(p) * w(q)))
+                    }
+                    BinaryOp::Div => {
+                        kernels::map_binary(x, &at.shape, y, &bt.shape, |p, q| to_bf16(w(p) / w(q)))
+                    }
+                }?;
+                return Ok(Slot::Tensor(Tensor::new(&shape, Data::Bf16(o))?));
+            }
+        }
         if at.dtype.is_float() {
             let a = self.floats(0)?;
             let b = self.floats(1)?;

@@ -813,3 +813,82 @@ fn a_row_range_weight_is_the_rows_of_the_checkpoint_tensor() {
     .to_string();
     assert!(e.contains("\"w\"") && e.contains("rows [1, 4)"), "{e}");
 }
+
+/// bf16 arithmetic on two bf16 tensors (run in one pass over their bits) gives the bits of
+/// widening both to f32, computing there and rounding once — same shapes and broadcast, with
+/// ties, subnormals, infinities and NaN among the values.
+#[test]
+fn bf16_binary_ops_equal_the_widened_f32_op_rounded_once() {
+    let special = [
+        1.0f32,
+        -0.0,
+        f32::from_bits(0x3F80_8000), // a tie between two bf16 neighbours when added to 1
+        f32::from_bits(0x0001_0000), // subnormal
+        f32::INFINITY,
+        f32::NAN,
+        3.0e38,
+        -7.5,
+    ];
+    let vals = |n: usize, seed: u32| -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|i| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                if i % 5 == 0 {
+                    special[(s >> 8) as usize % special.len()]
+                } else {
+                    ((s >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 8.0
+                }
+            })
+            .collect()
+    };
+    // (lhs shape, rhs shape): equal, then broadcast on either side.
+    for (sa, sb) in [
+        (vec![3, 70, 40], vec![3, 70, 40]),
+        (vec![3, 70, 40], vec![40]),
+        (vec![70, 1], vec![3, 1, 40]),
+    ] {
+        let (na, nb) = (sa.iter().product(), sb.iter().product());
+        let ta = Tensor::from_f32_as(Dtype::Bf16, &sa, vals(na, 1)).unwrap();
+        let tb = Tensor::from_f32_as(Dtype::Bf16, &sb, vals(nb, 2)).unwrap();
+        for op in 0..4 {
+            let build = |widened: bool| {
+                let mut b = Builder::new();
+                let x = b.input("a", Dtype::Bf16, &sa).unwrap();
+                let y = b.input("b", Dtype::Bf16, &sb).unwrap();
+                let (x, y) = if widened {
+                    (
+                        b.cast(x, Dtype::F32).unwrap(),
+                        b.cast(y, Dtype::F32).unwrap(),
+                    )
+                } else {
+                    (x, y)
+                };
+                let z = match op {
+                    0 => b.add(x, y),
+                    1 => b.sub(x, y),
+                    2 => b.mul(x, y),
+                    _ => b.div(x, y),
+                }
+                .unwrap();
+                let z = if widened {
+                    b.cast(z, Dtype::Bf16).unwrap()
+                } else {
+                    z
+                };
+                b.output("z", z).unwrap();
+                b.finish().unwrap()
+            };
+            let ins = || inputs(vec![("a", ta.clone()), ("b", tb.clone())]);
+            let direct = run(&build(false), &NoWeights, ins()).unwrap();
+            let widened = run(&build(true), &NoWeights, ins()).unwrap();
+            let (Data::Bf16(d), Data::Bf16(w)) = (direct["z"].data(), widened["z"].data()) else {
+                panic!("bf16 results expected");
+            };
+            assert!(!d.is_empty() && d.len() == w.len());
+            assert_eq!(direct["z"].shape(), widened["z"].shape());
+            let bits = |v: &[half::bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(d), bits(w), "op {op}, shapes {sa:?} and {sb:?}");
+        }
+    }
+}

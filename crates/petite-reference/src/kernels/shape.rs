@@ -186,11 +186,18 @@ pub fn permute<T: Copy>(x: &[T], shape: &[usize], perm: &[usize]) -> Result<(Vec
     } else {
         (out_shape[last], strides[last])
     };
+    if nd >= 2 && strides[last - 1] == 1 && ls != 1 {
+        return Ok((transpose_last_two(x, &out_shape, &strides), out_shape));
+    }
     let mut idx = vec![0usize; nd];
     let mut base = 0usize;
     loop {
-        for j in 0..ln {
-            out.push(x[base + j * ls]);
+        if ls == 1 {
+            out.extend_from_slice(&x[base..base + ln]);
+        } else {
+            for j in 0..ln {
+                out.push(x[base + j * ls]);
+            }
         }
         // advance dims above the last
         let mut d = last;
@@ -208,6 +215,42 @@ pub fn permute<T: Copy>(x: &[T], shape: &[usize], perm: &[usize]) -> Result<(Vec
             idx[d] = 0;
         }
     }
+}
+
+/// [`permute`] where the output's last two dims are a transpose: the second-to-last is the
+/// input's contiguous one (`strides[nd - 2] == 1`), the last is strided. Copied in 32 × 32 tiles
+/// that stay in L1, instead of a strided read for every element (a bf16 step's `kᵀ`, 8 heads of
+/// 1,018 × 256, took 2.7 ms a layer element by element).
+fn transpose_last_two<T: Copy>(x: &[T], out_shape: &[usize], strides: &[usize]) -> Vec<T> {
+    const TILE: usize = 32;
+    let nd = out_shape.len();
+    let (rows, cols, cs) = (out_shape[nd - 2], out_shape[nd - 1], strides[nd - 1]);
+    let outer = &out_shape[..nd - 2];
+    let mut out = vec![x[0]; x.len()];
+    let mut idx = vec![0usize; outer.len()];
+    let mut base = 0usize;
+    for dst in out.chunks_mut(rows * cols) {
+        for r0 in (0..rows).step_by(TILE) {
+            for c0 in (0..cols).step_by(TILE) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    let src = &x[base + c * cs..];
+                    for r in r0..(r0 + TILE).min(rows) {
+                        dst[r * cols + c] = src[r];
+                    }
+                }
+            }
+        }
+        for d in (0..outer.len()).rev() {
+            idx[d] += 1;
+            base += strides[d];
+            if idx[d] < outer[d] {
+                break;
+            }
+            base -= strides[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    out
 }
 
 /// A reduction over one axis.
@@ -324,6 +367,35 @@ mod tests {
         assert!(permute(&x, &[1, 2, 2, 2], &[0, 1, 1, 3]).is_err());
         let (o, _) = permute(&[7], &[], &[]).unwrap();
         assert_eq!(o, vec![7]);
+    }
+
+    /// Transposes of the last two output dims past one 32 × 32 tile (ragged edges, outer dims
+    /// in any order) equal the element-by-element gather.
+    #[test]
+    fn tiled_transposes_equal_the_gather() {
+        let shape = [2usize, 3, 70, 45];
+        let x: Vec<u32> = (0..shape.iter().product::<usize>() as u32).collect();
+        let st = [3 * 70 * 45, 70 * 45, 45, 1];
+        for perm in [[0usize, 1, 3, 2], [1, 0, 3, 2], [2, 0, 3, 1], [1, 2, 3, 0]] {
+            let (y, ys) = permute(&x, &shape, &perm).unwrap();
+            assert_eq!(ys, perm.map(|p| shape[p]).to_vec());
+            let mut i = 0;
+            for a in 0..ys[0] {
+                for b in 0..ys[1] {
+                    for c in 0..ys[2] {
+                        for d in 0..ys[3] {
+                            let src = a * st[perm[0]]
+                                + b * st[perm[1]]
+                                + c * st[perm[2]]
+                                + d * st[perm[3]];
+                            assert_eq!(y[i], x[src], "{perm:?} at {i}");
+                            i += 1;
+                        }
+                    }
+                }
+            }
+            assert_eq!(i, x.len());
+        }
     }
 
     #[test]
