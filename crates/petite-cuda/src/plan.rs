@@ -809,7 +809,7 @@ pub struct AttnLaunch {
     /// `pt_attn_pv`: (row tiles, Dv / 32), 256 threads.
     pub pv: LaunchConfig,
     /// `pt_attn_cl`, the whole attention in one launch, where it fits ([`attention_cluster`]):
-    /// ([`ATTN_CLUSTER`] key blocks, tiles of 32 rows), 256 threads, its dynamic shared memory;
+    /// ([`ATTN_CLUSTER`] key blocks, tiles of 32 rows), 512 threads, its dynamic shared memory;
     /// launched in clusters of [`ATTN_CLUSTER`] blocks along x.
     pub cluster: Option<LaunchConfig>,
     /// Scratch rows.

@@ -1108,20 +1108,21 @@ impl<'a> Ctx<'_, 'a> {
             // full-size verify in those copies).
             let (a, b) = (self.tensor(0)?, self.tensor(1)?);
             if let (Data::Bf16(x), Data::Bf16(y)) = (a.data(), b.data()) {
-                let w = |v: bf16| bf16_bits_to_f32(v.to_bits());
+                // Generic over the arithmetic, so each kind's loop has it inlined.
+                fn map(
+                    (x, xs): (&[bf16], &[usize]),
+                    (y, ys): (&[bf16], &[usize]),
+                    f: impl Fn(f32, f32) -> f32 + Sync,
+                ) -> Result<(Vec<bf16>, Vec<usize>)> {
+                    let w = |v: bf16| bf16_bits_to_f32(v.to_bits());
+                    kernels::map_binary(x, xs, y, ys, |p, q| to_bf16(f(w(p), w(q))))
+                }
+                let (l, r) = ((x.as_slice(), &at.shape[..]), (y.as_slice(), &bt.shape[..]));
                 let (o, shape) = match kind {
-                    BinaryOp::Add => {
-                        kernels::map_binary(x, &at.shape, y, &bt.shape, |p, q| to_bf16(w(p) + w(q)))
-                    }
-                    BinaryOp::Sub => {
-                        kernels::map_binary(x, &at.shape, y, &bt.shape, |p, q| to_bf16(w(p) - w(q)))
-                    }
-                    BinaryOp::Mul => {
-                        kernels::map_binary(x, &at.shape, y, &bt.shape, |p, q| to_bf16(w(p) * w(q)))
-                    }
-                    BinaryOp::Div => {
-                        kernels::map_binary(x, &at.shape, y, &bt.shape, |p, q| to_bf16(w(p) / w(q)))
-                    }
+                    BinaryOp::Add => map(l, r, |p, q| p + q),
+                    BinaryOp::Sub => map(l, r, |p, q| p - q),
+                    BinaryOp::Mul => map(l, r, |p, q| p * q),
+                    BinaryOp::Div => map(l, r, |p, q| p / q),
                 }?;
                 return Ok(Slot::Tensor(Tensor::new(&shape, Data::Bf16(o))?));
             }

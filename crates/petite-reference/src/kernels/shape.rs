@@ -200,21 +200,25 @@ pub fn permute<T: Copy>(x: &[T], shape: &[usize], perm: &[usize]) -> Result<(Vec
             }
         }
         // advance dims above the last
-        let mut d = last;
-        loop {
-            if d == 0 {
-                return Ok((out, out_shape));
-            }
-            d -= 1;
-            idx[d] += 1;
-            base += strides[d];
-            if idx[d] < out_shape[d] {
-                break;
-            }
-            base -= strides[d] * idx[d];
-            idx[d] = 0;
+        if !odometer_step(&mut idx[..last], &mut base, &out_shape[..last], &strides) {
+            return Ok((out, out_shape));
         }
     }
+}
+
+/// Advances `idx` over `dims` (the last fastest) and `base` by the matching `strides`; false
+/// once every index has wrapped back to zero (the walk is over).
+fn odometer_step(idx: &mut [usize], base: &mut usize, dims: &[usize], strides: &[usize]) -> bool {
+    for d in (0..dims.len()).rev() {
+        idx[d] += 1;
+        *base += strides[d];
+        if idx[d] < dims[d] {
+            return true;
+        }
+        *base -= strides[d] * idx[d];
+        idx[d] = 0;
+    }
+    false
 }
 
 /// [`permute`] where the output's last two dims are a transpose: the second-to-last is the
@@ -240,15 +244,7 @@ fn transpose_last_two<T: Copy>(x: &[T], out_shape: &[usize], strides: &[usize]) 
                 }
             }
         }
-        for d in (0..outer.len()).rev() {
-            idx[d] += 1;
-            base += strides[d];
-            if idx[d] < outer[d] {
-                break;
-            }
-            base -= strides[d] * idx[d];
-            idx[d] = 0;
-        }
+        odometer_step(&mut idx, &mut base, outer, strides);
     }
     out
 }
