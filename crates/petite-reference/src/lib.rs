@@ -12,11 +12,13 @@ pub mod compare;
 mod executor;
 pub mod kernels;
 mod memory;
+pub mod recycle;
 mod tensor;
 
 pub use compare::{CompareError, max_abs_diff};
 pub use executor::{Executor, NoWeights, RunStats, cast, run};
 pub use memory::MemoryWeights;
+pub use recycle::Recycler;
 pub use tensor::{Data, Tensor};
 
 /// Errors of this crate; each names what was expected and what was found.
