@@ -40,7 +40,7 @@ pub use convert::{
 pub use fault::Role;
 pub use header::{Header, HeaderEntry, Index, MAX_HEADER_LEN, parse_header, parse_index};
 pub use identity::FileIdentity;
-pub use mapped::MappedSafetensors;
+pub use mapped::{FOLIO_SPAN, MappedSafetensors};
 /// The OS page size (4 KiB on x86-64 and Jetson kernels, 16/64 KiB on some aarch64 ones).
 pub use page::page_size;
 pub use remap::{KeyMap, Remapped};

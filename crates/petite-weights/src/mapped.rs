@@ -7,6 +7,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use memmap2::{Mmap, UncheckedAdvice};
+use std::sync::Mutex;
 
 use crate::fault::{Registration, Role};
 use crate::header::{Header, HeaderEntry, parse_header};
@@ -43,7 +44,19 @@ pub struct MappedSafetensors {
     names: Vec<String>,
     /// Page size releases round to: the OS page unless [`MappedSafetensors::with_page_size`].
     page: usize,
+    /// File ranges already given back (page-aligned), swept again by later releases nearby
+    /// ([`FOLIO_SPAN`]).
+    released: Mutex<Vec<std::ops::Range<usize>>>,
 }
+
+/// The largest page-cache folio a fault maps at once (the PMD size of 4 KiB pages: ext4 and
+/// tmpfs build large folios, and a fault on one byte of a cached folio maps all of it). Reading
+/// a small tensor after its neighbours were given back maps their pages again; each release
+/// therefore also unmaps the already-released ranges within the naturally aligned spans of this
+/// size around it. Measured: a full-size portable export kept ~2 MiB a Gemma layer mapped this
+/// way (a layer's norm weights lie between its `down_proj` and the next layer's `k_proj`),
+/// 42–48 MiB of its 78 MiB peak.
+pub const FOLIO_SPAN: usize = 2 << 20;
 
 impl MappedSafetensors {
     /// Opens and maps `path`, validating its header (see [`crate::parse_header`]). Tensor bytes are
@@ -135,6 +148,7 @@ impl MappedSafetensors {
             by_name,
             names,
             page: page_size(),
+            released: Mutex::new(Vec::new()),
         })
     }
 
@@ -247,6 +261,47 @@ impl MappedSafetensors {
                 std::io::Error::from_raw_os_error(rc),
             ));
         }
+        insert_merged(&mut self.released_ranges(), start..end);
+        Ok(())
+    }
+
+    fn released_ranges(&self) -> std::sync::MutexGuard<'_, Vec<std::ops::Range<usize>>> {
+        // A poisoned list is still a list of ranges that were given back.
+        self.released.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Unmaps (`MADV_DONTNEED` only: they stay in the page cache) the already-released ranges
+    /// inside the [`FOLIO_SPAN`]-aligned spans around `near` (absolute file offsets), where a
+    /// fault on a neighbour may have mapped them back in as part of a large folio. Pages of
+    /// tensors not yet released are left alone.
+    fn sweep(&self, near: std::ops::Range<usize>) -> Result<()> {
+        let span = FOLIO_SPAN.max(self.page);
+        let lo = (near.start / span * span).max(self.map_off);
+        let hi = near
+            .end
+            .div_ceil(span)
+            .saturating_mul(span)
+            .min(self.map_end());
+        let hits: Vec<std::ops::Range<usize>> = self
+            .released_ranges()
+            .iter()
+            .filter(|r| r.start < hi && r.end > lo)
+            .map(|r| r.start.max(lo)..r.end.min(hi))
+            .collect();
+        for r in hits {
+            // SAFETY: as in `drop_pages`: DONTNEED on this read-only MAP_SHARED file mapping only
+            // unmaps pages (a later read faults them back in from the page cache or the file);
+            // `r` lies inside the mapping (clamped to `map_off..map_end()` above) and starts on
+            // a page boundary (released ranges are page-aligned, `lo` a multiple of the page).
+            unsafe {
+                self.map.unchecked_advise_range(
+                    UncheckedAdvice::DontNeed,
+                    r.start - self.map_off,
+                    r.end - r.start,
+                )
+            }
+            .map_err(|e| Error::io(&self.path, "madvise(DONTNEED)", e))?;
+        }
         Ok(())
     }
 
@@ -295,6 +350,23 @@ impl MappedSafetensors {
     }
 }
 
+/// Adds `r` to `list` (sorted, disjoint, not touching), merging it with the ranges it overlaps
+/// or touches, so the list stays as long as the number of separate released regions.
+fn insert_merged(list: &mut Vec<std::ops::Range<usize>>, r: std::ops::Range<usize>) {
+    if r.start >= r.end {
+        return;
+    }
+    // First range that ends at or after r.start (could touch or overlap r).
+    let i = list.partition_point(|x| x.end < r.start);
+    let mut j = i;
+    let mut m = r;
+    while j < list.len() && list[j].start <= m.end {
+        m = m.start.min(list[j].start)..m.end.max(list[j].end);
+        j += 1;
+    }
+    list.splice(i..j, std::iter::once(m));
+}
+
 impl WeightSource for MappedSafetensors {
     fn names(&self) -> Vec<String> {
         self.names.clone()
@@ -323,8 +395,10 @@ impl WeightSource for MappedSafetensors {
     /// may still be in use stays resident (at most one page per tensor edge).
     fn release(&self, names: &[&str]) -> Result<()> {
         for n in names {
-            let r = page::inward(self.file_range(n)?, self.page);
+            let whole = self.file_range(n)?;
+            let r = page::inward(whole.clone(), self.page);
             self.drop_pages(r.start, r.end)?;
+            self.sweep(whole)?;
         }
         Ok(())
     }
@@ -336,7 +410,8 @@ impl WeightSource for MappedSafetensors {
         // Rounded to this mapping's page (a multiple of the OS page, so every bound is an OS page
         // boundary too), clamped to what is mapped.
         let p = page::outward(s..e, self.page, self.map_end());
-        self.drop_pages(p.start.max(self.map_off), p.end)
+        self.drop_pages(p.start.max(self.map_off), p.end)?;
+        self.sweep(p)
     }
 
     fn unmap_range(&self, name: &str, start: usize, end: usize) -> Result<()> {
@@ -380,5 +455,35 @@ impl WeightSource for MappedSafetensors {
                 .map_err(|err| Error::io(&self.path, "madvise(WILLNEED)", err))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::insert_merged;
+
+    #[test]
+    fn released_ranges_merge_into_the_same_set_of_offsets() {
+        // Against a bitmap over 0..64, for a fixed pseudo-random sequence of inserts.
+        let mut list = Vec::new();
+        let mut set = [false; 64];
+        let mut x = 0x9e37_79b9u32;
+        for _ in 0..500 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let a = (x % 64) as usize;
+            let b = (a + (x >> 8) as usize % 6).min(64);
+            insert_merged(&mut list, a..b);
+            set[a..b].iter_mut().for_each(|v| *v = true);
+            // sorted, disjoint and not touching, and exactly the set's offsets
+            assert!(list.windows(2).all(|w| w[0].end < w[1].start), "{list:?}");
+            assert!(list.iter().all(|r| r.start < r.end));
+            let mut got = [false; 64];
+            for r in &list {
+                got[r.clone()].iter_mut().for_each(|v| *v = true);
+            }
+            assert_eq!(got, set);
+        }
     }
 }
