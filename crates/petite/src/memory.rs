@@ -289,22 +289,6 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
-/// Lets glibc's allocator keep freed activation buffers for reuse instead of handing each back
-/// to the kernel: blocks up to 32 MiB come from the heap (not a fresh `mmap` each), and up to
-/// 256 MiB of free heap top is kept (not trimmed). `petite verify`'s CPU run allocates each
-/// node's result anew; with glibc's defaults most of them were fresh pages, faulted in and
-/// zeroed by the kernel per node (3.3 million minor faults a full-size verify). The bound keeps
-/// what is held beyond the live values to 256 MiB of heap top. A no-op off glibc.
-pub fn retain_freed_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes the allocator's thresholds; it is called before any thread
-    // of ours allocates in parallel, and both values are within glibc's accepted ranges.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
-    }
-}
-
 #[cfg(test)]
 mod tests {
 

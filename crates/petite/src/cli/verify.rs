@@ -55,7 +55,6 @@ pub struct VerifyArgs {
 pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     // One line, before anything is read.
     petite::runtimes::check_device(a.device)?;
-    petite::memory::retain_freed_heap();
     let r = verify(&VerifyOptions {
         dir: a.dir.clone(),
         checkpoint: a.checkpoint,
