@@ -37,6 +37,24 @@ struct Kept {
     bytes: usize,
 }
 
+impl Kept {
+    /// Takes block `i` out of the list (the order of the others kept).
+    fn remove(&mut self, i: usize) -> Block {
+        let b = self.blocks[i];
+        self.blocks.copy_within(i + 1..self.len, i);
+        self.len -= 1;
+        self.bytes -= b.size;
+        b
+    }
+
+    /// Appends `b` as the newest block; the caller has made room (`len < SLOTS`).
+    fn push(&mut self, b: Block) {
+        self.blocks[self.len] = b;
+        self.len += 1;
+        self.bytes += b.size;
+    }
+}
+
 /// A [`GlobalAlloc`] over [`System`] that keeps freed blocks of at least [`MIN_BYTES`] (up to a
 /// byte limit, off by default) and hands them out again for the same layout. Install it with
 /// `#[global_allocator]` in a binary, then call [`Recycler::keep_up_to`] around program runs.
@@ -98,26 +116,17 @@ impl Recycler {
     /// likeliest still cached).
     fn take(&self, layout: Layout) -> Option<*mut u8> {
         let mut k = self.lock();
-        let n = k.len;
-        let i = (0..n).rev().find(|&i| {
+        let i = (0..k.len).rev().find(|&i| {
             let b = k.blocks[i];
             b.size == layout.size() && b.align == layout.align()
         })?;
-        let b = k.blocks[i];
-        k.blocks.copy_within(i + 1..n, i);
-        k.len -= 1;
-        k.bytes -= b.size;
-        Some(b.ptr as *mut u8)
+        Some(k.remove(i).ptr as *mut u8)
     }
 
     /// # Safety
     /// `k.len > 0`; every kept block is a live `System` allocation of its recorded layout.
     unsafe fn evict_oldest(k: &mut Kept) {
-        let b = k.blocks[0];
-        let n = k.len;
-        k.blocks.copy_within(1..n, 0);
-        k.len -= 1;
-        k.bytes -= b.size;
+        let b = k.remove(0);
         // SAFETY: per this function's contract the block came from `System` with this layout,
         // and removing it from the cache made this the only owner.
         unsafe {
@@ -166,14 +175,11 @@ unsafe impl GlobalAlloc for Recycler {
                 unsafe { Self::evict_oldest(&mut k) };
             }
             if layout.size() <= limit {
-                let n = k.len;
-                k.blocks[n] = Block {
+                k.push(Block {
                     ptr: ptr as usize,
                     size: layout.size(),
                     align: layout.align(),
-                };
-                k.len += 1;
-                k.bytes += layout.size();
+                });
                 return;
             }
         }

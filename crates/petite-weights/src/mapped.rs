@@ -53,9 +53,9 @@ pub struct MappedSafetensors {
 /// tmpfs build large folios, and a fault on one byte of a cached folio maps all of it). Reading
 /// a small tensor after its neighbours were given back maps their pages again; each release
 /// therefore also unmaps the already-released ranges within the naturally aligned spans of this
-/// size around it. Measured: a full-size portable export kept ~2 MiB a Gemma layer mapped this
-/// way (a layer's norm weights lie between its `down_proj` and the next layer's `k_proj`),
-/// 42–48 MiB of its 78 MiB peak.
+/// size around it. Measured: a converter that releases weight by weight kept ~2 MiB mapped
+/// around each small tensor lying between two large ones, most of its peak RSS
+/// (docs/MEASUREMENTS.md, the portable export).
 pub const FOLIO_SPAN: usize = 2 << 20;
 
 impl MappedSafetensors {
@@ -218,24 +218,23 @@ impl MappedSafetensors {
         Ok(s + e.begin..s + e.end)
     }
 
-    /// Drops `[start, end)` (absolute file offsets, already page-aligned, inside the mapping:
-    /// the unsafe `madvise` below relies on it) from this process
-    /// (`MADV_DONTNEED`) and then from the page cache (`POSIX_FADV_DONTNEED`, which only drops
-    /// pages no longer mapped, hence the order).
-    fn drop_pages(&self, start: usize, end: usize) -> Result<()> {
+    /// Unmaps `[start, end)` (absolute file offsets; `start` on a page) from this process
+    /// (`MADV_DONTNEED`), clamped to the mapping. The pages stay in the page cache.
+    fn unmap(&self, start: usize, end: usize) -> Result<()> {
+        let (start, end) = (start.max(self.map_off), end.min(self.map_end()));
         if start >= end {
             return Ok(());
         }
+        debug_assert!(start.is_multiple_of(page_size()));
         // SAFETY: `unchecked_advise_range` is unsafe because DONTNEED on a private or anonymous
         // mapping zeroes the pages. This mapping is a read-only MAP_SHARED file mapping: DONTNEED
         // only unmaps the pages and a later read faults the same bytes back in from the page
         // cache or the file, so live views observe no change, under the same contract as `open`
         // (if another process truncated the file meanwhile, that read raises SIGBUS: see `open`).
-        // The range lies inside the mapping, which matters because DONTNEED beyond it would hit
-        // whatever else is mapped there and memmap2 checks only `start` and the length apart:
-        // callers pass a tensor's range (inside the file: `parse_header` checks every
-        // `data_offsets` end against the data region) rounded inward, or one clamped to the
-        // mapping's length.
+        // The range lies inside the mapping (clamped above), which matters because DONTNEED
+        // beyond it would hit whatever else is mapped there and memmap2 checks only `start` and
+        // the length apart; callers pass page-aligned starts (tensor ranges rounded to pages,
+        // released ranges, spans of a page multiple).
         unsafe {
             self.map.unchecked_advise_range(
                 UncheckedAdvice::DontNeed,
@@ -243,7 +242,17 @@ impl MappedSafetensors {
                 end - start,
             )
         }
-        .map_err(|e| Error::io(&self.path, "madvise(DONTNEED)", e))?;
+        .map_err(|e| Error::io(&self.path, "madvise(DONTNEED)", e))
+    }
+
+    /// Drops `[start, end)` (absolute file offsets, page-aligned) from this process
+    /// ([`Self::unmap`]) and then from the page cache (`POSIX_FADV_DONTNEED`, which only drops
+    /// pages no longer mapped, hence the order).
+    fn drop_pages(&self, start: usize, end: usize) -> Result<()> {
+        if start >= end {
+            return Ok(());
+        }
+        self.unmap(start, end)?;
         // SAFETY: posix_fadvise takes no pointers; `self.file` owns the fd and is open for as long
         // as `self`. It only drops clean, unmapped pages from the page cache.
         let rc = unsafe {
@@ -289,18 +298,7 @@ impl MappedSafetensors {
             .map(|r| r.start.max(lo)..r.end.min(hi))
             .collect();
         for r in hits {
-            // SAFETY: as in `drop_pages`: DONTNEED on this read-only MAP_SHARED file mapping only
-            // unmaps pages (a later read faults them back in from the page cache or the file);
-            // `r` lies inside the mapping (clamped to `map_off..map_end()` above) and starts on
-            // a page boundary (released ranges are page-aligned, `lo` a multiple of the page).
-            unsafe {
-                self.map.unchecked_advise_range(
-                    UncheckedAdvice::DontNeed,
-                    r.start - self.map_off,
-                    r.end - r.start,
-                )
-            }
-            .map_err(|e| Error::io(&self.path, "madvise(DONTNEED)", e))?;
+            self.unmap(r.start, r.end)?;
         }
         Ok(())
     }
@@ -392,7 +390,8 @@ impl WeightSource for MappedSafetensors {
     }
 
     /// Rounds each tensor's range inward to whole pages, so a page shared with a neighbour that
-    /// may still be in use stays resident (at most one page per tensor edge).
+    /// may still be in use stays resident (at most one page per tensor edge); then unmaps the
+    /// released ranges nearby that a large folio may have mapped back in ([`FOLIO_SPAN`]).
     fn release(&self, names: &[&str]) -> Result<()> {
         for n in names {
             let whole = self.file_range(n)?;
@@ -421,19 +420,7 @@ impl WeightSource for MappedSafetensors {
             self.page,
             self.map_end(),
         );
-        let (s, e) = (p.start.max(self.map_off), p.end);
-        if s >= e {
-            return Ok(());
-        }
-        // SAFETY: as in `drop_pages`: on this read-only MAP_SHARED file mapping DONTNEED only
-        // unmaps the pages and a later read faults the same bytes back in from the page cache or
-        // the file (SIGBUS if another process truncated it meanwhile: see `open`). The range is a
-        // tensor's (inside the file) rounded out to pages and clamped to the mapping's length.
-        unsafe {
-            self.map
-                .unchecked_advise_range(UncheckedAdvice::DontNeed, s - self.map_off, e - s)
-        }
-        .map_err(|e| Error::io(&self.path, "madvise(DONTNEED)", e))
+        self.unmap(p.start, p.end)
     }
 
     fn files(&self) -> Vec<PathBuf> {

@@ -11,8 +11,8 @@ static ALLOC: petite_reference::Recycler = petite_reference::Recycler::new();
 /// Bytes of freed large blocks kept for reuse by commands that run programs on the reference
 /// executor (`pi05 run`, `verify`, `act`): the prefix's per-layer outputs (up to 62 MiB each,
 /// the same sizes every layer) are handed out again with their pages mapped instead of
-/// page-faulted in afresh — a full-size f32 `pi05 run` 32.4 → 31.1 s, ~730k fewer page faults
-/// (docs/MEASUREMENTS.md). `$PETITE_KEEP_MIB` overrides it (0 keeps none). Export keeps none:
+/// page-faulted in afresh — a full-size f32 `pi05 run` took ~950k minor faults, ~155k with
+/// this (docs/MEASUREMENTS.md). `$PETITE_KEEP_MIB` overrides it (0 keeps none). Export keeps none:
 /// its memory is the budget it is held to.
 fn keep_bytes() -> usize {
     std::env::var("PETITE_KEEP_MIB")

@@ -128,13 +128,7 @@ pub fn run(a: &Args) -> Result<()> {
     if !a.no_reference {
         let p = util::memcap_measure(
             &[],
-            Command::new(&petite)
-                .args(["pi05", "run", "--dtype", "f32", "--checkpoint"])
-                .arg(&checkpoint)
-                .arg("--inputs")
-                .arg(&inputs)
-                .arg("--out")
-                .arg(&actions),
+            &super::pi05_run::petite_run(&petite, &checkpoint, &inputs, &actions),
             &json,
         )?;
         if p.exit != 0 {

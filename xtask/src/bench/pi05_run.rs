@@ -34,7 +34,7 @@ pub struct Args {
     pub threads: usize,
 }
 
-fn memcap(cmd: &mut Command, json: &Path) -> Result<crate::util::MemcapRun> {
+fn memcap(cmd: &Command, json: &Path) -> Result<crate::util::MemcapRun> {
     // No exit check: the lerobot script exits 1 when its own 1e-6 comparison fails, and its
     // figures are still wanted.
     crate::util::memcap_measure(&[], cmd, json)
@@ -85,6 +85,18 @@ pub(super) fn write_inputs(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `petite pi05 run` in f32 on the reference executor: `checkpoint`, `inputs` → `out`.
+pub(super) fn petite_run(petite: &Path, checkpoint: &Path, inputs: &Path, out: &Path) -> Command {
+    let mut c = Command::new(petite);
+    c.args(["pi05", "run", "--dtype", "f32", "--checkpoint"])
+        .arg(checkpoint)
+        .arg("--inputs")
+        .arg(inputs)
+        .arg("--out")
+        .arg(out);
+    c
+}
+
 /// `target/venv-lerobot`, the lerobot tier's venv (built from the same pinned requirements).
 pub(super) fn venv() -> Result<PathBuf> {
     crate::conformance::Venv::Lerobot.python()
@@ -111,16 +123,7 @@ pub fn run(a: &Args) -> Result<()> {
     let mut p = None;
     for _ in 0..a.runs.max(1) {
         warm_s.push(read_into_page_cache(&checkpoint)?);
-        let r = memcap(
-            Command::new(&petite)
-                .args(["pi05", "run", "--checkpoint"])
-                .arg(&checkpoint)
-                .arg("--inputs")
-                .arg(&inputs)
-                .arg("--out")
-                .arg(&actions),
-            &json,
-        )?;
+        let r = memcap(&petite_run(&petite, &checkpoint, &inputs, &actions), &json)?;
         if r.exit != 0 {
             bail!("petite pi05 run failed (exit {})", r.exit);
         }
