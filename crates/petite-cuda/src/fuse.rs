@@ -67,6 +67,8 @@ pub struct StridedView {
 /// One fused group: its kernel and the materialized values it reads.
 #[derive(Debug, Clone)]
 pub struct Group {
+    /// The node whose value the kernel writes.
+    pub root: NodeId,
     /// Index of the kernel in [`Fusion::kernels`] (groups of the same shape share one).
     pub kernel: usize,
     /// The values the kernel reads, in parameter order.
@@ -76,6 +78,132 @@ pub struct Group {
     /// A norm ([`Role::Prologue`]) the kernel computes first, one block a row: it is then
     /// launched as a row kernel, with the norm's parameters and operands before `n`.
     pub prologue: Option<NodeId>,
+    /// Elements a thread takes per trip of its grid-stride loop ([`unrolled`]): the launch
+    /// needs this many times fewer threads.
+    pub unroll: usize,
+    /// A group this one's kernel computes first, row by row, before its prologue norm's
+    /// statistics: the one whose root is the norm's input (pi0.5's residual sums, each read by
+    /// the next norm). Its leaves and output follow `po` as `q0…`, `qo` ([`with_first`]).
+    pub first: Option<usize>,
+    /// Computed by the kernel of the group that has it as [`Group::first`]: never launched
+    /// alone (its output is allocated where its root runs, and written by that launch).
+    pub absorbed: bool,
+}
+
+/// A prologue kernel's `body` computing `first`'s elements of its row first (`first` a plain
+/// group body, its leaves and output renamed `q0…`, `qo`), storing them, then a block barrier
+/// so the norm's statistics read them. Why: each of a step's 36 residual sums was a launch of
+/// its own just before the norm that reads it (one less launch a sum, the same bits).
+pub fn with_first(body: &str, first: &str) -> Option<String> {
+    let at = body.find("  float nm, nr;")?;
+    let lines: Vec<&str> = first.lines().collect();
+    let (head, rest) = lines.split_first()?;
+    let (last, inner) = rest.split_last()?;
+    if !head.trim_start().starts_with("for (i64 i = ") || last.trim() != "}" {
+        return None;
+    }
+    let mut out = String::with_capacity(body.len() + first.len() + 128);
+    out.push_str(&body[..at]);
+    out.push_str("  for (i64 jj = threadIdx.x; jj < np.d; jj += blockDim.x) {\n    const i64 i = base + jj;\n");
+    for l in inner {
+        out.push_str(&operands_renamed(l));
+        out.push('\n');
+    }
+    out.push_str("  }\n  __syncthreads();\n");
+    out.push_str(&body[at..]);
+    Some(out)
+}
+
+/// `line` with a kernel's operands `pN` and `po` renamed `qN` and `qo`.
+fn operands_renamed(line: &str) -> String {
+    map_words(line, |w| {
+        let ours = w == "po"
+            || (w.len() > 1 && w.starts_with('p') && w[1..].bytes().all(|c| c.is_ascii_digit()));
+        ours.then(|| format!("q{}", &w[1..]))
+    })
+}
+
+/// `line` with each identifier-like word `w` replaced by `f(w)` where that is `Some`.
+fn map_words(line: &str, f: impl Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(line.len() + 16);
+    let b = line.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut j = 0;
+    while j < b.len() {
+        if !word(b[j]) {
+            out.push(b[j] as char);
+            j += 1;
+            continue;
+        }
+        let start = j;
+        while j < b.len() && word(b[j]) {
+            j += 1;
+        }
+        let w = &line[start..j];
+        match f(w) {
+            Some(x) => out.push_str(&x),
+            None => out.push_str(w),
+        }
+    }
+    out
+}
+
+/// Elements from which a fused kernel without a prologue is [`unrolled`] ([`UNROLL`] a trip):
+/// the prefix's big passes (SigLIP's 3 × 256 × 1,152 residuals up to 968 × 16,384 GELU × up),
+/// not the step's latency-bound ones (50 × 4,096 at most).
+pub const UNROLL_FROM: usize = 1 << 19;
+
+/// Elements a thread of an [`unrolled`] kernel takes per trip.
+pub const UNROLL: usize = 4;
+
+/// `body` (a grid-stride loop over straight-line code, as [`Gen`] writes it without a
+/// prologue) with each trip taking [`UNROLL`] elements a grid apart, the copies' lines
+/// interleaved so that every copy's loads are issued before any copy's store. Why: one 2-byte
+/// load in flight per thread left the prefix's big elementwise passes at ~40% of the H200's
+/// bandwidth. Each element is computed by the same lines as before (the same bits). `None`
+/// when the loop holds a branch (its lines cannot be interleaved).
+pub fn unrolled(body: &str) -> Option<String> {
+    let lines: Vec<&str> = body.lines().collect();
+    let (first, rest) = lines.split_first()?;
+    let (last, inner) = rest.split_last()?;
+    if !first.trim_start().starts_with("for (i64 i = ")
+        || last.trim() != "}"
+        || inner.iter().any(|l| l.contains('{') || l.contains('}'))
+    {
+        return None;
+    }
+    let u = UNROLL;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "  const i64 st = (i64)gridDim.x * blockDim.x;\n  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;\n  for (; i + {} * st < n; i += {u} * st) {{",
+        u - 1
+    );
+    let decl: Vec<String> = (0..u).map(|k| format!("i_{k} = i + {k} * st")).collect();
+    let _ = writeln!(out, "    const i64 {};", decl.join(", "));
+    for l in inner {
+        for k in 0..u {
+            let _ = writeln!(out, "{}", renamed(l, k));
+        }
+    }
+    let _ = writeln!(out, "  }}\n  for (; i < n; i += st) {{");
+    for l in inner {
+        let _ = writeln!(out, "{l}");
+    }
+    let _ = writeln!(out, "  }}");
+    Some(out)
+}
+
+/// `line` with the loop's own names (`i`, `r`, `cN`, `vN`) suffixed `_k`.
+fn renamed(line: &str, k: usize) -> String {
+    map_words(line, |w| {
+        let ours = w == "i"
+            || w == "r"
+            || (w.len() > 1
+                && (w.starts_with('v') || w.starts_with('c'))
+                && w[1..].bytes().all(|c| c.is_ascii_digit()));
+        ours.then(|| format!("{w}_{k}"))
+    })
 }
 
 /// The fusion plan of one program.
@@ -355,6 +483,20 @@ fn fusible(op: &Op) -> bool {
             | Op::Permute { .. }
             | Op::Reshape { .. }
     )
+}
+
+/// A permute that moves only dims of size 1 (pi0.5's one-KV-head `[1, S, 1, D]` →
+/// `[1, 1, S, D]`): the same bytes in the same order, so unfused it is a free view like a
+/// reshape instead of a copy (a launch a layer in the step).
+pub fn moves_only_unit_dims(p: &Program, id: NodeId) -> bool {
+    let Op::Permute { perm } = &p.node(id).op else {
+        return false;
+    };
+    let Some(x) = p.node(p.node(id).inputs[0]).tensor() else {
+        return false;
+    };
+    let kept: Vec<usize> = perm.iter().copied().filter(|&d| x.shape[d] != 1).collect();
+    kept.windows(2).all(|w| w[0] < w[1])
 }
 
 /// A norm, or a softmax over the last axis: one block a row, loading through the input's dtype.
@@ -791,7 +933,7 @@ pub fn plan_with(
                 size[g] += 1;
                 role[i] = Role::Inlined;
             }
-            None if matches!(node.op, Op::Reshape { .. }) => {}
+            None if matches!(node.op, Op::Reshape { .. }) || moves_only_unit_dims(program, id) => {}
             None => {
                 let g = roots.len();
                 roots.push(id);
@@ -856,11 +998,40 @@ pub fn plan_with(
             prologue_of[g] = Some(id);
         }
     }
+    // A norm left a kernel of its own whose input is a fused group's value (the prefix's
+    // residual sums) roots a group of its own, the norm its prologue and nothing after it, so
+    // that the sum can be computed first by its kernel (below): the same `norm_stats` and
+    // `norm_elem` as `pt_norm`, stored in the norm's dtype, so the same bits.
+    let taken: Vec<NodeId> = prologue_of.iter().flatten().copied().collect();
+    for &id in &order {
+        let i = id.index();
+        if !live[i]
+            || role[i] != Role::Plain
+            || taken.contains(&id)
+            || !matches!(
+                program.node(id).op,
+                Op::LayerNorm { .. } | Op::RmsNorm { .. }
+            )
+        {
+            continue;
+        }
+        let x = views
+            .get(&(id, 0))
+            .map_or(program.node(id).inputs[0], |v| v.base);
+        if matches!(role[x.index()], Role::Root(_)) {
+            let g = roots.len();
+            roots.push(id);
+            size.push(1);
+            group_of[i] = Some(g);
+            role[i] = Role::Root(g);
+            prologue_of.push(Some(id));
+        }
+    }
     let mut source = fused_prelude();
     let mut kernels: Vec<String> = Vec::new();
     let mut by_body: HashMap<String, usize> = HashMap::new();
-    let mut groups = Vec::with_capacity(roots.len());
-    for (g, &root) in roots.iter().enumerate() {
+    let mut generated = Vec::with_capacity(roots.len());
+    for g in 0..roots.len() {
         let generate = |prologue: Option<NodeId>| {
             let mut cg = Gen {
                 program,
@@ -874,16 +1045,71 @@ pub fn plan_with(
                 root_coords: Vec::new(),
                 biases: &biases,
             };
-            cg.kernel_body(root).map(|body| (body, cg.leaves, prologue))
+            cg.kernel_body(roots[g])
+                .map(|body| (body, cg.leaves, prologue))
         };
         // A prologue read anywhere but at its own element falls back to a plain group.
-        let (body, leaves, prologue) = match prologue_of[g].map(|n| generate(Some(n))) {
+        let x = match prologue_of[g].map(|n| generate(Some(n))) {
             Some(Ok(x)) => x,
             _ => generate(None)?,
         };
-        if let Some(n) = prologue {
+        if let Some(n) = x.2
+            && n != roots[g]
+        {
             role[n.index()] = Role::Prologue;
         }
+        generated.push(x);
+    }
+    // A group whose root is only the input of another group's prologue norm (and read after
+    // that group) is computed by that group's kernel, row by row, before the norm's statistics.
+    let pos: HashMap<NodeId, usize> = order.iter().enumerate().map(|(k, &v)| (v, k)).collect();
+    let mut first: Vec<Option<usize>> = vec![None; roots.len()];
+    let mut absorbed = vec![false; roots.len()];
+    for g in 0..roots.len() {
+        let Some(n) = generated[g].2 else { continue };
+        let x = views
+            .get(&(n, 0))
+            .map_or(program.node(n).inputs[0], |v| v.base);
+        let Role::Root(r) = role[x.index()] else {
+            continue;
+        };
+        let numel = |v: NodeId| program.node(v).tensor().map(|t| t.numel());
+        let after = consumers[x.index()].iter().all(|&c| {
+            !live[c.index()] || c == n || role[c.index()] == Role::View || pos[&c] > pos[&roots[g]]
+        });
+        if r != g
+            && generated[r].2.is_none()
+            && !absorbed[r]
+            && first[r].is_none()
+            && numel(x) == numel(roots[g])
+            && !generated[g].1.contains(&x)
+            && after
+        {
+            first[g] = Some(r);
+            absorbed[r] = true;
+        }
+    }
+    let mut groups = Vec::with_capacity(roots.len());
+    for (g, &root) in roots.iter().enumerate() {
+        let (mut body, leaves, prologue) = generated[g].clone();
+        let mut extra = String::new();
+        if let Some(r) = first[g] {
+            body = with_first(&body, &generated[r].0).ok_or_else(|| {
+                gen_err(root, program, "a prologue kernel without its statistics")
+            })?;
+            for j in 0..generated[r].1.len() {
+                let _ = write!(extra, ", const void* q{j}");
+            }
+            extra.push_str(", void* qo");
+        }
+        let numel: usize = program
+            .node(root)
+            .tensor()
+            .map_or(0, |t| t.shape.iter().product());
+        let (body, unroll) = match (prologue, numel >= UNROLL_FROM) {
+            (None, true) => unrolled(&body).map_or((body, 1), |b| (b, UNROLL)),
+            _ => (body, 1),
+        };
         let k = match by_body.get(&body) {
             Some(&k) => k,
             None => {
@@ -899,7 +1125,7 @@ pub fn plan_with(
                 };
                 let _ = write!(
                     source,
-                    "extern \"C\" __global__ void {name}({norm}i64 n{params}, void* po) {{\n  PT_PDL();\n{body}}}\n"
+                    "extern \"C\" __global__ void {name}({norm}i64 n{params}, void* po{extra}) {{\n  PT_PDL();\n{body}}}\n"
                 );
                 kernels.push(name);
                 by_body.insert(body, k);
@@ -907,10 +1133,14 @@ pub fn plan_with(
             }
         };
         groups.push(Group {
+            root,
             kernel: k,
             leaves,
             nodes: size[g],
             prologue,
+            unroll,
+            first: first[g],
+            absorbed: absorbed[g],
         });
     }
     let attention_kernels = (!attentions.is_empty()).then(|| {
@@ -1438,6 +1668,75 @@ mod tests {
         (b.finish().unwrap(), [y, yr, m, x1])
     }
 
+    #[test]
+    fn big_straight_line_groups_are_unrolled_with_each_copy_renamed() {
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::Bf16, &[1024, 1024]).unwrap();
+        let y = b.input("y", Dtype::Bf16, &[1024, 1024]).unwrap();
+        let m = b.mul(x, y).unwrap();
+        let r = b.add(m, x).unwrap();
+        b.output("r", r).unwrap();
+        // The same chain below `UNROLL_FROM`, and a branching one (RoPE's concat) above it.
+        let s = b.input("s", Dtype::Bf16, &[8, 1024]).unwrap();
+        let s2 = b.mul(s, s).unwrap();
+        b.output("s", s2).unwrap();
+        let h1 = b.slice(x, -1, 0, 512, 1).unwrap();
+        let h2 = b.slice(x, -1, 512, 1024, 1).unwrap();
+        let rot = b.concat(&[h2, h1], -1).unwrap();
+        let rr = b.mul(rot, y).unwrap();
+        b.output("rot", rr).unwrap();
+        let p = b.finish().unwrap();
+        let f = plan_all(&p);
+        let unroll_of = |v: NodeId| match f.role[v.index()] {
+            Role::Root(g) => f.groups[g].unroll,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(unroll_of(r), UNROLL);
+        assert_eq!(unroll_of(s2), 1);
+        assert_eq!(unroll_of(rr), 1);
+        let Role::Root(g) = f.role[r.index()] else {
+            unreachable!()
+        };
+        let name = &f.kernels[f.groups[g].kernel];
+        let src = f.source.split(&format!("void {name}(")).nth(1).unwrap();
+        let src = src.split("\n}\n").next().unwrap();
+        let (fast, tail) = src.split_once("for (; i < n; i += st)").unwrap();
+        // Every copy's loads come before any copy's store, each copy with its own names.
+        let last_load = fast.rfind("ldf(").unwrap();
+        let first_store = fast.find("po)[").unwrap();
+        assert!(last_load < first_store, "{fast}");
+        for k in 0..UNROLL {
+            assert!(fast.contains(&format!("po)[i_{k}]")), "{fast}");
+            assert!(fast.contains(&format!("v1_{k} = ldf(p")), "{fast}");
+        }
+        assert!(!fast.contains(" v1 ") && !fast.contains("[i]"), "{fast}");
+        assert!(
+            tail.contains("po)[i] =") && tail.contains(" v1 = "),
+            "{tail}"
+        );
+        assert_eq!(
+            renamed("r /= 8u; c2 = i64(c12) + v3 * ri;", 1),
+            "r_1 /= 8u; c2_1 = i64(c12_1) + v3_1 * ri;"
+        );
+    }
+
+    #[test]
+    fn a_permute_moving_only_unit_dims_is_a_free_view() {
+        let mut b = Builder::new();
+        let v = b.input("v", Dtype::Bf16, &[1, 50, 1, 256]).unwrap();
+        let k = b.input("k", Dtype::Bf16, &[1, 50, 2, 256]).unwrap();
+        let vp = b.permute(v, &[0, 2, 1, 3]).unwrap();
+        let kp = b.permute(k, &[0, 2, 1, 3]).unwrap();
+        b.output("v", vp).unwrap();
+        b.output("k", kp).unwrap();
+        let p = b.finish().unwrap();
+        assert!(moves_only_unit_dims(&p, vp));
+        assert!(!moves_only_unit_dims(&p, kp));
+        let f = plan_all(&p);
+        assert_eq!(f.role[vp.index()], Role::Plain);
+        assert!(matches!(f.role[kp.index()], Role::Root(_)));
+    }
+
     fn plan_all(p: &Program) -> Fusion {
         plan_queries(p, fused_attention_queries((9, 0)))
     }
@@ -1873,6 +2172,118 @@ mod tests {
         // The norm's f32 value is used as stored (f32: unrounded), then the group's ops.
         assert!(body.contains("const float nv = (norm_elem(np, nx, nw, nb, base, jj, nm, nr));"));
         assert!(src.contains("__device__ __forceinline__ float norm_elem("));
+    }
+
+    /// A gated residual sum `x + g·o` (bf16) read by an adaRMS norm's group and, later, by the
+    /// next residual sum; `read_by_group`: the sum is also a leaf of the norm's own group.
+    fn residual_then_norm(read_by_group: bool) -> (Program, NodeId, NodeId, NodeId) {
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::Bf16, &[1, 3, 8]).unwrap();
+        let o = b.input("o", Dtype::Bf16, &[1, 3, 8]).unwrap();
+        let g = b.input("g", Dtype::Bf16, &[1, 1, 8]).unwrap();
+        let go = b.mul(o, g).unwrap();
+        let sum = b.add(x, go).unwrap();
+        let sf = b.cast(sum, Dtype::F32).unwrap();
+        let n = b.rms_norm(sf, None, 1e-6).unwrap();
+        let m = b.mul_scalar(n, 2.0).unwrap();
+        let m = if read_by_group {
+            let sf2 = b.cast(sum, Dtype::F32).unwrap();
+            b.add(m, sf2).unwrap()
+        } else {
+            m
+        };
+        // Read by a product, as a step's q/k/v projections read it.
+        let y = b.cast(m, Dtype::Bf16).unwrap();
+        let w = b.input("w", Dtype::Bf16, &[8, 8]).unwrap();
+        let z = b.linear(y, w, None).unwrap();
+        let next = b.add(sum, z).unwrap();
+        b.output("next", next).unwrap();
+        (b.finish().unwrap(), sum, y, n)
+    }
+
+    #[test]
+    fn a_sum_read_by_a_prologue_norm_is_computed_first_by_its_kernel() {
+        let (p, sum, y, n) = residual_then_norm(false);
+        let f = plan_all(&p);
+        assert_eq!(f.role[n.index()], Role::Prologue);
+        let (Role::Root(gs), Role::Root(gy)) = (f.role[sum.index()], f.role[y.index()]) else {
+            panic!("{:?} {:?}", f.role[sum.index()], f.role[y.index()]);
+        };
+        assert!(f.groups[gs].absorbed && !f.groups[gy].absorbed);
+        assert_eq!(f.groups[gy].first, Some(gs));
+        assert_eq!(f.groups[gs].root, sum);
+        let name = &f.kernels[f.groups[gy].kernel];
+        let at = f.source.find(&format!("void {name}(")).unwrap();
+        let src = &f.source[at..];
+        let src = &src[..src.find("\n}\n").unwrap()];
+        // The sum's leaves and output follow po; its elements are stored before the barrier
+        // that precedes the norm's statistics (which read them through nx).
+        let leaves = f.groups[gs].leaves.len();
+        assert!(src.contains(&format!("void* po, const void* q0")), "{src}");
+        assert!(
+            src.contains(&format!("const void* q{}, void* qo)", leaves - 1)),
+            "{src}"
+        );
+        let store = src.find("qo)[i] =").unwrap();
+        let barrier = src.find("__syncthreads();\n  float nm, nr;").unwrap();
+        assert!(
+            store < barrier && barrier < src.find("norm_stats(").unwrap(),
+            "{src}"
+        );
+        let first = &src[src.find('{').unwrap()..barrier];
+        assert!(!first.contains("p0") && !first.contains("po)"), "{src}");
+        // Read by its own norm's group too (other rows' elements may not be written yet), it
+        // stays a launch of its own.
+        let (p, sum, _, _) = residual_then_norm(true);
+        let f = plan_all(&p);
+        let Role::Root(gs) = f.role[sum.index()] else {
+            panic!()
+        };
+        assert!(!f.groups[gs].absorbed);
+        assert!(f.groups.iter().all(|g| g.first.is_none()));
+    }
+
+    #[test]
+    fn a_norm_read_by_a_product_roots_a_group_that_computes_its_input_sum_first() {
+        // The prefix's order: a residual sum, a norm read only by a linear, the sum read again.
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::Bf16, &[1, 3, 8]).unwrap();
+        let o = b.input("o", Dtype::Bf16, &[1, 3, 8]).unwrap();
+        let w = b.input("w", Dtype::Bf16, &[8, 8]).unwrap();
+        let sum = b.add(x, o).unwrap();
+        let n = b.rms_norm(sum, None, 1e-6).unwrap();
+        let z = b.linear(n, w, None).unwrap();
+        let next = b.add(sum, z).unwrap();
+        b.output("next", next).unwrap();
+        let p = b.finish().unwrap();
+        let f = plan_all(&p);
+        let (Role::Root(gn), Role::Root(gs)) = (f.role[n.index()], f.role[sum.index()]) else {
+            panic!("{:?} {:?}", f.role[n.index()], f.role[sum.index()]);
+        };
+        let grp = &f.groups[gn];
+        assert_eq!((grp.root, grp.prologue, grp.first), (n, Some(n), Some(gs)));
+        assert!(f.groups[gs].absorbed && grp.leaves.is_empty());
+        let name = &f.kernels[grp.kernel];
+        let src = &f.source[f.source.find(&format!("void {name}(")).unwrap()..];
+        let src = &src[..src.find("\n}\n").unwrap()];
+        // The norm's value stored as `pt_norm` stores it (rounded once to its dtype).
+        assert!(
+            src.contains("const float nv = bf2f(f2bf(norm_elem("),
+            "{src}"
+        );
+        assert!(
+            src.contains("((unsigned short*)po)[i] = f2bf(nv);"),
+            "{src}"
+        );
+        // A norm whose input is not a fused value stays `pt_norm`.
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::Bf16, &[1, 3, 8]).unwrap();
+        let w = b.input("w", Dtype::Bf16, &[8, 8]).unwrap();
+        let n = b.rms_norm(x, None, 1e-6).unwrap();
+        let z = b.linear(n, w, None).unwrap();
+        b.output("z", z).unwrap();
+        let p = b.finish().unwrap();
+        assert_eq!(plan_all(&p).role[n.index()], Role::Plain);
     }
 
     #[test]

@@ -82,6 +82,12 @@ fn profiling() -> bool {
     std::env::var_os("PETITE_CUDA_PROFILE").is_some()
 }
 
+/// `PETITE_CUDA_PROFILE=nodes` also lists every launched node in run order with its time: the
+/// sums by op kind hide which of a layer's launches are small and back to back.
+fn profiling_nodes() -> bool {
+    std::env::var_os("PETITE_CUDA_PROFILE").is_some_and(|v| v == "nodes")
+}
+
 fn type_dtype(t: &ValueType) -> &'static str {
     match t {
         ValueType::Tensor(t) => t.dtype.name(),
@@ -193,10 +199,15 @@ impl<'d> DeviceProgram<'d> {
                 | Role::Transposed
                 | Role::Prologue
                 | Role::Attended => Vec::new(),
+                // An absorbed group's leaves are read by the kernel that computes it.
+                Role::Root(g) if fusion.groups[g].absorbed => Vec::new(),
                 Role::Root(g) => {
                     let group = &fusion.groups[g];
                     let mut r = group.leaves.clone();
                     r.extend(group.prologue.map_or(Vec::new(), |n| operands(n.index())));
+                    if let Some(f) = group.first {
+                        r.extend(fusion.groups[f].leaves.iter().copied());
+                    }
                     r
                 }
             };
@@ -619,6 +630,24 @@ impl<'d> DeviceProgram<'d> {
                 100.0 * ms / total.max(1e-9)
             );
         }
+        if profiling_nodes() {
+            for (ms, id) in &nodes {
+                let node = self.program.node(*id);
+                if matches!(
+                    node.op,
+                    Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. }
+                ) {
+                    continue;
+                }
+                eprintln!(
+                    "  node {:8.2} us  {} {} {:?}",
+                    ms * 1e3,
+                    self.program.describe(*id),
+                    node.ty,
+                    self.fusion.role[id.index()]
+                );
+            }
+        }
         nodes.sort_by(|a, b| b.0.total_cmp(&a.0));
         for (ms, id) in nodes.iter().take(12) {
             eprintln!(
@@ -859,6 +888,9 @@ impl<'d> DeviceProgram<'d> {
                 step,
             } => self.slice(ins[0], *axis, *start, *step, out_shape)?,
             Op::Reshape { shape } => ins[0].reshaped(shape),
+            Op::Permute { .. } if crate::fuse::moves_only_unit_dims(p, id) => {
+                ins[0].reshaped(out_shape)
+            }
             Op::Permute { perm } => {
                 let x = ins[0];
                 let xs = contiguous_strides(x.shape());
@@ -956,19 +988,33 @@ impl<'d> DeviceProgram<'d> {
         }
         let out = dev.alloc(t.dtype, &t.shape)?;
         let n = out.numel() as i64;
-        if n == 0 {
+        if n == 0 || group.absorbed {
+            // An absorbed group's value is written by the launch of the group it is first in.
             return Ok(Slot::T(out));
         }
         ptrs.push(dev.ptr(&out));
+        if let Some(f) = group.first {
+            let first = &self.fusion.groups[f];
+            for &l in first.leaves.iter().chain([&first.root]) {
+                match &slots[l.index()] {
+                    Slot::T(x) => ptrs.push(dev.ptr(x)),
+                    _ => return Err(err(format!("fused input {l} is not available"))),
+                }
+            }
+        }
         let f = &self.fused[group.kernel];
         let Some(norm) = group.prologue else {
             return dev
-                .launch_fn(f, Device::cfg_elems(n as usize), |b| {
-                    b.arg(&n);
-                    for p in &ptrs {
-                        Device::push_u64(b, p);
-                    }
-                })
+                .launch_fn(
+                    f,
+                    Device::cfg_elems((n as usize).div_ceil(group.unroll)),
+                    |b| {
+                        b.arg(&n);
+                        for p in &ptrs {
+                            Device::push_u64(b, p);
+                        }
+                    },
+                )
                 .map(|()| Slot::T(out));
         };
         // One block a row of the prologue norm, its parameters and operands first.

@@ -974,8 +974,8 @@ extern "C" __global__ __launch_bounds__(256) void pt_attn_pv(AttnParams p, const
 }
 
 // Thread-block clusters (sm_90): this block's rank, a barrier over the cluster that orders
-// shared-memory writes before the other blocks' reads, and reads of another block's shared
-// memory (`p` is this block's address of the same variable).
+// shared-memory writes before the other blocks' reads (and one that orders nothing), and reads
+// of another block's shared memory (`p` is this block's address of the same variable).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned at_cl_rank() {
   unsigned r;
@@ -984,6 +984,9 @@ __device__ __forceinline__ unsigned at_cl_rank() {
 }
 __device__ __forceinline__ void at_cl_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void at_cl_sync_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
 }
 __device__ __forceinline__ unsigned at_cl_map(const void* p, unsigned rank) {
   unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
@@ -1212,8 +1215,11 @@ extern "C" __global__ __launch_bounds__(512) void pt_attn_cl(AttnParams p, const
                                 (unsigned)f2bf(sum.z) | ((unsigned)f2bf(sum.w) << 16));
     }
   }
-  // No block leaves while another may still read its shared memory.
-  at_cl_sync();
+  // No block leaves while another may still read its shared memory. A relaxed arrival: every
+  // read of another block's shared memory above has completed (its value was summed and
+  // stored), and the default release would make each thread first wait for its global stores
+  // (`MEMBAR.ALL.GPU` in the SASS) for no reader.
+  at_cl_sync_relaxed();
 #endif
 }
 "#;

@@ -390,3 +390,64 @@ fn an_out_of_table_index_is_an_error_also_read_back_after_a_graph() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask conformance --only gpu"]
+fn unrolled_elementwise_kernels_and_free_permutes_give_the_reference_executors_bits() {
+    let dev = Device::open().expect("a CUDA GPU (this test fails without one)");
+    // A product and a residual add over 1,001 × 1,031 bf16 elements (past `UNROLL_FROM`, not a
+    // multiple of the unrolled trip; correctly rounded ops, so every bit must match), and a
+    // one-KV-head `[1, S, 1, D]` → `[1, 1, S, D]` permute (a free view) as an output.
+    let (rows, cols) = (1001, 1031);
+    assert!(rows * cols >= petite_cuda::fuse::UNROLL_FROM);
+    let mut b = Builder::new();
+    let g = b.input("g", Dtype::Bf16, &[1, rows, cols]).unwrap();
+    let u = b.input("u", Dtype::Bf16, &[1, rows, cols]).unwrap();
+    let m = b.mul(g, u).unwrap();
+    let r = b.add(m, g).unwrap();
+    b.output("r", r).unwrap();
+    let v = b.input("v", Dtype::Bf16, &[1, 50, 256]).unwrap();
+    let v4 = b.reshape(v, &[1, 50, 1, 256]).unwrap();
+    let vp = b.permute(v4, &[0, 2, 1, 3]).unwrap();
+    b.output("v", vp).unwrap();
+    let p = b.finish().unwrap();
+    let roots: Vec<_> = p.outputs.iter().map(|o| o.value).collect();
+    let mut is_output = vec![false; p.len()];
+    for &r in &roots {
+        is_output[r.index()] = true;
+    }
+    let plan = petite_cuda::fuse::plan(&p, &p.ancestors(&roots), &is_output).unwrap();
+    assert_eq!(plan.groups.len(), 1, "one fused group: {:?}", plan.groups);
+    assert_eq!(plan.groups[0].unroll, petite_cuda::fuse::UNROLL);
+    assert!(petite_cuda::fuse::moves_only_unit_dims(&p, roots[1]));
+    let vals = |n: usize, seed| values(n, seed).into_iter().map(|x| x * 4.0).collect();
+    let ins = BTreeMap::from([
+        (
+            "g".to_string(),
+            tensor(Dtype::Bf16, &[1, rows, cols], vals(rows * cols, 1)),
+        ),
+        (
+            "u".to_string(),
+            tensor(Dtype::Bf16, &[1, rows, cols], vals(rows * cols, 2)),
+        ),
+        (
+            "v".to_string(),
+            tensor(Dtype::Bf16, &[1, 50, 256], vals(50 * 256, 3)),
+        ),
+    ]);
+    let cpu = petite_reference::run(&p, &NoWeights, ins.clone()).unwrap();
+    let gp = DeviceProgram::load(&dev, &p, &NoWeights, false).unwrap();
+    let gpu = gp.run(ins).unwrap();
+    for name in ["r", "v"] {
+        let (c, g) = (&cpu[name], &gpu[name]);
+        assert_eq!(c.shape(), g.shape(), "{name}");
+        let (c, g) = (c.float_values().unwrap(), g.float_values().unwrap());
+        assert!(!c.is_empty() && c.len() == g.len(), "{name}");
+        let differ = c
+            .iter()
+            .zip(g.iter())
+            .filter(|(a, b)| a.to_bits() != b.to_bits() || !b.is_finite())
+            .count();
+        assert_eq!(differ, 0, "{name}: {differ} of {} values differ", c.len());
+    }
+}
