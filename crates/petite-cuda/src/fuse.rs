@@ -2219,7 +2219,7 @@ mod tests {
         // The sum's leaves and output follow po; its elements are stored before the barrier
         // that precedes the norm's statistics (which read them through nx).
         let leaves = f.groups[gs].leaves.len();
-        assert!(src.contains(&format!("void* po, const void* q0")), "{src}");
+        assert!(src.contains("void* po, const void* q0"), "{src}");
         assert!(
             src.contains(&format!("const void* q{}, void* qo)", leaves - 1)),
             "{src}"
