@@ -353,8 +353,28 @@ fn operand_view(
     if chain.is_empty() || p.node(x).tensor().is_none() {
         return None;
     }
-    let mut shape = p.node(x).tensor()?.shape.clone();
-    let mut strides = contiguous_strides(&shape);
+    let shape = p.node(x).tensor()?.shape.clone();
+    let strides = contiguous_strides(&shape);
+    let (shape, strides) = compose(p, shape, strides, &chain)?;
+    Some((
+        StridedView {
+            base: x,
+            shape,
+            strides,
+        },
+        chain,
+    ))
+}
+
+/// The shape and strides of a value laid out as `(shape, strides)` seen through `chain`
+/// (reshapes, permutes and expands, the last applied first); `None` when a reshape would
+/// need a copy.
+fn compose(
+    p: &Program,
+    mut shape: Vec<usize>,
+    mut strides: Vec<i64>,
+    chain: &[NodeId],
+) -> Option<(Vec<usize>, Vec<i64>)> {
     for &v in chain.iter().rev() {
         match &p.node(v).op {
             Op::Reshape { shape: to } => {
@@ -381,14 +401,35 @@ fn operand_view(
             _ => return None,
         }
     }
-    Some((
-        StridedView {
-            base: x,
-            shape,
-            strides,
-        },
-        chain,
-    ))
+    Some((shape, strides))
+}
+
+/// Every view of `base` ([`Fusion::views`]) recomputed for a buffer laid out with element
+/// `strides` instead of densely (a [`Siblings::columns`] member: a column slice of one GEMM's
+/// output). An error names the consumer whose view the layout does not allow.
+pub fn restride(p: &Program, fusion: &mut Fusion, base: NodeId, strides: &[i64]) -> Result<()> {
+    let shape = p
+        .node(base)
+        .tensor()
+        .ok_or_else(|| gen_err(base, p, "tuple value"))?
+        .shape
+        .clone();
+    for (&(c, j), view) in fusion.views.iter_mut() {
+        if view.base != base {
+            continue;
+        }
+        let mut chain = Vec::new();
+        let mut x = p.node(c).inputs[j];
+        while x != base {
+            chain.push(x);
+            x = p.node(x).inputs[0];
+        }
+        let (sh, st) = compose(p, shape.clone(), strides.to_vec(), &chain)
+            .ok_or_else(|| gen_err(c, p, "a column slice its view cannot read"))?;
+        view.shape = sh;
+        view.strides = st;
+    }
+    Ok(())
 }
 
 /// Linears reading one input, with 16-bit weights (and biases) of one shape and dtype read by
@@ -397,6 +438,12 @@ fn operand_view(
 /// the H200 the batched f32 GEMMs were slower (f32 chunk 143.9 → 146.3 ms), bf16 faster (53.4 →
 /// 50.9 ms). cuBLAS may sum a batched GEMM in another order than two single ones, so batched
 /// and unbatched bf16 runs differ at bf16's rounding noise (1.1e-2 on full-size actions).
+///
+/// f32 linears of one shape whose values are only read in place ([`Role::View`] chains into
+/// attention operands: SigLIP's q/k/v) are [`Siblings::columns`] instead: one GEMM over
+/// their stacked weights writes all their output columns side by side (one wide GEMM fills
+/// the GPU where three 768 × 1,152 ones left it half idle), one bias pass, and each linear's
+/// value is its column slice, its readers' views restrided ([`restride`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Siblings {
     /// The linears, in program order.
@@ -405,10 +452,40 @@ pub struct Siblings {
     pub weights: Vec<NodeId>,
     /// Their biases, when they have them.
     pub biases: Option<Vec<NodeId>>,
+    /// One GEMM writing `[rows, parts · n]`, each linear's value a column slice (f32 weights
+    /// whose values are only read through views), instead of a batch writing `[parts, rows, n]`.
+    pub columns: bool,
 }
 
-/// Finds [`Siblings`] among `program`'s live linears.
-pub fn siblings(program: &Program, live: &[bool]) -> Vec<Siblings> {
+/// Whether every reader of `l`'s value reads it through a view into an attention's operand
+/// (whose per-head GEMMs take any row stride), so a column slice can serve as its value.
+pub fn read_in_place_by_attentions(
+    p: &Program,
+    fusion: &Fusion,
+    consumers: &[Vec<NodeId>],
+    live: &[bool],
+    is_output: &[bool],
+    l: NodeId,
+) -> bool {
+    let mut cs = consumers[l.index()]
+        .iter()
+        .filter(|c| live[c.index()])
+        .peekable();
+    let mut views = fusion.views.iter().filter(|(_, v)| v.base == l).peekable();
+    !is_output[l.index()]
+        && cs.peek().is_some()
+        && cs.all(|&c| fusion.role[c.index()] == Role::View)
+        && views.peek().is_some()
+        && views.all(|(&(c, _), _)| matches!(p.node(c).op, Op::Attention { .. }))
+}
+
+/// Finds [`Siblings`] among `program`'s live linears; `in_place(l)`: every reader of linear
+/// `l`'s value reads it through a view that a column slice's strides can serve.
+pub fn siblings(
+    program: &Program,
+    live: &[bool],
+    in_place: &dyn Fn(NodeId) -> bool,
+) -> Vec<Siblings> {
     let consumers = program.consumers();
     let only_reader = |w: NodeId, by: NodeId| {
         matches!(program.node(w).op, Op::Weight { .. })
@@ -424,11 +501,10 @@ pub fn siblings(program: &Program, live: &[bool]) -> Vec<Siblings> {
         }
         let (x, w) = (node.inputs[0], node.inputs[1]);
         let b = node.inputs.get(2).copied();
-        let sixteen = program
-            .node(w)
-            .tensor()
-            .is_some_and(|t| matches!(t.dtype, Dtype::Bf16 | Dtype::F16));
-        if !sixteen || !only_reader(w, id) || b.is_some_and(|b| !only_reader(b, id)) {
+        let wdt = program.node(w).tensor().map(|t| t.dtype);
+        let sixteen = matches!(wdt, Some(Dtype::Bf16 | Dtype::F16));
+        let columns = wdt == Some(Dtype::F32) && in_place(id);
+        if !(sixteen || columns) || !only_reader(w, id) || b.is_some_and(|b| !only_reader(b, id)) {
             continue;
         }
         let ty = |v: NodeId| program.node(v).ty.to_string();
@@ -452,6 +528,7 @@ pub fn siblings(program: &Program, live: &[bool]) -> Vec<Siblings> {
                     linears: vec![id],
                     weights: vec![w],
                     biases: b.map(|b| vec![b]),
+                    columns,
                 },
             )),
         }
@@ -1721,6 +1798,66 @@ mod tests {
     }
 
     #[test]
+    fn f32_projections_read_only_by_an_attention_are_column_siblings_restrided() {
+        // SigLIP's shape of it: q/k/v f32 linears with biases, each reshaped to heads and
+        // permuted into one attention, its result merged back.
+        let (b_, t, heads, hd) = (2, 4, 2, 4);
+        let d = heads * hd;
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::F32, &[b_, t, d]).unwrap();
+        let mut proj = Vec::new();
+        for name in ["q", "k", "v"] {
+            let w = b.weight(&format!("{name}.w"), Dtype::F32, &[d, d]).unwrap();
+            let bias = b.weight(&format!("{name}.b"), Dtype::F32, &[d]).unwrap();
+            let l = b.linear(x, w, Some(bias)).unwrap();
+            let r = b.reshape(l, &[b_, t, heads, hd]).unwrap();
+            proj.push((l, b.permute(r, &[0, 2, 1, 3]).unwrap()));
+        }
+        let a = b
+            .attention(proj[0].1, proj[1].1, proj[2].1, None, 0.5)
+            .unwrap();
+        let m = b.permute(a, &[0, 2, 1, 3]).unwrap();
+        b.output("o", m).unwrap();
+        let p = b.finish().unwrap();
+        let roots: Vec<_> = p.outputs.iter().map(|o| o.value).collect();
+        let live = p.ancestors(&roots);
+        let mut is_output = vec![false; p.len()];
+        is_output[roots[0].index()] = true;
+        let mut f = plan_with(&p, &live, &is_output, 0).unwrap();
+        let consumers = p.consumers();
+        let in_place =
+            |l: NodeId| read_in_place_by_attentions(&p, &f, &consumers, &live, &is_output, l);
+        let sg = siblings(&p, &live, &in_place);
+        assert_eq!(sg.len(), 1);
+        assert!(sg[0].columns && sg[0].biases.is_some());
+        assert_eq!(sg[0].linears, proj.iter().map(|x| x.0).collect::<Vec<_>>());
+        // k's view before and after: rows 3·d apart instead of d.
+        let key = |f: &Fusion| {
+            f.views
+                .iter()
+                .find(|(_, v)| v.base == proj[1].0)
+                .map(|(k, v)| (*k, v.clone()))
+                .unwrap()
+        };
+        let (k0, v0) = key(&f);
+        assert_eq!(v0.strides, vec![(t * d) as i64, hd as i64, d as i64, 1]);
+        let wide = 3 * d;
+        restride(&p, &mut f, proj[1].0, &[(t * wide) as i64, wide as i64, 1]).unwrap();
+        let (k1, v1) = key(&f);
+        assert_eq!((k0, v1.shape.clone()), (k1, v0.shape));
+        assert_eq!(
+            v1.strides,
+            vec![(t * wide) as i64, hd as i64, wide as i64, 1]
+        );
+        // Read by anything but a view into an attention (here: also an output), no columns.
+        let mut is_output2 = is_output.clone();
+        is_output2[proj[2].0.index()] = true;
+        let in_place2 =
+            |l: NodeId| read_in_place_by_attentions(&p, &f, &consumers, &live, &is_output2, l);
+        assert!(!in_place2(proj[2].0) && in_place2(proj[0].0));
+    }
+
+    #[test]
     fn a_permute_moving_only_unit_dims_is_a_free_view() {
         let mut b = Builder::new();
         let v = b.input("v", Dtype::Bf16, &[1, 50, 1, 256]).unwrap();
@@ -2036,7 +2173,7 @@ mod tests {
         let p = b.finish().unwrap();
         let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
         let live = p.ancestors(&roots);
-        let groups = siblings(&p, &live);
+        let groups = siblings(&p, &live, &|_| false);
         assert_eq!(groups.len(), 1, "{groups:?}");
         let names: Vec<String> = groups[0]
             .weights

@@ -220,6 +220,50 @@ impl EwParams {
     }
 }
 
+/// `pt_ptrs`'s parameter block (mirrors `struct PtrParams`): the A, B and C pointer arrays of
+/// `loops` runs of a strided-batched GEMM, as one pointer-batched GEMM.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PtrParams {
+    /// A, B and C of the first problem (device addresses).
+    pub base: [u64; 3],
+    /// Bytes from one run to the next, per operand.
+    pub outer: [i64; 3],
+    /// Bytes from one batch to the next within a run, per operand.
+    pub inner: [i64; 3],
+    /// Batches a run.
+    pub batch: i64,
+    /// Problems in all (runs × batches).
+    pub n: i64,
+}
+
+// SAFETY: plain `#[repr(C)]` data mirroring the kernel's struct.
+unsafe impl cudarc::driver::DeviceRepr for PtrParams {}
+
+impl PtrParams {
+    /// Pointers of `loops` runs of GEMM `g` over elements of `sizes` bytes (A, B, C), the
+    /// runs `steps` elements apart.
+    pub fn new(g: &Gemm, base: [u64; 3], sizes: [usize; 3], loops: usize, steps: [i64; 3]) -> Self {
+        let inner = [g.stride_a, g.stride_b, g.stride_c];
+        let batch = g.batch.max(1) as i64;
+        PtrParams {
+            base,
+            outer: std::array::from_fn(|t| steps[t] * sizes[t] as i64),
+            inner: std::array::from_fn(|t| inner[t] * sizes[t] as i64),
+            batch,
+            n: batch * loops as i64,
+        }
+    }
+
+    /// Problem `i`'s three addresses, as the kernel computes them.
+    pub fn at(&self, i: i64) -> [u64; 3] {
+        let (l, j) = (i / self.batch, i % self.batch);
+        std::array::from_fn(|t| {
+            self.base[t].wrapping_add((l * self.outer[t] + j * self.inner[t]) as u64)
+        })
+    }
+}
+
 /// `pt_norm`'s parameter block.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -1029,6 +1073,37 @@ pub fn attention_strides_fit(q: &[i64], k: &[i64], v: &[i64]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn pointer_arrays_step_runs_then_batches_as_the_strided_form_does() {
+        // SigLIP's logits GEMM: 16 heads a batch, 3 cameras as runs.
+        let g = Gemm::linear(256, 72, 256)
+            .unwrap()
+            .batched(16, 72, 72, 256 * 256)
+            .unwrap();
+        let p = PtrParams::new(
+            &g,
+            [1000, 2000, 3000],
+            [4, 4, 4],
+            3,
+            [884_736, 884_736, 16 * 65_536],
+        );
+        assert_eq!((p.batch, p.n), (16, 48));
+        for run in 0..3i64 {
+            for h in 0..16i64 {
+                let want = [
+                    1000 + 4 * (run * 884_736 + h * 72),
+                    2000 + 4 * (run * 884_736 + h * 72),
+                    3000 + 4 * (run * 16 * 65_536 + h * 65_536),
+                ]
+                .map(|x| x as u64);
+                assert_eq!(p.at(run * 16 + h), want, "run {run}, head {h}");
+            }
+        }
+        // bf16 operands, f32 result: byte steps follow each operand's element size.
+        let q = PtrParams::new(&g, [0, 0, 0], [2, 2, 4], 2, [10, 20, 30]);
+        assert_eq!(q.at(17), [20 + 2 * 72, 40 + 2 * 72, 120 + 4 * 65_536]);
+    }
+
     use super::*;
 
     #[test]

@@ -224,10 +224,41 @@ impl<'d> DeviceProgram<'d> {
         let mut sources: Vec<Option<DevTensor>> = vec![None; program.len()];
         let mut weight_bytes = 0u64;
         let siblings = if fusing() {
-            crate::fuse::siblings(program, &live)
+            let consumers = program.consumers();
+            let in_place = |l: NodeId| {
+                crate::fuse::read_in_place_by_attentions(
+                    program, &fusion, &consumers, &live, &is_output, l,
+                )
+            };
+            crate::fuse::siblings(program, &live, &in_place)
         } else {
             Vec::new()
         };
+        let mut fusion = fusion;
+        for sg in siblings.iter().filter(|sg| sg.columns) {
+            let wide = sg.linears.len()
+                * program
+                    .node(sg.weights[0])
+                    .tensor()
+                    .map_or(0, |t| t.shape[0]);
+            for &l in &sg.linears {
+                let shape = &program
+                    .node(l)
+                    .tensor()
+                    .ok_or_else(|| err("tuple linear"))?
+                    .shape;
+                let mut st = crate::plan::contiguous_strides(shape);
+                // Rows `wide` elements apart; the leading dims over whole rows.
+                let last = shape.len() - 1;
+                let mut acc = wide as i64;
+                st[last] = 1;
+                for d in (0..last).rev() {
+                    st[d] = acc;
+                    acc *= shape[d] as i64;
+                }
+                crate::fuse::restride(program, &mut fusion, l, &st)?;
+            }
+        }
         let mut sibling_of = HashMap::new();
         // Weight or bias node → the part of its group's buffer it is uploaded into.
         let mut part_of: HashMap<NodeId, DevTensor> = HashMap::new();
@@ -934,6 +965,32 @@ impl<'d> DeviceProgram<'d> {
         let (parts, n, k) = (wm.shape()[0], wm.shape()[1], wm.shape()[2]);
         let rows = x.numel() / k.max(1);
         let dt = out_ty.dtype;
+        if sg.columns {
+            // One GEMM over the stacked weights ([parts · n, k]); each value a column slice.
+            let wide = parts * n;
+            let out = dev.alloc(dt, &[rows, wide])?;
+            if k == 0 {
+                dev.memset_zero(&out)?;
+            } else {
+                let gm = Gemm::linear(rows, k, wide)?;
+                dev.gemm(
+                    &gm,
+                    dev.ptr(wm),
+                    dev.ptr(x),
+                    x.dtype(),
+                    dev.ptr(&out),
+                    dt,
+                    self.f32_matmul,
+                )?;
+            }
+            if let Some(b) = bm {
+                let bw = b.view(0, &[wide]);
+                self.bias(&out, Some(&bw), rows, wide, &out)?;
+            }
+            return Ok((0..parts)
+                .map(|i| out.view(i * n * dt.size(), &out_ty.shape))
+                .collect());
+        }
         let mut all = vec![parts];
         all.extend_from_slice(&out_ty.shape);
         let out = dev.alloc(dt, &all)?;
@@ -1770,24 +1827,20 @@ impl<'d> DeviceProgram<'d> {
     ) -> Result<DevTensor> {
         let dev = self.dev;
         let logits = dev.alloc(Dtype::F32, &[b, h, nq, nk])?;
-        let (es, sl) = (
-            q.dtype().size() as u64,
-            (b / loops * h * nq * nk) as u64 * 4,
-        );
+        // Logits elements a run (the logits are dense).
+        let per_run = (b / loops.max(1) * h * nq * nk) as i64;
         if gl.k == 0 {
             dev.memset_zero(&logits)?;
         } else {
-            for i in 0..loops as u64 {
-                dev.gemm(
-                    &gl,
-                    dev.ptr(k) + i * sk as u64 * es,
-                    dev.ptr(q) + i * sq as u64 * es,
-                    q.dtype(),
-                    dev.ptr(&logits) + i * sl,
-                    Dtype::F32,
-                    self.f32_matmul,
-                )?;
-            }
+            dev.gemm_loops(
+                &gl,
+                [dev.ptr(k), dev.ptr(q), dev.ptr(&logits)],
+                q.dtype(),
+                Dtype::F32,
+                self.f32_matmul,
+                loops,
+                [sk, sq, per_run],
+            )?;
         }
         let m = mask.map(|mt| (mt, mask_strides(mt.shape(), h, nq)));
         self.softmax_rows(&logits, &logits, b * h * nq, nk, (scale, Dtype::F32), m)?;
@@ -1800,17 +1853,15 @@ impl<'d> DeviceProgram<'d> {
         if nk == 0 {
             dev.memset_zero(&out32)?;
         } else {
-            for i in 0..loops as u64 {
-                dev.gemm(
-                    &gpv,
-                    dev.ptr(&v32) + i * sv as u64 * 4,
-                    dev.ptr(&logits) + i * sl,
-                    Dtype::F32,
-                    dev.ptr(&out32) + i * so as u64 * 4,
-                    Dtype::F32,
-                    self.f32_matmul,
-                )?;
-            }
+            dev.gemm_loops(
+                &gpv,
+                [dev.ptr(&v32), dev.ptr(&logits), dev.ptr(&out32)],
+                Dtype::F32,
+                Dtype::F32,
+                self.f32_matmul,
+                loops,
+                [sv, per_run, so],
+            )?;
         }
         Ok(out32)
     }

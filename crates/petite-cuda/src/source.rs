@@ -25,6 +25,7 @@ pub const KERNELS: &[&str] = &[
     "pt_reduce",
     "pt_im2col",
     "pt_bias",
+    "pt_ptrs",
 ];
 
 /// The dtype code kernels use (`DT_*` in the source).
@@ -613,6 +614,17 @@ extern "C" __global__ void pt_im2col(ConvParams p, const void* x, void* cols) {
     float v = 0.0f;
     if (y >= 0 && y < p.h && xx >= 0 && xx < p.w) v = ldf(x, ((ni * p.c + ci) * p.h + y) * p.w + xx, p.dt);
     stf(cols, i, p.dt, v);
+  }
+}
+
+// A pointer-batched GEMM's A, B and C arrays: for operand t and problem i < n,
+// out[t·n + i] = base[t] + (i / batch)·outer[t] + (i % batch)·inner[t] (bytes).
+struct PtrParams { u64 base[3]; i64 outer[3]; i64 inner[3]; i64 batch; i64 n; };
+extern "C" __global__ void pt_ptrs(PtrParams p, u64* out) {
+  PT_PDL();
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
+    const i64 l = i / p.batch, j = i % p.batch;
+    for (int t = 0; t < 3; ++t) out[t * p.n + i] = p.base[t] + (u64)(l * p.outer[t] + j * p.inner[t]);
   }
 }
 
