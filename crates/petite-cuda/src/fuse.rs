@@ -69,8 +69,9 @@ pub struct StridedView {
 pub struct Group {
     /// The node whose value the kernel writes.
     pub root: NodeId,
-    /// Index of the kernel in [`Fusion::kernels`] (groups of the same shape share one).
-    pub kernel: usize,
+    /// Index of the kernel in [`Fusion::kernels`] (groups of the same shape share one); none
+    /// for an [`Group::absorbed`] group (another group's launch computes it).
+    pub kernel: Option<usize>,
     /// The values the kernel reads, in parameter order.
     pub leaves: Vec<NodeId>,
     /// Nodes computed by the kernel (the root and those inlined into it).
@@ -85,9 +86,47 @@ pub struct Group {
     /// statistics: the one whose root is the norm's input (pi0.5's residual sums, each read by
     /// the next norm). Its leaves and output follow `po` as `q0…`, `qo` ([`with_first`]).
     pub first: Option<usize>,
-    /// Computed by the kernel of the group that has it as [`Group::first`]: never launched
-    /// alone (its output is allocated where its root runs, and written by that launch).
+    /// A group this one's kernel computes beside it, on the blocks after its own
+    /// ([`beside`]): its `n`, leaves and output follow as `qn`, `q0…`, `qo`.
+    pub with: Option<usize>,
+    /// Blocks of this group's launch when it has no prologue (its own grid-stride loop's, plus
+    /// its [`Group::with`]'s).
+    pub blocks: u32,
+    /// Computed by the kernel of the group that has it as [`Group::first`] or
+    /// [`Group::with`]: never launched alone (its output is allocated where its root runs, and
+    /// written by that launch).
     pub absorbed: bool,
+}
+
+/// One kernel running grid-stride body `own` on blocks `[0, gb)` and body `other` on the `ga`
+/// blocks after them, each seeing only its own blocks (`blockIdx`, `gridDim`) and `other` its
+/// own `n`, leaves and output renamed `qn`, `q0…`, `qo`. Why: a step's q and k RoPEs were two
+/// launches of a few microseconds each, back to back with a GEMM between.
+pub fn beside(own: &str, gb: u32, other: &str, ga: u32) -> String {
+    let mut out = String::with_capacity(own.len() + other.len() + 256);
+    let _ = writeln!(out, "  if (blockIdx.x < {gb}u) {{\n  const dim3 pg({gb}u);");
+    for l in own.lines() {
+        out.push_str(&map_words(l, |w| {
+            (w == "gridDim").then(|| "pg".to_string())
+        }));
+        out.push('\n');
+    }
+    let _ = writeln!(
+        out,
+        "  }} else {{\n  const dim3 qb(blockIdx.x - {gb}u), qg({ga}u);"
+    );
+    for l in other.lines() {
+        let l = map_words(l, |w| match w {
+            "blockIdx" => Some("qb".to_string()),
+            "gridDim" => Some("qg".to_string()),
+            "n" => Some("qn".to_string()),
+            _ => None,
+        });
+        out.push_str(&operands_renamed(&l));
+        out.push('\n');
+    }
+    out.push_str("  }\n");
+    out
 }
 
 /// A prologue kernel's `body` computing `first`'s elements of its row first (`first` a plain
@@ -829,6 +868,18 @@ pub fn plan_with(
     is_output: &[bool],
     attention_queries: usize,
 ) -> Result<Fusion> {
+    plan_paired(program, live, is_output, attention_queries, true)
+}
+
+/// [`plan_with`], pairing independent groups into one launch ([`Group::with`]) only when
+/// `pairs` (`PETITE_CUDA_NO_PAIR` turns it off at load, to compare).
+pub fn plan_paired(
+    program: &Program,
+    live: &[bool],
+    is_output: &[bool],
+    attention_queries: usize,
+    pairs: bool,
+) -> Result<Fusion> {
     let order = program.topo_order()?;
     let consumers = program.consumers();
     let n = program.len();
@@ -1166,18 +1217,14 @@ pub fn plan_with(
             absorbed[r] = true;
         }
     }
-    let mut groups = Vec::with_capacity(roots.len());
+    // Each group's body (with its first, unrolled where it pays) and its launch's blocks.
+    let mut bodies = Vec::with_capacity(roots.len());
     for (g, &root) in roots.iter().enumerate() {
-        let (mut body, leaves, prologue) = generated[g].clone();
-        let mut extra = String::new();
+        let (mut body, _, prologue) = generated[g].clone();
         if let Some(r) = first[g] {
             body = with_first(&body, &generated[r].0).ok_or_else(|| {
                 gen_err(root, program, "a prologue kernel without its statistics")
             })?;
-            for j in 0..generated[r].1.len() {
-                let _ = write!(extra, ", const void* q{j}");
-            }
-            extra.push_str(", void* qo");
         }
         let numel: usize = program
             .node(root)
@@ -1187,8 +1234,65 @@ pub fn plan_with(
             (None, true) => unrolled(&body).map_or((body, 1), |b| (b, UNROLL)),
             _ => (body, 1),
         };
+        let blocks = crate::plan::grid_for(numel.div_ceil(unroll));
+        bodies.push((body, unroll, blocks));
+    }
+    // Two plain groups launched one after the other (only products between them), the second
+    // not reading the first, whose value nothing reads before the second: one launch, the
+    // first's elements on blocks after the second's ([`Group::with`]). pi0.5's q and k RoPEs.
+    let mut with: Vec<Option<usize>> = vec![None; roots.len()];
+    let plain = |g: usize, absorbed: &[bool]| {
+        generated[g].2.is_none() && first[g].is_none() && !absorbed[g]
+    };
+    let mut open: Option<usize> = None;
+    for &id in &order {
+        let Role::Root(g) = role[id.index()] else {
+            continue;
+        };
+        if !live[id.index()] || absorbed[g] {
+            continue;
+        }
+        let pair = open.filter(|&a| {
+            pairs
+                && plain(g, &absorbed)
+                && !generated[g].1.contains(&roots[a])
+                && consumers[roots[a].index()]
+                    .iter()
+                    .all(|c| !live[c.index()] || pos[c] > pos[&id])
+        });
+        match pair {
+            Some(a) => {
+                with[g] = Some(a);
+                absorbed[a] = true;
+                open = None;
+            }
+            None => open = plain(g, &absorbed).then_some(g),
+        }
+    }
+    let mut groups = Vec::with_capacity(roots.len());
+    for (g, &root) in roots.iter().enumerate() {
+        let (_, leaves, prologue) = generated[g].clone();
+        let (mut body, unroll, mut blocks) = bodies[g].clone();
+        let mut extra = String::new();
+        if let Some(r) = first[g] {
+            for j in 0..generated[r].1.len() {
+                let _ = write!(extra, ", const void* q{j}");
+            }
+            extra.push_str(", void* qo");
+        }
+        if let Some(a) = with[g] {
+            let (ga, gb) = (bodies[a].2, blocks);
+            body = beside(&body, gb, &bodies[a].0, ga);
+            blocks = ga + gb;
+            extra.push_str(", i64 qn");
+            for j in 0..generated[a].1.len() {
+                let _ = write!(extra, ", const void* q{j}");
+            }
+            extra.push_str(", void* qo");
+        }
         let k = match by_body.get(&body) {
-            Some(&k) => k,
+            _ if absorbed[g] => None,
+            Some(&k) => Some(k),
             None => {
                 let k = kernels.len();
                 let name = format!("pt_fused_{k}");
@@ -1206,7 +1310,7 @@ pub fn plan_with(
                 );
                 kernels.push(name);
                 by_body.insert(body, k);
-                k
+                Some(k)
             }
         };
         groups.push(Group {
@@ -1216,7 +1320,9 @@ pub fn plan_with(
             nodes: size[g],
             prologue,
             unroll,
+            blocks,
             first: first[g],
+            with: with[g],
             absorbed: absorbed[g],
         });
     }
@@ -1774,7 +1880,7 @@ mod tests {
         let Role::Root(g) = f.role[r.index()] else {
             unreachable!()
         };
-        let name = &f.kernels[f.groups[g].kernel];
+        let name = &f.kernels[f.groups[g].kernel.unwrap()];
         let src = f.source.split(&format!("void {name}(")).nth(1).unwrap();
         let src = src.split("\n}\n").next().unwrap();
         let (fast, tail) = src.split_once("for (; i < n; i += st)").unwrap();
@@ -1858,6 +1964,63 @@ mod tests {
     }
 
     #[test]
+    fn two_independent_groups_with_a_product_between_are_one_launch() {
+        // The step's order: q = x·Wq, its RoPE-like chain, k = x·Wk, its chain, both read by a
+        // product after.
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::Bf16, &[4, 8]).unwrap();
+        let wq = b.input("wq", Dtype::Bf16, &[16, 8]).unwrap();
+        let wk = b.input("wk", Dtype::Bf16, &[8, 8]).unwrap();
+        let c = b.input("c", Dtype::Bf16, &[4, 1]).unwrap();
+        let q = b.linear(x, wq, None).unwrap();
+        let qr = b.mul(q, c).unwrap();
+        let k = b.linear(x, wk, None).unwrap();
+        let kr = b.mul(k, c).unwrap();
+        let kt = b.permute(kr, &[1, 0]).unwrap();
+        let qk = b.reshape(qr, &[8, 8]).unwrap();
+        let m = b.matmul(qk, kt).unwrap();
+        b.output("m", m).unwrap();
+        let p = b.finish().unwrap();
+        let f = plan_pairing(&p);
+        let (Role::Root(ga), Role::Root(gb)) = (f.role[qr.index()], f.role[kr.index()]) else {
+            panic!("{:?} {:?}", f.role[qr.index()], f.role[kr.index()]);
+        };
+        let (a, bb) = (&f.groups[ga], &f.groups[gb]);
+        assert!(a.absorbed && !bb.absorbed && bb.with == Some(ga) && a.with.is_none());
+        assert_eq!(
+            bb.blocks,
+            crate::plan::grid_for(32) + crate::plan::grid_for(64)
+        );
+        let name = &f.kernels[bb.kernel.unwrap()];
+        let src = &f.source[f.source.find(&format!("void {name}(")).unwrap()..];
+        let src = &src[..src.find("\n}\n").unwrap()];
+        let own = crate::plan::grid_for(32);
+        assert!(src.contains(&format!("if (blockIdx.x < {own}u)")), "{src}");
+        assert!(src.contains("void* po, i64 qn, const void* q0"), "{src}");
+        let (mine, theirs) = src[src.find("if (blockIdx").unwrap()..]
+            .split_once("} else {")
+            .unwrap();
+        assert!(
+            mine.contains("i < n;") && !mine.contains("q0") && !mine.contains("gridDim"),
+            "{src}"
+        );
+        assert!(theirs.contains("i < qn;") && theirs.contains("qo)[i]") && !theirs.contains("p0"));
+        // The second reading the first: two launches.
+        let mut b = Builder::new();
+        let x = b.input("x", Dtype::Bf16, &[4, 8]).unwrap();
+        let w = b.input("w", Dtype::Bf16, &[8, 8]).unwrap();
+        let c = b.input("c", Dtype::Bf16, &[4, 8]).unwrap();
+        let y = b.mul(x, c).unwrap();
+        let z = b.linear(y, w, None).unwrap();
+        let zz = b.add(z, y).unwrap();
+        let out = b.linear(zz, w, None).unwrap();
+        b.output("o", out).unwrap();
+        let p = b.finish().unwrap();
+        let f = plan_pairing(&p);
+        assert!(f.groups.iter().all(|g| g.with.is_none() && !g.absorbed));
+    }
+
+    #[test]
     fn a_permute_moving_only_unit_dims_is_a_free_view() {
         let mut b = Builder::new();
         let v = b.input("v", Dtype::Bf16, &[1, 50, 1, 256]).unwrap();
@@ -1885,7 +2048,22 @@ mod tests {
         for o in &p.outputs {
             out[o.value.index()] = true;
         }
-        plan_with(p, &live, &out, queries).unwrap()
+        plan_paired(p, &live, &out, queries, false).unwrap()
+    }
+
+    fn plan_pairing(p: &Program) -> Fusion {
+        let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
+        let mut out = vec![false; p.len()];
+        for o in &p.outputs {
+            out[o.value.index()] = true;
+        }
+        plan_with(
+            p,
+            &p.ancestors(&roots),
+            &out,
+            fused_attention_queries((9, 0)),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -1977,7 +2155,7 @@ mod tests {
         // The product loaded, then one f32 add of the bias (its column), then the group's ops.
         let j = grp.leaves.iter().position(|&l| l == y).unwrap();
         let jb = grp.leaves.iter().position(|&l| l == bias).unwrap();
-        let name = &f.kernels[grp.kernel];
+        let name = &f.kernels[grp.kernel.unwrap()];
         let body = &f.source[f.source.find(&format!("void {name}(")).unwrap()..];
         let load = format!("ldf(p{j}, 0 + c0 * 4LL + c1 * 1LL, DT_F32)");
         let at = body.find(&load).expect("the product loaded");
@@ -2079,7 +2257,7 @@ mod tests {
     fn identical_groups_share_one_kernel() {
         let mut b = Builder::new();
         let mut outs = Vec::new();
-        for i in 0..3 {
+        for i in 0..4 {
             let x = b.input(&format!("x{i}"), Dtype::F32, &[4, 8]).unwrap();
             let y = b.mul_scalar(x, 2.0).unwrap();
             let y = b.cast(y, Dtype::Bf16).unwrap();
@@ -2089,10 +2267,18 @@ mod tests {
             b.output(&format!("y{i}"), y).unwrap();
         }
         let p = b.finish().unwrap();
-        let f = plan_all(&p);
-        assert_eq!(f.groups.len(), 3);
-        assert_eq!(f.kernels.len(), 1, "one kernel for three identical chains");
-        assert!(f.groups.iter().all(|g| g.nodes == 2 && g.kernel == 0));
+        let f = plan_pairing(&p);
+        assert_eq!(f.groups.len(), 4);
+        assert!(f.groups.iter().all(|g| g.nodes == 2));
+        // Independent, so launched two at a time ([`Group::with`]): both launches one kernel.
+        let launched: Vec<&Group> = f.groups.iter().filter(|g| !g.absorbed).collect();
+        assert_eq!(launched.len(), 2);
+        assert!(
+            launched
+                .iter()
+                .all(|g| g.kernel == Some(0) && g.with.is_some())
+        );
+        assert_eq!(f.kernels.len(), 1, "one kernel for four identical chains");
     }
 
     #[test]
@@ -2299,7 +2485,7 @@ mod tests {
         assert!(!grp.leaves.contains(&n), "the norm has no buffer to read");
         // The widening cast is still read in place by the norm, inside the fused kernel.
         assert_eq!(f.views[&(n, 0)].base, p.node(p.node(n).inputs[0]).inputs[0]);
-        let name = &f.kernels[grp.kernel];
+        let name = &f.kernels[grp.kernel.unwrap()];
         let src = &f.source;
         let at = src
             .find(&format!("void {name}(NormParams np"))
@@ -2349,7 +2535,7 @@ mod tests {
         assert!(f.groups[gs].absorbed && !f.groups[gy].absorbed);
         assert_eq!(f.groups[gy].first, Some(gs));
         assert_eq!(f.groups[gs].root, sum);
-        let name = &f.kernels[f.groups[gy].kernel];
+        let name = &f.kernels[f.groups[gy].kernel.unwrap()];
         let at = f.source.find(&format!("void {name}(")).unwrap();
         let src = &f.source[at..];
         let src = &src[..src.find("\n}\n").unwrap()];
@@ -2400,7 +2586,7 @@ mod tests {
         let grp = &f.groups[gn];
         assert_eq!((grp.root, grp.prologue, grp.first), (n, Some(n), Some(gs)));
         assert!(f.groups[gs].absorbed && grp.leaves.is_empty());
-        let name = &f.kernels[grp.kernel];
+        let name = &f.kernels[grp.kernel.unwrap()];
         let src = &f.source[f.source.find(&format!("void {name}(")).unwrap()..];
         let src = &src[..src.find("\n}\n").unwrap()];
         // The norm's value stored as `pt_norm` stores it (rounded once to its dtype).

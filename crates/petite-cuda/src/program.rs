@@ -145,7 +145,13 @@ impl<'d> DeviceProgram<'d> {
             } else {
                 0
             };
-            crate::fuse::plan_with(program, &live, &is_output, attention)?
+            crate::fuse::plan_paired(
+                program,
+                &live,
+                &is_output,
+                attention,
+                std::env::var_os("PETITE_CUDA_NO_PAIR").is_none(),
+            )?
         } else {
             Fusion {
                 role: vec![Role::Plain; program.len()],
@@ -205,8 +211,8 @@ impl<'d> DeviceProgram<'d> {
                     let group = &fusion.groups[g];
                     let mut r = group.leaves.clone();
                     r.extend(group.prologue.map_or(Vec::new(), |n| operands(n.index())));
-                    if let Some(f) = group.first {
-                        r.extend(fusion.groups[f].leaves.iter().copied());
+                    for f in group.first.iter().chain(&group.with) {
+                        r.extend(fusion.groups[*f].leaves.iter().copied());
                     }
                     r
                 }
@@ -1050,28 +1056,47 @@ impl<'d> DeviceProgram<'d> {
             return Ok(Slot::T(out));
         }
         ptrs.push(dev.ptr(&out));
-        if let Some(f) = group.first {
-            let first = &self.fusion.groups[f];
-            for &l in first.leaves.iter().chain([&first.root]) {
+        // The group computed first, or beside, by this launch: its leaves and output.
+        let mut beside_n = None;
+        if let Some(f) = group.first.or(group.with) {
+            let other = &self.fusion.groups[f];
+            for &l in other.leaves.iter().chain([&other.root]) {
                 match &slots[l.index()] {
                     Slot::T(x) => ptrs.push(dev.ptr(x)),
                     _ => return Err(err(format!("fused input {l} is not available"))),
                 }
             }
+            if group.with.is_some() {
+                let t = self
+                    .program
+                    .node(other.root)
+                    .tensor()
+                    .ok_or_else(|| err("fused tuple"))?;
+                beside_n = Some((t.numel() as i64, group.leaves.len() + 1));
+            }
         }
-        let f = &self.fused[group.kernel];
+        let f = &self.fused[group
+            .kernel
+            .ok_or_else(|| err("an absorbed group launched"))?];
         let Some(norm) = group.prologue else {
+            let cfg = cudarc::driver::LaunchConfig {
+                grid_dim: (group.blocks, 1, 1),
+                block_dim: (crate::plan::BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            };
             return dev
-                .launch_fn(
-                    f,
-                    Device::cfg_elems((n as usize).div_ceil(group.unroll)),
-                    |b| {
-                        b.arg(&n);
-                        for p in &ptrs {
-                            Device::push_u64(b, p);
+                .launch_fn(f, cfg, |b| {
+                    b.arg(&n);
+                    for (j, p) in ptrs.iter().enumerate() {
+                        // The beside group's `qn` precedes its pointers.
+                        if let Some((qn, at)) = &beside_n
+                            && j == *at
+                        {
+                            b.arg(qn);
                         }
-                    },
-                )
+                        Device::push_u64(b, p);
+                    }
+                })
                 .map(|()| Slot::T(out));
         };
         // One block a row of the prologue norm, its parameters and operands first.
