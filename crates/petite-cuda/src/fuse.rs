@@ -1253,12 +1253,29 @@ pub fn plan_paired(
             continue;
         }
         let pair = open.filter(|&a| {
+            // The first's value and the free views of it (reshapes, unit-dim permutes: they
+            // only alias its buffer): none read by the second, none read before it.
+            let mut aliases = vec![roots[a]];
+            let mut k = 0;
+            while k < aliases.len() {
+                for &c in &consumers[aliases[k].index()] {
+                    let free = role[c.index()] == Role::Plain
+                        && (matches!(program.node(c).op, Op::Reshape { .. })
+                            || moves_only_unit_dims(program, c));
+                    if live[c.index()] && free && !aliases.contains(&c) {
+                        aliases.push(c);
+                    }
+                }
+                k += 1;
+            }
             pairs
                 && plain(g, &absorbed)
-                && !generated[g].1.contains(&roots[a])
-                && consumers[roots[a].index()]
-                    .iter()
-                    .all(|c| !live[c.index()] || pos[c] > pos[&id])
+                && aliases.iter().all(|&v| {
+                    !generated[g].1.contains(&v)
+                        && consumers[v.index()]
+                            .iter()
+                            .all(|c| !live[c.index()] || aliases.contains(c) || pos[c] > pos[&id])
+                })
         });
         match pair {
             Some(a) => {
