@@ -195,7 +195,7 @@ pub const UNROLL_FROM: usize = 1 << 19;
 /// Elements a thread of an [`unrolled`] kernel takes per trip.
 pub const UNROLL: usize = 4;
 
-/// `body` (a grid-stride loop over straight-line code, as [`Gen`] writes it without a
+/// `body` (a grid-stride loop over straight-line code, as the generator writes it without a
 /// prologue) with each trip taking [`UNROLL`] elements a grid apart, the copies' lines
 /// interleaved so that every copy's loads are issued before any copy's store. Why: one 2-byte
 /// load in flight per thread left the prefix's big elementwise passes at ~40% of the H200's
