@@ -378,6 +378,8 @@ pub struct Device {
     compile_seconds: f64,
     /// Whether kernels launch with programmatic dependent launch ([`Device::raw_launch`]).
     pdl: bool,
+    /// Looped GEMMs as one pointer-batched GEMM ([`Device::gemm_loops`]).
+    ptr_batch: bool,
     /// cuBLAS's workspace, set explicitly so that GEMMs inside a graph capture allocate nothing.
     _workspace: CudaSlice<u8>,
 }
@@ -516,6 +518,7 @@ impl Device {
             pool,
             compile_seconds,
             pdl,
+            ptr_batch: std::env::var_os("PETITE_CUDA_NO_PTR_BATCH").is_none(),
             _workspace: workspace,
         })
     }
@@ -947,7 +950,8 @@ impl Device {
         loops: usize,
         steps: [i64; 3],
     ) -> Result<()> {
-        if loops <= 1 || g.m == 0 || g.n == 0 {
+        // `PETITE_CUDA_NO_PTR_BATCH=1`: one GEMM a run (to compare).
+        if loops <= 1 || g.m == 0 || g.n == 0 || !self.ptr_batch {
             for i in 0..loops as u64 {
                 let at = |p: u64, st: i64, d: Dtype| p + i * (st as u64) * d.size() as u64;
                 self.gemm(

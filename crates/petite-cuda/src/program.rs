@@ -231,10 +231,13 @@ impl<'d> DeviceProgram<'d> {
         let mut weight_bytes = 0u64;
         let siblings = if fusing() {
             let consumers = program.consumers();
+            // `PETITE_CUDA_NO_COLUMNS=1`: f32 projections stay GEMMs of their own (to compare).
+            let columns = std::env::var_os("PETITE_CUDA_NO_COLUMNS").is_none();
             let in_place = |l: NodeId| {
-                crate::fuse::read_in_place_by_attentions(
-                    program, &fusion, &consumers, &live, &is_output, l,
-                )
+                columns
+                    && crate::fuse::read_in_place_by_attentions(
+                        program, &fusion, &consumers, &live, &is_output, l,
+                    )
             };
             crate::fuse::siblings(program, &live, &in_place)
         } else {
