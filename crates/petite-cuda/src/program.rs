@@ -211,8 +211,11 @@ impl<'d> DeviceProgram<'d> {
                     let group = &fusion.groups[g];
                     let mut r = group.leaves.clone();
                     r.extend(group.prologue.map_or(Vec::new(), |n| operands(n.index())));
+                    // And the absorbed group's own value: its buffer, allocated where its root
+                    // ran, must outlive the free views (reshapes) read from it until then.
                     for f in group.first.iter().chain(&group.with) {
                         r.extend(fusion.groups[*f].leaves.iter().copied());
+                        r.push(fusion.groups[*f].root);
                     }
                     r
                 }
