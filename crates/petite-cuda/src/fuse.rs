@@ -479,10 +479,12 @@ pub fn restride(p: &Program, fusion: &mut Fusion, base: NodeId, strides: &[i64])
 /// and unbatched bf16 runs differ at bf16's rounding noise (1.1e-2 on full-size actions).
 ///
 /// f32 linears of one shape whose values are only read in place ([`Role::View`] chains into
-/// attention operands: SigLIP's q/k/v) are [`Siblings::columns`] instead: one GEMM over
-/// their stacked weights writes all their output columns side by side (one wide GEMM fills
-/// the GPU where three 768 × 1,152 ones left it half idle), one bias pass, and each linear's
-/// value is its column slice, its readers' views restrided ([`restride`]).
+/// attention operands: SigLIP's q/k/v) may be [`Siblings::columns`] instead (where `in_place`
+/// says so; `DeviceProgram` only with `PETITE_CUDA_COLUMNS=1`): one GEMM over their stacked
+/// weights writes all their output columns side by side (one wide GEMM fills the GPU where
+/// three 768 × 1,152 ones left it half idle), one bias pass, and each linear's value is its
+/// column slice, its readers' views restrided ([`restride`]). Opt-in: on the H200 the wide
+/// TF32 GEMM kept full-size pi0.5's bits for 0.16 ms a chunk but doubled a golden's bf16 error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Siblings {
     /// The linears, in program order.

@@ -234,8 +234,10 @@ impl<'d> DeviceProgram<'d> {
         let mut weight_bytes = 0u64;
         let siblings = if fusing() {
             let consumers = program.consumers();
-            // `PETITE_CUDA_NO_COLUMNS=1`: f32 projections stay GEMMs of their own (to compare).
-            let columns = std::env::var_os("PETITE_CUDA_NO_COLUMNS").is_none();
+            // Opt-in (`PETITE_CUDA_COLUMNS=1`): on the H200 the wide TF32 GEMM gave full-size
+            // pi0.5 the same bits and 0.16 ms a chunk, but moved the two_cams_mqa golden's bf16
+            // actions from 1.09e-2 to 2.21e-2 of lerobot's f32 (lerobot's own bf16: 9.6e-3).
+            let columns = std::env::var_os("PETITE_CUDA_COLUMNS").is_some_and(|v| v == "1");
             let in_place = |l: NodeId| {
                 columns
                     && crate::fuse::read_in_place_by_attentions(
