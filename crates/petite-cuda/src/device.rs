@@ -882,50 +882,33 @@ impl Device {
         if g.m == 0 || g.n == 0 || g.batch == 0 {
             return Ok(());
         }
-        let ty = |d: Dtype| match d {
-            Dtype::F32 => Ok(bsys::cudaDataType::CUDA_R_32F),
-            Dtype::Bf16 => Ok(bsys::cudaDataType::CUDA_R_16BF),
-            Dtype::F16 => Ok(bsys::cudaDataType::CUDA_R_16F),
-            other => Err(Error::Plan(format!("GEMM of {}", other.name()))),
-        };
-        let op = |t: bool| {
-            if t {
-                bsys::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                bsys::cublasOperation_t::CUBLAS_OP_N
-            }
-        };
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: pointers are live device buffers sized by the planner for these dims and
         // strides; alpha/beta are host f32 (the handle's default pointer mode) for 32F compute.
         unsafe {
             cudarc::cublas::result::gemm_strided_batched_ex(
                 *self.blas.handle(),
-                op(g.trans_a),
-                op(g.trans_b),
+                blas_op(g.trans_a),
+                blas_op(g.trans_b),
                 g.m,
                 g.n,
                 g.k,
                 (&alpha as *const f32).cast(),
                 a as *const std::ffi::c_void,
-                ty(ab)?,
+                blas_type(ab)?,
                 g.lda,
                 g.stride_a,
                 b as *const std::ffi::c_void,
-                ty(ab)?,
+                blas_type(ab)?,
                 g.ldb,
                 g.stride_b,
                 (&beta as *const f32).cast(),
                 c as *mut std::ffi::c_void,
-                ty(cd)?,
+                blas_type(cd)?,
                 g.ldc,
                 g.stride_c,
                 g.batch,
-                if ab == Dtype::F32 && f32 == F32Matmul::Tf32 {
-                    bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
-                } else {
-                    bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F
-                },
+                compute_type(ab, f32),
                 bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
@@ -980,19 +963,6 @@ impl Device {
             bl.arg(&prm);
             Self::push_u64(bl, &out);
         })?;
-        let ty = |d: Dtype| match d {
-            Dtype::F32 => Ok(bsys::cudaDataType::CUDA_R_32F),
-            Dtype::Bf16 => Ok(bsys::cudaDataType::CUDA_R_16BF),
-            Dtype::F16 => Ok(bsys::cudaDataType::CUDA_R_16F),
-            other => Err(Error::Plan(format!("GEMM of {}", other.name()))),
-        };
-        let op = |t: bool| {
-            if t {
-                bsys::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                bsys::cublasOperation_t::CUBLAS_OP_N
-            }
-        };
         let (alpha, beta) = (1.0f32, 0.0f32);
         let arr = |t: u64| (out + t * n as u64 * 8) as *const *const std::ffi::c_void;
         // SAFETY: the arrays hold `n` live device addresses each (written above on this
@@ -1000,28 +970,24 @@ impl Device {
         let st = unsafe {
             bsys::cublasGemmBatchedEx(
                 *self.blas.handle(),
-                op(g.trans_a),
-                op(g.trans_b),
+                blas_op(g.trans_a),
+                blas_op(g.trans_b),
                 g.m,
                 g.n,
                 g.k,
                 (&alpha as *const f32).cast(),
                 arr(0),
-                ty(ab)?,
+                blas_type(ab)?,
                 g.lda,
                 arr(1),
-                ty(ab)?,
+                blas_type(ab)?,
                 g.ldb,
                 (&beta as *const f32).cast(),
                 arr(2) as *const *mut std::ffi::c_void,
-                ty(cd)?,
+                blas_type(cd)?,
                 g.ldc,
                 n as i32,
-                if ab == Dtype::F32 && f32 == F32Matmul::Tf32 {
-                    bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
-                } else {
-                    bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F
-                },
+                compute_type(ab, f32),
                 bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         };
@@ -1096,6 +1062,34 @@ impl Device {
 
     pub(crate) fn push_u64<'a>(b: &mut Args<'a>, v: &'a u64) {
         b.arg(v);
+    }
+}
+
+/// cuBLAS's data type for a GEMM operand of dtype `d`.
+fn blas_type(d: Dtype) -> Result<bsys::cudaDataType> {
+    match d {
+        Dtype::F32 => Ok(bsys::cudaDataType::CUDA_R_32F),
+        Dtype::Bf16 => Ok(bsys::cudaDataType::CUDA_R_16BF),
+        Dtype::F16 => Ok(bsys::cudaDataType::CUDA_R_16F),
+        other => Err(Error::Plan(format!("GEMM of {}", other.name()))),
+    }
+}
+
+/// cuBLAS's operation for an operand read transposed or not.
+fn blas_op(t: bool) -> bsys::cublasOperation_t {
+    if t {
+        bsys::cublasOperation_t::CUBLAS_OP_T
+    } else {
+        bsys::cublasOperation_t::CUBLAS_OP_N
+    }
+}
+
+/// f32 accumulation; f32 operands as TF32 where the program was set so.
+fn compute_type(ab: Dtype, f32: F32Matmul) -> bsys::cublasComputeType_t {
+    if ab == Dtype::F32 && f32 == F32Matmul::Tf32 {
+        bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+    } else {
+        bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F
     }
 }
 
