@@ -261,15 +261,10 @@ impl<'d> DeviceProgram<'d> {
                     .tensor()
                     .ok_or_else(|| err("tuple linear"))?
                     .shape;
-                let mut st = crate::plan::contiguous_strides(shape);
-                // Rows `wide` elements apart; the leading dims over whole rows.
-                let last = shape.len() - 1;
-                let mut acc = wide as i64;
-                st[last] = 1;
-                for d in (0..last).rev() {
-                    st[d] = acc;
-                    acc *= shape[d] as i64;
-                }
+                // A column slice of the dense `[.., wide]` output: that shape's strides.
+                let mut all = shape.clone();
+                *all.last_mut().ok_or_else(|| err("a scalar linear"))? = wide;
+                let st = crate::plan::contiguous_strides(&all);
                 crate::fuse::restride(program, &mut fusion, l, &st)?;
             }
         }
