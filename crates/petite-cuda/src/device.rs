@@ -744,12 +744,13 @@ impl Device {
     }
 
     /// [`Device::launch_fn`] in thread-block clusters of `cluster` blocks along x (sm_90 and
-    /// later), with `cfg`'s dynamic shared memory allowed past the 48 KiB default.
+    /// later; `None`: no cluster), with `cfg`'s dynamic shared memory allowed past the 48 KiB
+    /// default.
     pub(crate) fn launch_cluster_fn<'a>(
         &'a self,
         f: &'a CudaFunction,
         cfg: LaunchConfig,
-        cluster: u32,
+        cluster: Option<u32>,
         args: impl FnOnce(&mut Args<'a>),
     ) -> Result<()> {
         self.ctx
@@ -765,8 +766,7 @@ impl Device {
         args(&mut a);
         // SAFETY: as for `launch_fn`: the caller pushes the kernel's parameters in order, each
         // pointer a live buffer of this device sized for what the kernel reads and writes.
-        unsafe { self.raw_launch(f, cfg, Some(cluster), a) }
-            .map_err(driver("launch a cluster kernel"))
+        unsafe { self.raw_launch(f, cfg, cluster, a) }.map_err(driver("launch a cluster kernel"))
     }
 
     /// `f` on this device's stream. Where the device has it (sm_90 and later), with

@@ -264,6 +264,110 @@ impl PtrParams {
     }
 }
 
+/// `pt_attn_tf32`'s parameter block (mirrors `struct TfAttnParams`): element strides of q
+/// `[B, H, Q, D]`, K and v `[B, KVH, K, D]` (batch, head, row; each row contiguous) and the
+/// output (batch, head, query; its rows contiguous), the sizes, the 64-row tiles a head.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TfAttnParams {
+    /// q's batch, head and query strides.
+    pub qs: [i64; 3],
+    /// K's batch, head and key strides.
+    pub ks: [i64; 3],
+    /// v's batch, head and key strides.
+    pub vs: [i64; 3],
+    /// The output's batch, head and query strides.
+    pub os: [i64; 3],
+    /// Query heads.
+    pub h: i32,
+    /// Key/value heads (dividing `h`).
+    pub kvh: i32,
+    /// Queries.
+    pub nq: i32,
+    /// Keys.
+    pub nk: i32,
+    /// q/k head dim.
+    pub d: i32,
+    /// v head dim.
+    pub dv: i32,
+    /// Tiles of 64 queries a head.
+    pub tiles: i32,
+    /// The logits' scale.
+    pub scale: f32,
+}
+
+// SAFETY: plain `#[repr(C)]` data mirroring the kernel's struct.
+unsafe impl cudarc::driver::DeviceRepr for TfAttnParams {}
+
+/// Most keys `pt_attn_tf32` takes (four warps' quarters of 64, all staged at once).
+pub const TF32_ATTN_MAX_KEYS: usize = 256;
+/// Largest head dim `pt_attn_tf32` takes (q and v; the fragments' registers).
+pub const TF32_ATTN_MAX_DIM: usize = 80;
+
+/// The `pt_attn_tf32` launch of an f32 attention without a mask over `[b, h, nq, d]` queries
+/// and `[b, kvh, nk, d]` keys (v's head dim `dv`), each operand's `[batch, head, row]` element
+/// strides given (rows contiguous) and the output's: grid, 512 threads, shared memory for q's
+/// 64 rows and all of K and v (or the four key quarters' partial results, if larger). `None`
+/// where the kernel does not apply (head dims not multiples of 8 or past
+/// [`TF32_ATTN_MAX_DIM`], more than [`TF32_ATTN_MAX_KEYS`] keys, K/v rows not 16-byte
+/// multiples, heads not a multiple of the KV heads, more shared memory than `max_smem`, sizes
+/// past 32 bits, nothing to do), and the unfused GEMMs and softmax run.
+#[allow(clippy::too_many_arguments)]
+pub fn tf32_attention_launch(
+    [b, h, kvh, nq, nk, d, dv]: [usize; 7],
+    q: [i64; 3],
+    k: [i64; 3],
+    v: [i64; 3],
+    o: [i64; 3],
+    scale: f32,
+    max_smem: usize,
+) -> Option<(TfAttnParams, LaunchConfig)> {
+    let dims_fit = |x: usize| x > 0 && x <= TF32_ATTN_MAX_DIM && x.is_multiple_of(8);
+    if b == 0
+        || nq == 0
+        || nk == 0
+        || nk > TF32_ATTN_MAX_KEYS
+        || kvh == 0
+        || !h.is_multiple_of(kvh)
+        || !dims_fit(d)
+        || !dims_fit(dv)
+        || k.iter().chain(&v).any(|s| s % 4 != 0)
+    {
+        return None;
+    }
+    let i = |x: usize| i32::try_from(x).ok();
+    let tiles = nq.div_ceil(64);
+    let blocks = u32::try_from(b.checked_mul(h)?.checked_mul(tiles)?).ok()?;
+    let nkp = nk.div_ceil(64) * 64;
+    let (dp, vp) = (d + 4, dv + 4);
+    let floats = 64 * dp + (nkp * (dp + vp)).max(2 * 64 * 4 + 64 * 4 * vp);
+    let smem = floats * 4;
+    if smem > max_smem {
+        return None;
+    }
+    Some((
+        TfAttnParams {
+            qs: q,
+            ks: k,
+            vs: v,
+            os: o,
+            h: i(h)?,
+            kvh: i(kvh)?,
+            nq: i(nq)?,
+            nk: i(nk)?,
+            d: i(d)?,
+            dv: i(dv)?,
+            tiles: i(tiles)?,
+            scale,
+        },
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: smem as u32,
+        },
+    ))
+}
+
 /// `pt_norm`'s parameter block.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -1379,5 +1483,47 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+    }
+
+    #[test]
+    fn tf32_attention_launches_take_siglips_shape_and_refuse_the_rest() {
+        let h200 = 232_448;
+        // SigLIP: 3 cameras × 16 heads × 256 queries and keys, head dim 72, q/k/v split from
+        // [3, 256, 1152] rows in place; the output merged back to [3, 256, 16, 72].
+        let s = [256 * 1152, 72, 1152];
+        let (p, cfg) = tf32_attention_launch(
+            [3, 16, 16, 256, 256, 72, 72],
+            s,
+            s,
+            s,
+            s,
+            0.117_851_13,
+            h200,
+        )
+        .unwrap();
+        assert_eq!((p.tiles, p.d, p.dv, p.nk), (4, 72, 72, 256));
+        assert_eq!(cfg.grid_dim, (3 * 16 * 4, 1, 1));
+        // q's 64 rows, then K's and v's 256, each of 76 floats.
+        assert_eq!(cfg.shared_mem_bytes, (64 + 2 * 256) * 76 * 4);
+        // 100 queries: two tiles; KV heads shared by two query heads; one key: the partial
+        // results (4 quarters × 64 rows of 12 floats, and their statistics) outgrow the staging.
+        let (p, cfg) =
+            tf32_attention_launch([1, 4, 2, 100, 1, 16, 8], s, s, s, s, 1.0, h200).unwrap();
+        assert_eq!((p.tiles, p.kvh), (2, 2));
+        assert_eq!(cfg.shared_mem_bytes, (64 * 20 + 512 + 256 * 12) * 4);
+        for (dims, ks, max) in [
+            ([3, 16, 16, 256, 256, 68, 72], s, h200),
+            ([3, 16, 16, 256, 256, 72, 88], s, h200),
+            ([3, 16, 16, 256, 257, 72, 72], s, h200),
+            ([3, 16, 3, 256, 256, 72, 72], s, h200),
+            ([3, 16, 16, 0, 256, 72, 72], s, h200),
+            ([3, 16, 16, 256, 256, 72, 72], [256 * 1152, 72, 1150], h200),
+            ([3, 16, 16, 256, 256, 72, 72], s, 100 << 10),
+        ] {
+            assert!(
+                tf32_attention_launch(dims, s, ks, s, s, 1.0, max).is_none(),
+                "{dims:?}"
+            );
+        }
     }
 }

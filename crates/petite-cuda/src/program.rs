@@ -49,6 +49,9 @@ pub struct DeviceProgram<'d> {
     /// Whether a fused attention runs as one cluster launch where it fits
     /// ([`DeviceProgram::set_attention_cluster`]).
     attention_cluster: bool,
+    /// Whether an f32 attention without a mask, its products TF32, runs as one launch
+    /// ([`DeviceProgram::set_tf32_attention`]).
+    tf32_attention: bool,
 }
 
 enum Slot {
@@ -402,6 +405,7 @@ impl<'d> DeviceProgram<'d> {
             f32_matmul: F32Matmul::Exact,
             attention_cluster: std::env::var_os("PETITE_CUDA_ATTN_CLUSTER")
                 .is_none_or(|v| v != "0"),
+            tf32_attention: std::env::var_os("PETITE_CUDA_NO_TF32_ATTN").is_none(),
         })
     }
 
@@ -423,6 +427,15 @@ impl<'d> DeviceProgram<'d> {
     /// the dot products' summation orders differ.
     pub fn set_attention_cluster(&mut self, on: bool) {
         self.attention_cluster = on;
+    }
+
+    /// Whether an f32 attention without a mask (pi0.5's SigLIP), where the program's f32
+    /// products run as TF32 ([`DeviceProgram::set_f32_matmul`]), runs as one launch
+    /// (`pt_attn_tf32`: flash-attention's order, no logits in memory;
+    /// [`crate::plan::tf32_attention_launch`]) or as its GEMMs and a softmax. On by default;
+    /// `PETITE_CUDA_NO_TF32_ATTN=1` turns it off. Exact f32 products always take the GEMMs.
+    pub fn set_tf32_attention(&mut self, on: bool) {
+        self.tf32_attention = on;
     }
 
     /// Nodes computed inside fused kernels, fused kernel launches a run, and distinct kernels.
@@ -1486,7 +1499,7 @@ impl<'d> DeviceProgram<'d> {
             .filter(|c| self.attention_cluster && c.shared_mem_bytes <= shared)
         {
             let po = dev.ptr(&out);
-            dev.launch_cluster_fn(fc, cfg, crate::plan::ATTN_CLUSTER, |bl| {
+            dev.launch_cluster_fn(fc, cfg, Some(crate::plan::ATTN_CLUSTER), |bl| {
                 bl.arg(prm);
                 for p in [&pq, &pk, &pk1, &pv, &pv1, &pm, &po] {
                     Device::push_u64(bl, p);
@@ -1737,6 +1750,18 @@ impl<'d> DeviceProgram<'d> {
         let dv = ops[2].1[3];
         let dims = [b, h, nq, nk];
         let mask = ops.get(3).map(|(t, ..)| *t);
+        if mask.is_none()
+            && self.tf32_attention
+            && self.f32_matmul == F32Matmul::Tf32
+            && out_ty.dtype == Dtype::F32
+            && ops[..3]
+                .iter()
+                .all(|o| o.0.dtype() == Dtype::F32 && o.2.len() == 4 && o.2[3] == 1)
+            && let Some(out) =
+                self.tf32_attention_run(&ops, [b, h, kvh, nq, nk, d, dv], scale, into)?
+        {
+            return Ok(out);
+        }
         let is_dense = |(t, s, st): &(&DevTensor, Vec<usize>, Vec<i64>)| {
             t.shape() == s.as_slice() && *st == contiguous_strides(s)
         };
@@ -1833,6 +1858,57 @@ impl<'d> DeviceProgram<'d> {
             None => (out_ty, os),
         };
         self.strided_copy(&out32, &to.shape, st, 0, to.dtype)
+    }
+
+    /// `pt_attn_tf32` over f32 operands (their buffers, shapes and strides) where it applies,
+    /// writing the f32 result in the `[B, H, Q, Dv]` layout or, with `into`, the heads merged
+    /// (`[B, Q, H, Dv]`); `None` where it does not apply.
+    fn tf32_attention_run(
+        &self,
+        ops: &[(&DevTensor, Vec<usize>, Vec<i64>)],
+        dims: [usize; 7],
+        scale: f32,
+        into: Option<&TensorType>,
+    ) -> Result<Option<DevTensor>> {
+        let [b, h, _, nq, _, _, dv] = dims;
+        let st = |j: usize| [ops[j].2[0], ops[j].2[1], ops[j].2[2]];
+        let (shape, os) = match into {
+            // [B, Q, H, Dv]: heads Dv apart, queries H·Dv apart.
+            Some(t) => (
+                t.shape.clone(),
+                [(nq * h * dv) as i64, dv as i64, (h * dv) as i64],
+            ),
+            None => (
+                vec![b, h, nq, dv],
+                [(h * nq * dv) as i64, (nq * dv) as i64, dv as i64],
+            ),
+        };
+        let Some((prm, cfg)) = crate::plan::tf32_attention_launch(
+            dims,
+            st(0),
+            st(1),
+            st(2),
+            os,
+            scale,
+            self.dev.info().max_shared_per_block as usize,
+        ) else {
+            return Ok(None);
+        };
+        let dev = self.dev;
+        let [pq, pk, pv] = [0, 1, 2].map(|j| dev.ptr(ops[j].0));
+        if [pk, pv].iter().any(|p| p % 16 != 0) {
+            return Ok(None);
+        }
+        let out = dev.alloc(Dtype::F32, &shape)?;
+        let po = dev.ptr(&out);
+        let f = dev.func("pt_attn_tf32")?;
+        dev.launch_cluster_fn(f, cfg, None, |bl| {
+            bl.arg(&prm);
+            for p in [&pq, &pk, &pv, &po] {
+                Device::push_u64(bl, p);
+            }
+        })?;
+        Ok(Some(out))
     }
 
     /// Attention's GEMMs and softmax over `dims` `[B, H, Q, K]`: f32 logits from q and k, the

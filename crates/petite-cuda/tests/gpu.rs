@@ -451,3 +451,159 @@ fn unrolled_elementwise_kernels_and_free_permutes_give_the_reference_executors_b
         assert_eq!(differ, 0, "{name}: {differ} of {} values differ", c.len());
     }
 }
+
+/// f32 attention without a mask where the f32 products run as TF32 (pi0.5's SigLIP in the bf16
+/// mode): `pt_attn_tf32` (one launch, flash-attention's order) against the unfused TF32 GEMMs
+/// and softmax of the same program, both against the exact f64 attention — the fused form must
+/// be as close as the unfused one (both carry TF32's rounding of the operands); the exact-f32
+/// path checks the harness.
+#[test]
+#[ignore = "needs a GPU: cargo xtask conformance --only gpu"]
+fn tf32_attention_in_one_launch_is_as_close_to_exact_as_the_tf32_gemms() {
+    use petite_cuda::F32Matmul;
+    let dev = Device::open().expect("a CUDA GPU (this test fails without one)");
+    // [b, h, kvh, q, k, d, dv], heads split from [b, rows, heads · d] in place and merged after
+    // (SigLIP's layout) or given whole.
+    for (i, &([b, h, kvh, nq, nk, d, dv], split)) in [
+        ([3, 16, 16, 256, 256, 72, 72], true),
+        ([1, 4, 2, 100, 30, 16, 8], false),
+        ([2, 2, 2, 1, 1, 8, 8], false),
+        ([1, 2, 1, 70, 130, 64, 80], true),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut bld = Builder::new();
+        let mut operand = |name: &str, heads: usize, rows: usize, dim: usize| {
+            if split {
+                let x = bld
+                    .input(name, Dtype::F32, &[b, rows, heads * dim])
+                    .unwrap();
+                let x = bld.reshape(x, &[b, rows, heads, dim]).unwrap();
+                bld.permute(x, &[0, 2, 1, 3]).unwrap()
+            } else {
+                bld.input(name, Dtype::F32, &[b, heads, rows, dim]).unwrap()
+            }
+        };
+        let q = operand("q", h, nq, d);
+        let k = operand("k", kvh, nk, d);
+        let v = operand("v", kvh, nk, dv);
+        let scale = (d as f64).powf(-0.5);
+        let o = bld.attention(q, k, v, None, scale).unwrap();
+        let o = if split {
+            bld.permute(o, &[0, 2, 1, 3]).unwrap()
+        } else {
+            o
+        };
+        bld.output("o", o).unwrap();
+        let p = bld.finish().unwrap();
+        // Values of a few units: logits spread over several units after the scale.
+        let vals = |n: usize, seed: u64| -> Vec<f32> {
+            values(n, seed).into_iter().map(|x| x * 3.0).collect()
+        };
+        let (qn, kn, vn) = (b * h * nq * d, b * kvh * nk * d, b * kvh * nk * dv);
+        let (qv, kv, vv) = (
+            vals(qn, 40 + i as u64),
+            vals(kn, 50 + i as u64),
+            vals(vn, 60 + i as u64),
+        );
+        let shape = |heads: usize, rows: usize, dim: usize| {
+            if split {
+                vec![b, rows, heads * dim]
+            } else {
+                vec![b, heads, rows, dim]
+            }
+        };
+        let ins = BTreeMap::from([
+            (
+                "q".to_string(),
+                tensor(Dtype::F32, &shape(h, nq, d), qv.clone()),
+            ),
+            (
+                "k".to_string(),
+                tensor(Dtype::F32, &shape(kvh, nk, d), kv.clone()),
+            ),
+            (
+                "v".to_string(),
+                tensor(Dtype::F32, &shape(kvh, nk, dv), vv.clone()),
+            ),
+        ]);
+        // Element (bb, hh, r, x) of an operand in its input layout.
+        let at = |buf: &[f32],
+                  heads: usize,
+                  rows: usize,
+                  dim: usize,
+                  bb: usize,
+                  hh: usize,
+                  r: usize,
+                  x: usize| {
+            if split {
+                buf[(bb * rows + r) * heads * dim + hh * dim + x]
+            } else {
+                buf[((bb * heads + hh) * rows + r) * dim + x]
+            }
+        };
+        // The exact attention, in the output's layout.
+        let mut exact = vec![0f64; b * h * nq * dv];
+        for bb in 0..b {
+            for hh in 0..h {
+                let kh = hh / (h / kvh);
+                for r in 0..nq {
+                    let s: Vec<f64> = (0..nk)
+                        .map(|j| {
+                            (0..d)
+                                .map(|x| {
+                                    at(&qv, h, nq, d, bb, hh, r, x) as f64
+                                        * at(&kv, kvh, nk, d, bb, kh, j, x) as f64
+                                })
+                                .sum::<f64>()
+                                * scale
+                        })
+                        .collect();
+                    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                    let sum: f64 = e.iter().sum();
+                    for x in 0..dv {
+                        let y: f64 = (0..nk)
+                            .map(|j| e[j] / sum * at(&vv, kvh, nk, dv, bb, kh, j, x) as f64)
+                            .sum();
+                        let idx = if split {
+                            ((bb * nq + r) * h + hh) * dv + x
+                        } else {
+                            ((bb * h + hh) * nq + r) * dv + x
+                        };
+                        exact[idx] = y;
+                    }
+                }
+            }
+        }
+        let mut gp = DeviceProgram::load(&dev, &p, &NoWeights, false).unwrap();
+        let mut run = |m: F32Matmul, fused: bool| {
+            gp.set_f32_matmul(m);
+            gp.set_tf32_attention(fused);
+            let out = gp.run(ins.clone()).unwrap();
+            errors(&out["o"].float_values().unwrap(), &exact)
+        };
+        let (em, _) = run(F32Matmul::Exact, true);
+        let (um, ua) = run(F32Matmul::Tf32, false);
+        let (fm, fa) = run(F32Matmul::Tf32, true);
+        eprintln!(
+            "case {i} {:?}: max/mean |x - exact|: exact f32 {em:.3e}, TF32 GEMMs {um:.3e}/{ua:.3e}, \
+             one launch {fm:.3e}/{fa:.3e}",
+            [b, h, kvh, nq, nk, d, dv]
+        );
+        assert!(em < 1e-5, "case {i}: the exact-f32 path is {em:e} off");
+        // TF32 keeps 10 mantissa bits (cuBLAS runs some small shapes exact): the one-launch
+        // form within twice the GEMMs' error or four TF32 roundings of the values' scale (the
+        // values are within 3), its mean within twice theirs or a quarter rounding.
+        let ulp = 3.0 * 2f64.powi(-10);
+        assert!(
+            fm <= (2.0 * um).max(4.0 * ulp),
+            "case {i}: max {fm:e} vs {um:e}"
+        );
+        assert!(
+            fa <= (2.0 * ua).max(ulp / 4.0),
+            "case {i}: mean {fa:e} vs {ua:e}"
+        );
+    }
+}
