@@ -105,6 +105,7 @@ impl EwOp {
 pub fn fused_prelude() -> String {
     let mut s = String::with_capacity(8 << 10);
     s.push_str(PRELUDE);
+    s.push_str(CP_ASYNC);
     s.push_str(EW_FUNCS);
     s.push_str(NORM_FUNCS);
     s
@@ -116,6 +117,7 @@ pub fn module_source() -> String {
     let mut s = String::with_capacity(16 << 10);
     s.push_str(&format!("#define MAXR {MAX_RANK}\n"));
     s.push_str(PRELUDE);
+    s.push_str(CP_ASYNC);
     s.push_str(EW_STRUCT);
     s.push_str(EW_FUNCS);
     s.push_str(EW);
@@ -642,6 +644,34 @@ extern "C" __global__ void pt_bias(i64 rows, i64 n, int has_bias, int db, int do
 }
 "#;
 
+/// Asynchronous copies into shared memory (`cp.async`, sm_80 and later; plain copies before),
+/// shared by the attention kernels of the fixed module and of a program's fused source (after
+/// [`PRELUDE`] in both).
+const CP_ASYNC: &str = r#"
+// 16 bytes from global to shared memory without waiting (zeros when !valid; src stays a valid
+// address either way).
+__device__ __forceinline__ void at_cp16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#else
+  *(uint4*)dst = valid ? *(const uint4*)src : make_uint4(0, 0, 0, 0);
+#endif
+}
+__device__ __forceinline__ void at_cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits until at most n committed groups are still in flight.
+template <int n> __device__ __forceinline__ void at_cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" :: "n"(n) : "memory");
+#endif
+}
+
+"#;
+
 /// `pt_attn_tf32`: f32 attention without a mask — SigLIP's, 256 queries and keys of head dim 72
 /// a camera and head — where the program's f32 products run as TF32 (lerobot's compiled mode,
 /// [`crate::F32Matmul::Tf32`]), in one launch instead of a logits GEMM, a softmax over f32
@@ -672,24 +702,6 @@ __device__ __forceinline__ void ta_mma(float* d, unsigned a0, unsigned a1, unsig
     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 #endif
 }
-__device__ __forceinline__ void ta_cp16(float* dst, const float* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  unsigned a = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(a), "l"(src), "r"(valid ? 16 : 0) : "memory");
-#else
-  *(float4*)dst = valid ? *(const float4*)src : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#endif
-}
-__device__ __forceinline__ void ta_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-template <int n> __device__ __forceinline__ void ta_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" :: "n"(n) : "memory");
-#endif
-}
 // `rows` rows of `cols` floats (a multiple of 4) from src (rows `st` apart; those from `valid`
 // on zeros) into dst (rows cols + 4 apart: conflict-free fragment reads for cols a multiple of
 // 8), 16 bytes a copy.
@@ -697,7 +709,7 @@ __device__ __forceinline__ void ta_rows(float* dst, const float* src, i64 st, in
   const int ch = cols / 4;
   for (int e = threadIdx.x; e < rows * ch; e += blockDim.x) {
     const int r = e / ch, x = e - r * ch;
-    ta_cp16(dst + r * (cols + 4) + x * 4, src + (i64)(r < valid ? r : 0) * st + x * 4, r < valid);
+    at_cp16(dst + r * (cols + 4) + x * 4, src + (i64)(r < valid ? r : 0) * st + x * 4, r < valid);
   }
 }
 // Grid (batches · heads · tiles of 64 rows), 512 threads; dynamic shared memory: q's 64 rows,
@@ -716,10 +728,10 @@ extern "C" __global__ __launch_bounds__(512) void pt_attn_tf32(TfAttnParams p, c
   float* vs = ks + nkp * dp;
   ta_rows(qs, q + b * p.qsb + h * p.qsh + (i64)q0 * p.qsq, p.qsq, 64, p.nq - q0, p.d);
   ta_rows(ks, k + b * p.ksb + kh * p.ksh, p.ksk, nkp, p.nk, p.d);
-  ta_commit();
+  at_cp_commit();
   ta_rows(vs, v + b * p.vsb + kh * p.vsh, p.vsk, nkp, p.nk, p.dv);
-  ta_commit();
-  ta_wait<1>();
+  at_cp_commit();
+  at_cp_wait<1>();
   __syncthreads();
   // s[t][2i + e]: row 16·rt + g + 8i, key 64·kq + 8t + 2c + e.
   const int j0 = 64 * kq;
@@ -759,7 +771,7 @@ extern "C" __global__ __launch_bounds__(512) void pt_attn_tf32(TfAttnParams p, c
   float o[TA_DMAX / 8][4];
 #pragma unroll
   for (int n = 0; n < TA_DMAX / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  ta_wait<0>();
+  at_cp_wait<0>();
   __syncthreads();
   if (any) {
 #pragma unroll
@@ -875,28 +887,6 @@ __device__ __forceinline__ void at_mma(float* d, unsigned a0, unsigned a1, unsig
 #endif
 }
 __device__ __forceinline__ unsigned at_u32(const unsigned short* s) { return *(const unsigned*)s; }
-// 16 bytes from global to shared memory without waiting (zeros when !valid; src stays a valid
-// address either way).
-__device__ __forceinline__ void at_cp16(void* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-#else
-  *(uint4*)dst = valid ? *(const uint4*)src : make_uint4(0, 0, 0, 0);
-#endif
-}
-__device__ __forceinline__ void at_cp_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-// Waits until at most n committed groups are still in flight.
-template <int n> __device__ __forceinline__ void at_cp_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" :: "n"(n) : "memory");
-#endif
-}
-
 // Stages rows j0 .. j0 + rows of K (or of v: all dv columns) into buf, 16 bytes a copy, and
 // commits them as one group. Thread t copies column chunk t % ch of every (blockDim / ch)-th
 // row when ch (chunks a row) divides the block (no division a copy), else any chunk.
