@@ -309,8 +309,8 @@ pub const TF32_ATTN_MAX_DIM: usize = 80;
 /// strides given (rows contiguous) and the output's: grid, 512 threads, shared memory for q's
 /// 64 rows and all of K and v (or the four key quarters' partial results, if larger). `None`
 /// where the kernel does not apply (head dims not multiples of 8 or past
-/// [`TF32_ATTN_MAX_DIM`], more than [`TF32_ATTN_MAX_KEYS`] keys, K/v rows not 16-byte
-/// multiples, heads not a multiple of the KV heads, more shared memory than `max_smem`, sizes
+/// [`TF32_ATTN_MAX_DIM`], more than [`TF32_ATTN_MAX_KEYS`] keys, q/K/v rows not 16-byte
+/// multiples (all three are staged 16 bytes a copy), heads not a multiple of the KV heads, more shared memory than `max_smem`, sizes
 /// past 32 bits, nothing to do), and the unfused GEMMs and softmax run.
 #[allow(clippy::too_many_arguments)]
 pub fn tf32_attention_launch(
@@ -331,7 +331,7 @@ pub fn tf32_attention_launch(
         || !h.is_multiple_of(kvh)
         || !dims_fit(d)
         || !dims_fit(dv)
-        || k.iter().chain(&v).any(|s| s % 4 != 0)
+        || q.iter().chain(&k).chain(&v).any(|s| s % 4 != 0)
     {
         return None;
     }
@@ -1525,5 +1525,9 @@ mod tests {
                 "{dims:?}"
             );
         }
+        // q's rows are staged 16 bytes a copy too.
+        let odd = [256 * 1152, 72, 1150];
+        let siglip = [3, 16, 16, 256, 256, 72, 72];
+        assert!(tf32_attention_launch(siglip, odd, s, s, s, 1.0, h200).is_none());
     }
 }

@@ -1896,7 +1896,8 @@ impl<'d> DeviceProgram<'d> {
         };
         let dev = self.dev;
         let [pq, pk, pv] = [0, 1, 2].map(|j| dev.ptr(ops[j].0));
-        if [pk, pv].iter().any(|p| p % 16 != 0) {
+        // q, K and v are staged 16 bytes a copy.
+        if [pq, pk, pv].iter().any(|p| p % 16 != 0) {
             return Ok(None);
         }
         let out = dev.alloc(Dtype::F32, &shape)?;
