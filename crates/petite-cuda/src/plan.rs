@@ -310,8 +310,9 @@ pub const TF32_ATTN_MAX_DIM: usize = 80;
 /// 64 rows and all of K and v (or the four key quarters' partial results, if larger). `None`
 /// where the kernel does not apply (head dims not multiples of 8 or past
 /// [`TF32_ATTN_MAX_DIM`], more than [`TF32_ATTN_MAX_KEYS`] keys, q/K/v rows not 16-byte
-/// multiples (all three are staged 16 bytes a copy), heads not a multiple of the KV heads, more shared memory than `max_smem`, sizes
-/// past 32 bits, nothing to do), and the unfused GEMMs and softmax run.
+/// multiples (all three are staged 16 bytes a copy), heads not a multiple of the KV heads,
+/// more shared memory than `max_smem`, sizes past 32 bits, nothing to do), and the unfused
+/// GEMMs and softmax run.
 #[allow(clippy::too_many_arguments)]
 pub fn tf32_attention_launch(
     [b, h, kvh, nq, nk, d, dv]: [usize; 7],

@@ -60,6 +60,22 @@ enum Slot {
     Tuple(Vec<DevTensor>),
 }
 
+/// The `(batch, head, query)` element strides of an attention result of type `out_ty`
+/// (`[B, H, Q, Dv]`) as written dense or, with `into` (the head-merging permute's type),
+/// straight into `[B, Q, H, Dv]`: heads Dv apart, queries H·Dv apart.
+fn head_strides(out_ty: &TensorType, into: Option<&TensorType>) -> [i64; 3] {
+    match into {
+        Some(t) => {
+            let ts = contiguous_strides(&t.shape);
+            [ts[0], ts[2], ts[1]]
+        }
+        None => {
+            let os = contiguous_strides(&out_ty.shape);
+            [os[0], os[1], os[2]]
+        }
+    }
+}
+
 /// [`SoftmaxParams`]' mask fields for rows `((b·H + h)·Q + q)` of `[B, H, Q, K]` logits and a
 /// mask of shape `ms` (rank ≤ 4, broadcast over its size-1 dims): `[H, Q, sb, sh, sq, sk]`.
 fn mask_strides(ms: &[usize], h: usize, nq: usize) -> [i64; 6] {
@@ -1457,15 +1473,7 @@ impl<'d> DeviceProgram<'d> {
         let mask = tensor(a.mask)?;
         let (h, nq) = (q.shape[1], q.shape[2]);
         let out = dev.alloc(out_ty.dtype, &into.unwrap_or(out_ty).shape)?;
-        let os = contiguous_strides(&out_ty.shape);
-        let o = match into {
-            // [B, Q, H, Dv]: heads Dv apart, queries H·Dv apart.
-            Some(t) => {
-                let ts = contiguous_strides(&t.shape);
-                [ts[0], ts[2], ts[1]]
-            }
-            None => [os[0], os[1], os[2]],
-        };
+        let o = head_strides(out_ty, into);
         let l = crate::plan::attention_launch(
             crate::plan::AttnShape {
                 q: (&q.shape, &q.strides),
@@ -1758,7 +1766,7 @@ impl<'d> DeviceProgram<'d> {
                 .iter()
                 .all(|o| o.0.dtype() == Dtype::F32 && o.2.len() == 4 && o.2[3] == 1)
             && let Some(out) =
-                self.tf32_attention_run(&ops, [b, h, kvh, nq, nk, d, dv], scale, into)?
+                self.tf32_attention_run(&ops, [b, h, kvh, nq, nk, d, dv], scale, out_ty, into)?
         {
             return Ok(out);
         }
@@ -1868,27 +1876,16 @@ impl<'d> DeviceProgram<'d> {
         ops: &[(&DevTensor, Vec<usize>, Vec<i64>)],
         dims: [usize; 7],
         scale: f32,
+        out_ty: &TensorType,
         into: Option<&TensorType>,
     ) -> Result<Option<DevTensor>> {
-        let [b, h, _, nq, _, _, dv] = dims;
         let st = |j: usize| [ops[j].2[0], ops[j].2[1], ops[j].2[2]];
-        let (shape, os) = match into {
-            // [B, Q, H, Dv]: heads Dv apart, queries H·Dv apart.
-            Some(t) => (
-                t.shape.clone(),
-                [(nq * h * dv) as i64, dv as i64, (h * dv) as i64],
-            ),
-            None => (
-                vec![b, h, nq, dv],
-                [(h * nq * dv) as i64, (nq * dv) as i64, dv as i64],
-            ),
-        };
         let Some((prm, cfg)) = crate::plan::tf32_attention_launch(
             dims,
             st(0),
             st(1),
             st(2),
-            os,
+            head_strides(out_ty, into),
             scale,
             self.dev.info().max_shared_per_block as usize,
         ) else {
@@ -1900,7 +1897,7 @@ impl<'d> DeviceProgram<'d> {
         if [pq, pk, pv].iter().any(|p| p % 16 != 0) {
             return Ok(None);
         }
-        let out = dev.alloc(Dtype::F32, &shape)?;
+        let out = dev.alloc(Dtype::F32, &into.unwrap_or(out_ty).shape)?;
         let po = dev.ptr(&out);
         let f = dev.func("pt_attn_tf32")?;
         dev.launch_cluster_fn(f, cfg, None, |bl| {
