@@ -96,6 +96,10 @@ pub struct Group {
     /// [`Group::with`]: never launched alone (its output is allocated where its root runs, and
     /// written by that launch).
     pub absorbed: bool,
+    /// The slice starts the kernel takes as parameters `s0…` (after its pointers; then its
+    /// [`Group::first`]'s or [`Group::with`]'s as `t0…`): why a step's 36 adaRMS prologues,
+    /// which differ only in their layer's offsets into the modulation table, are one kernel.
+    pub offsets: Vec<i64>,
 }
 
 /// One kernel running grid-stride body `own` on blocks `[0, gb)` and body `other` on the `ga`
@@ -153,12 +157,19 @@ pub fn with_first(body: &str, first: &str) -> Option<String> {
     Some(out)
 }
 
-/// `line` with a kernel's operands `pN` and `po` renamed `qN` and `qo`.
+/// `line` with a kernel's operands `pN` and `po` renamed `qN` and `qo`, its offsets `sN`
+/// renamed `tN`.
 fn operands_renamed(line: &str) -> String {
     map_words(line, |w| {
-        let ours = w == "po"
-            || (w.len() > 1 && w.starts_with('p') && w[1..].bytes().all(|c| c.is_ascii_digit()));
-        ours.then(|| format!("q{}", &w[1..]))
+        let numbered =
+            |c: char| w.len() > 1 && w.starts_with(c) && w[1..].bytes().all(|b| b.is_ascii_digit());
+        if w == "po" || numbered('p') {
+            Some(format!("q{}", &w[1..]))
+        } else if numbered('s') {
+            Some(format!("t{}", &w[1..]))
+        } else {
+            None
+        }
     })
 }
 
@@ -870,17 +881,20 @@ pub fn plan_with(
     is_output: &[bool],
     attention_queries: usize,
 ) -> Result<Fusion> {
-    plan_paired(program, live, is_output, attention_queries, true)
+    plan_paired(program, live, is_output, attention_queries, true, true)
 }
 
 /// [`plan_with`], pairing independent groups into one launch ([`Group::with`]) only when
-/// `pairs` (`PETITE_CUDA_NO_PAIR` turns it off at load, to compare).
+/// `pairs` (`PETITE_CUDA_NO_PAIR` turns it off at load, to compare), and reading slice starts
+/// as kernel parameters ([`Group::offsets`]) only when `offset_params`
+/// (`PETITE_CUDA_NO_OFFSETS` bakes them in as literals, one kernel a distinct set, to compare).
 pub fn plan_paired(
     program: &Program,
     live: &[bool],
     is_output: &[bool],
     attention_queries: usize,
     pairs: bool,
+    offset_params: bool,
 ) -> Result<Fusion> {
     let order = program.topo_order()?;
     let consumers = program.consumers();
@@ -1174,9 +1188,11 @@ pub fn plan_paired(
                 prologue,
                 root_coords: Vec::new(),
                 biases: &biases,
+                offsets: Vec::new(),
+                offset_params,
             };
             cg.kernel_body(roots[g])
-                .map(|body| (body, cg.leaves, prologue))
+                .map(|body| (body, cg.leaves, prologue, cg.offsets))
         };
         // A prologue read anywhere but at its own element falls back to a plain group.
         let x = match prologue_of[g].map(|n| generate(Some(n))) {
@@ -1222,7 +1238,7 @@ pub fn plan_paired(
     // Each group's body (with its first, unrolled where it pays) and its launch's blocks.
     let mut bodies = Vec::with_capacity(roots.len());
     for (g, &root) in roots.iter().enumerate() {
-        let (mut body, _, prologue) = generated[g].clone();
+        let (mut body, _, prologue, _) = generated[g].clone();
         if let Some(r) = first[g] {
             body = with_first(&body, &generated[r].0).ok_or_else(|| {
                 gen_err(root, program, "a prologue kernel without its statistics")
@@ -1290,9 +1306,16 @@ pub fn plan_paired(
     }
     let mut groups = Vec::with_capacity(roots.len());
     for (g, &root) in roots.iter().enumerate() {
-        let (_, leaves, prologue) = generated[g].clone();
+        let (_, leaves, prologue, offsets) = generated[g].clone();
         let (mut body, unroll, mut blocks) = bodies[g].clone();
         let mut extra = String::new();
+        // The offsets follow every pointer: the group's own (`s…`), then the other's (`t…`).
+        let mut offs: String = (0..offsets.len()).map(|j| format!(", i64 s{j}")).collect();
+        if let Some(o) = first[g].or(with[g]) {
+            for j in 0..generated[o].3.len() {
+                let _ = write!(offs, ", i64 t{j}");
+            }
+        }
         if let Some(r) = first[g] {
             for j in 0..generated[r].1.len() {
                 let _ = write!(extra, ", const void* q{j}");
@@ -1309,26 +1332,26 @@ pub fn plan_paired(
             }
             extra.push_str(", void* qo");
         }
-        let k = match by_body.get(&body) {
+        let params: String = (0..leaves.len())
+            .map(|j| format!(", const void* p{j}"))
+            .collect();
+        let norm = if prologue.is_some() {
+            "NormParams np, const void* nx, const void* nw, const void* nb, "
+        } else {
+            ""
+        };
+        // The kernel's text but for its name: groups whose texts are equal share one kernel.
+        let text =
+            format!("({norm}i64 n{params}, void* po{extra}{offs}) {{\n  PT_PDL();\n{body}}}\n");
+        let k = match by_body.get(&text) {
             _ if absorbed[g] => None,
             Some(&k) => Some(k),
             None => {
                 let k = kernels.len();
                 let name = format!("pt_fused_{k}");
-                let params: String = (0..leaves.len())
-                    .map(|j| format!(", const void* p{j}"))
-                    .collect();
-                let norm = if prologue.is_some() {
-                    "NormParams np, const void* nx, const void* nw, const void* nb, "
-                } else {
-                    ""
-                };
-                let _ = write!(
-                    source,
-                    "extern \"C\" __global__ void {name}({norm}i64 n{params}, void* po{extra}) {{\n  PT_PDL();\n{body}}}\n"
-                );
+                let _ = write!(source, "extern \"C\" __global__ void {name}{text}");
                 kernels.push(name);
-                by_body.insert(body, k);
+                by_body.insert(text, k);
                 Some(k)
             }
         };
@@ -1343,6 +1366,7 @@ pub fn plan_paired(
             first: first[g],
             with: with[g],
             absorbed: absorbed[g],
+            offsets,
         });
     }
     let attention_kernels = (!attentions.is_empty()).then(|| {
@@ -1471,6 +1495,12 @@ struct Gen<'a> {
     root_coords: Vec<String>,
     /// Linears whose bias is added as they are loaded ([`Fusion::biases`]).
     biases: &'a HashMap<NodeId, NodeId>,
+    /// Non-zero slice starts read as parameters `s0…` ([`Group::offsets`]); one a value, so
+    /// equal starts give equal expressions (and shared loads) as literals would.
+    offsets: Vec<i64>,
+    /// Starts as parameters; else as literals (`PETITE_CUDA_NO_OFFSETS=1`, and the check that
+    /// both forms are the same code).
+    offset_params: bool,
 }
 
 fn gen_err(id: NodeId, p: &Program, msg: impl std::fmt::Display) -> Error {
@@ -1488,6 +1518,21 @@ impl Gen<'_> {
 
     fn ctype(d: Dtype) -> &'static str {
         if is_f(d) { "float" } else { "i64" }
+    }
+
+    /// Slice start `s` (non-zero) as the kernel reads it: a parameter, or a literal.
+    fn start(&mut self, s: i64) -> String {
+        if !self.offset_params {
+            return format!("{s}LL");
+        }
+        let j = match self.offsets.iter().position(|&o| o == s) {
+            Some(j) => j,
+            None => {
+                self.offsets.push(s);
+                self.offsets.len() - 1
+            }
+        };
+        format!("s{j}")
     }
 
     fn kernel_body(&mut self, root: NodeId) -> Result<String> {
@@ -1734,11 +1779,16 @@ impl Gen<'_> {
                 axis, start, step, ..
             } => {
                 let mut ic = c.to_vec();
+                let s = if *start == 0 {
+                    "0LL".to_string()
+                } else {
+                    self.start(*start as i64)
+                };
                 ic[*axis] = match (c[*axis].as_str(), *start, *step) {
                     (x, 0, 1) => x.to_string(),
-                    ("0", s, _) => format!("{s}LL"),
-                    (x, s, 1) => format!("({x} + {s}LL)"),
-                    (x, s, k) => format!("({s}LL + {x} * {k}LL)"),
+                    ("0", _, _) => s,
+                    (x, _, 1) => format!("({x} + {s})"),
+                    (x, _, k) => format!("({s} + {x} * {k}LL)"),
                 };
                 let x = node.inputs[0];
                 let dx = p.node(x).tensor().map(|t| t.dtype).unwrap_or(dt);
@@ -2067,7 +2117,7 @@ mod tests {
         for o in &p.outputs {
             out[o.value.index()] = true;
         }
-        plan_paired(p, &live, &out, queries, false).unwrap()
+        plan_paired(p, &live, &out, queries, false, true).unwrap()
     }
 
     fn plan_pairing(p: &Program) -> Fusion {
@@ -2298,6 +2348,166 @@ mod tests {
                 .all(|g| g.kernel == Some(0) && g.with.is_some())
         );
         assert_eq!(f.kernels.len(), 1, "one kernel for four identical chains");
+    }
+
+    /// Kernel `k`'s parameter list and body (its text but for the name).
+    fn kernel_text(f: &Fusion, k: usize) -> (&str, &str) {
+        let head = format!("extern \"C\" __global__ void {}(", f.kernels[k]);
+        let at = f.source.find(&head).expect("kernel in source") + head.len();
+        let rest = &f.source[at..];
+        let sig = rest.find(") {\n").expect("signature");
+        let end = rest.find("\n}\n").expect("kernel end");
+        (&rest[..sig], &rest[sig..end])
+    }
+
+    /// Each launched group's kernel with its slice starts as parameters, the values it is
+    /// launched with put back as literals, is the kernel the generator writes with literals.
+    fn offsets_are_literals_put_back(p: &Program, fp: &Fusion, fl: &Fusion) -> usize {
+        assert_eq!(fp.groups.len(), fl.groups.len());
+        let mut launched = 0;
+        for (gp, gl) in fp.groups.iter().zip(&fl.groups) {
+            assert_eq!(
+                (
+                    gp.root,
+                    &gp.leaves,
+                    gp.prologue,
+                    gp.first,
+                    gp.with,
+                    gp.absorbed
+                ),
+                (
+                    gl.root,
+                    &gl.leaves,
+                    gl.prologue,
+                    gl.first,
+                    gl.with,
+                    gl.absorbed
+                )
+            );
+            assert!(gl.offsets.is_empty() && gp.offsets.iter().all(|&o| o > 0));
+            let (Some(kp), Some(kl)) = (gp.kernel, gl.kernel) else {
+                assert!(gp.absorbed && gp.kernel.is_none() && gl.kernel.is_none());
+                continue;
+            };
+            launched += 1;
+            let other = gp
+                .first
+                .or(gp.with)
+                .map_or(&[][..], |o| &fp.groups[o].offsets);
+            let (sig_p, body_p) = kernel_text(fp, kp);
+            let (sig_l, body_l) = kernel_text(fl, kl);
+            let mut sig = sig_l.to_string();
+            for j in 0..gp.offsets.len() {
+                let _ = write!(sig, ", i64 s{j}");
+            }
+            for j in 0..other.len() {
+                let _ = write!(sig, ", i64 t{j}");
+            }
+            assert_eq!(sig_p, sig, "{}", p.describe(gp.root));
+            let put_back: String = body_p
+                .lines()
+                .map(|l| {
+                    map_words(l, |w| {
+                        let (table, j) = match w.split_at_checked(1) {
+                            Some(("s", j)) => (&gp.offsets[..], j),
+                            Some(("t", j)) => (other, j),
+                            _ => return None,
+                        };
+                        let j: usize = j.parse().ok()?;
+                        Some(format!("{}LL", table[j]))
+                    }) + "\n"
+                })
+                .collect();
+            assert_eq!(
+                put_back.trim_end(),
+                body_l.trim_end(),
+                "{}",
+                p.describe(gp.root)
+            );
+        }
+        launched
+    }
+
+    #[test]
+    fn slice_starts_as_parameters_are_the_literal_kernels_launched_with_their_values() {
+        let cfg = petite_pi05::Pi05Config::default();
+        for prec in [petite_pi05::Precision::Bf16, petite_pi05::Precision::F32] {
+            let progs = petite_pi05::build_all(&cfg, prec).unwrap();
+            for (name, p) in [
+                ("timestep_table", &progs.timestep_table),
+                ("prefix", &progs.prefix),
+                ("step", &progs.step),
+            ] {
+                let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
+                let live = p.ancestors(&roots);
+                let mut out = vec![false; p.len()];
+                for o in &p.outputs {
+                    out[o.value.index()] = true;
+                }
+                let q = fused_attention_queries((9, 0));
+                let fp = plan_paired(p, &live, &out, q, true, true).unwrap();
+                let fl = plan_paired(p, &live, &out, q, true, false).unwrap();
+                let launched = offsets_are_literals_put_back(p, &fp, &fl);
+                assert!(launched > 0, "{prec:?} {name}");
+                eprintln!(
+                    "{prec:?} {name}: {launched} launches, kernels {} with literal starts, {} with parameters",
+                    fl.kernels.len(),
+                    fp.kernels.len()
+                );
+                if name == "step" {
+                    // The 36 adaRMS prologues (and the residual sums they compute first)
+                    // differ only in their layer's offsets into the modulation table.
+                    assert!(fl.kernels.len() >= 40, "{}", fl.kernels.len());
+                    assert!(fp.kernels.len() <= 16, "{}", fp.kernels.len());
+                    // The residual sums computed first read the gate's offsets as `t…`.
+                    assert!(
+                        fp.groups
+                            .iter()
+                            .any(|g| { g.first.is_some_and(|o| !fp.groups[o].offsets.is_empty()) })
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn slices_of_one_table_at_other_offsets_share_one_kernel() {
+        let mut b = Builder::new();
+        let table = b.input("table", Dtype::F32, &[4, 96]).unwrap();
+        let x = b.input("x", Dtype::Bf16, &[4, 32]).unwrap();
+        let mut outs = Vec::new();
+        for start in [0isize, 32, 64] {
+            let s = b.slice(table, 1, start, start + 32, 1).unwrap();
+            let s = b.cast(s, Dtype::Bf16).unwrap();
+            let y = b.mul(x, s).unwrap();
+            outs.push(y);
+        }
+        for (i, y) in outs.into_iter().enumerate() {
+            b.output(&format!("y{i}"), y).unwrap();
+        }
+        let p = b.finish().unwrap();
+        let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
+        let live = p.ancestors(&roots);
+        let mut out = vec![false; p.len()];
+        for &r in &roots {
+            out[r.index()] = true;
+        }
+        let fp = plan_paired(&p, &live, &out, 0, false, true).unwrap();
+        let fl = plan_paired(&p, &live, &out, 0, false, false).unwrap();
+        let mut offsets: Vec<(&[i64], Option<usize>)> = fp
+            .groups
+            .iter()
+            .map(|g| (&g.offsets[..], g.kernel))
+            .collect();
+        offsets.sort();
+        let k: Vec<&[i64]> = offsets.iter().map(|o| o.0).collect();
+        assert_eq!(k, [&[][..], &[32][..], &[64][..]]);
+        // Start 0 reads the table as it is; the others one kernel, two launches.
+        assert_eq!(fp.kernels.len(), 2, "{}", fp.source);
+        assert_eq!(fl.kernels.len(), 3);
+        assert_eq!(offsets[1].1, offsets[2].1);
+        assert_ne!(offsets[0].1, offsets[1].1);
+        assert_eq!(offsets_are_literals_put_back(&p, &fp, &fl), 3);
     }
 
     #[test]

@@ -170,6 +170,7 @@ impl<'d> DeviceProgram<'d> {
                 &is_output,
                 attention,
                 std::env::var_os("PETITE_CUDA_NO_PAIR").is_none(),
+                std::env::var_os("PETITE_CUDA_NO_OFFSETS").is_none(),
             )?
         } else {
             Fusion {
@@ -1110,6 +1111,12 @@ impl<'d> DeviceProgram<'d> {
         let f = &self.fused[group
             .kernel
             .ok_or_else(|| err("an absorbed group launched"))?];
+        // Slice starts after every pointer: the group's own, then its first's or beside's.
+        let other = group.first.or(group.with).map(|o| &self.fusion.groups[o]);
+        let offsets = group
+            .offsets
+            .iter()
+            .chain(other.into_iter().flat_map(|o| o.offsets.iter()));
         let Some(norm) = group.prologue else {
             let cfg = cudarc::driver::LaunchConfig {
                 grid_dim: (group.blocks, 1, 1),
@@ -1128,6 +1135,9 @@ impl<'d> DeviceProgram<'d> {
                         }
                         Device::push_u64(b, p);
                     }
+                    for o in offsets {
+                        b.arg(o);
+                    }
                 })
                 .map(|()| Slot::T(out));
         };
@@ -1141,6 +1151,9 @@ impl<'d> DeviceProgram<'d> {
             b.arg(&n);
             for p in &ptrs {
                 Device::push_u64(b, p);
+            }
+            for o in offsets {
+                b.arg(o);
             }
         })?;
         Ok(Slot::T(out))

@@ -452,6 +452,113 @@ fn unrolled_elementwise_kernels_and_free_permutes_give_the_reference_executors_b
     }
 }
 
+/// Three layers of a step's residual sum and adaRMS, each reading its gate, scale and shift
+/// at its own offsets in one modulation table: the kernels take the slice starts as
+/// parameters (`fuse::Group::offsets`), so the layers share kernels and only the launches'
+/// values differ. A wrong value, or one passed in the wrong place, reads another layer's
+/// modulation: far outside the bound, which allows one bf16 rounding of the result (the
+/// norm's statistics are summed in another order than the reference executor's).
+#[test]
+#[ignore = "needs a GPU: cargo xtask conformance --only gpu"]
+fn slice_offsets_passed_at_launch_read_each_layers_own_modulation() {
+    let (rows, d, layers) = (50, 1024, 3);
+    let mut b = Builder::new();
+    let table = b
+        .input("table", Dtype::F32, &[1, 1, 3 * d * layers])
+        .unwrap();
+    let mut x = b.input("x", Dtype::Bf16, &[1, rows, d]).unwrap();
+    let at = |b: &mut Builder, l: usize, k: usize| {
+        let start = (3 * l + k) * d;
+        b.slice(table, 2, start as isize, (start + d) as isize, 1)
+            .unwrap()
+    };
+    for l in 0..layers {
+        let o = b
+            .input(&format!("o{l}"), Dtype::Bf16, &[1, rows, d])
+            .unwrap();
+        let gate = at(&mut b, l, 2);
+        let gate = b.cast(gate, Dtype::Bf16).unwrap();
+        let go = b.mul(o, gate).unwrap();
+        let sum = b.add(x, go).unwrap();
+        let sf = b.cast(sum, Dtype::F32).unwrap();
+        let n = b.rms_norm(sf, None, 1e-6).unwrap();
+        let (scale, shift) = (at(&mut b, l, 1), at(&mut b, l, 0));
+        let s1 = b.add_scalar(scale, 1.0).unwrap();
+        let m = b.mul(n, s1).unwrap();
+        let m = b.add(m, shift).unwrap();
+        let y = b.cast(m, Dtype::Bf16).unwrap();
+        b.output(&format!("y{l}"), y).unwrap();
+        x = b.add(sum, y).unwrap();
+    }
+    b.output("x", x).unwrap();
+    let p = b.finish().unwrap();
+    let roots: Vec<_> = p.outputs.iter().map(|o| o.value).collect();
+    let mut is_output = vec![false; p.len()];
+    for &r in &roots {
+        is_output[r.index()] = true;
+    }
+    let plan = petite_cuda::fuse::plan(&p, &p.ancestors(&roots), &is_output).unwrap();
+    let launched: Vec<_> = plan.groups.iter().filter(|g| !g.absorbed).collect();
+    assert!(
+        launched
+            .iter()
+            .any(|g| g.first.is_some_and(|f| !plan.groups[f].offsets.is_empty())),
+        "a residual sum computed first by a norm's kernel, reading its gate's offset: {:?}",
+        plan.groups
+    );
+    assert!(
+        plan.kernels.len() < launched.len(),
+        "layers share kernels: {} kernels, {} launches",
+        plan.kernels.len(),
+        launched.len()
+    );
+    let dev = Device::open().expect("a CUDA GPU (this test fails without one)");
+    let vals = |n: usize, seed| values(n, seed).into_iter().map(|x| x * 2.0).collect();
+    let mut ins = BTreeMap::from([
+        (
+            "table".to_string(),
+            tensor(Dtype::F32, &[1, 1, 3 * d * layers], vals(3 * d * layers, 7)),
+        ),
+        (
+            "x".to_string(),
+            tensor(Dtype::Bf16, &[1, rows, d], vals(rows * d, 8)),
+        ),
+    ]);
+    for l in 0..layers {
+        ins.insert(
+            format!("o{l}"),
+            tensor(Dtype::Bf16, &[1, rows, d], vals(rows * d, 9 + l as u64)),
+        );
+    }
+    let cpu = petite_reference::run(&p, &NoWeights, ins.clone()).unwrap();
+    let gp = DeviceProgram::load(&dev, &p, &NoWeights, false).unwrap();
+    let gpu = gp.run(ins).unwrap();
+    for name in (0..layers)
+        .map(|l| format!("y{l}"))
+        .chain(["x".to_string()])
+    {
+        let (c, g) = (&cpu[&name], &gpu[&name]);
+        assert_eq!(c.shape(), g.shape(), "{name}");
+        let (c, g) = (c.float_values().unwrap(), g.float_values().unwrap());
+        assert!(!c.is_empty() && c.len() == g.len(), "{name}");
+        let mut same = 0;
+        for (i, (a, b)) in c.iter().zip(g.iter()).enumerate() {
+            // One bf16 rounding of the value: 2⁻⁸ of it.
+            let bound = a.abs().max(b.abs()) / 256.0;
+            assert!(
+                b.is_finite() && (a - b).abs() <= bound,
+                "{name}[{i}]: reference {a}, GPU {b}"
+            );
+            same += usize::from(a.to_bits() == b.to_bits());
+        }
+        assert!(
+            same * 100 >= c.len() * 99,
+            "{name}: only {same} of {} values are the reference's bits",
+            c.len()
+        );
+    }
+}
+
 /// f32 attention without a mask where the f32 products run as TF32 (pi0.5's SigLIP in the bf16
 /// mode): `pt_attn_tf32` (one launch, flash-attention's order) against the unfused TF32 GEMMs
 /// and softmax of the same program, both against the exact f64 attention — the fused form must
