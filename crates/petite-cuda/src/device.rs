@@ -1097,7 +1097,7 @@ fn compute_type(ab: Dtype, f32: F32Matmul) -> bsys::cublasComputeType_t {
 mod tests {
     use super::*;
 
-    /// NVRTC — nobody here wrote it; no GPU needed — compiles the fixed module and every fused
+    /// NVRTC — nobody here wrote it; no GPU needed — compiles the fixed module, the attention module and every fused
     /// kernel source that `fuse::plan` generates for pi0.5's full-size bf16 and f32 programs,
     /// to machine code for the H200 (`sm_90`) and Jetson Orin (`sm_87`), with the options the
     /// runtime uses. Needs libnvrtc on the library path: `cargo xtask conformance --only nvrtc`
@@ -1111,7 +1111,13 @@ mod tests {
             "libnvrtc not found on the library path"
         );
         let cfg = petite_pi05::Pi05Config::default();
-        let mut sources = vec![("module".to_string(), module_source())];
+        let mut sources = vec![
+            ("module".to_string(), module_source()),
+            (
+                "attention module".to_string(),
+                crate::source::attention_module_source(),
+            ),
+        ];
         for prec in [petite_pi05::Precision::Bf16, petite_pi05::Precision::F32] {
             let progs = petite_pi05::build_all(&cfg, prec).unwrap();
             for (name, p) in [
@@ -1129,7 +1135,13 @@ mod tests {
                 // in the program's source).
                 for queries in [0, usize::MAX] {
                     let f = crate::fuse::plan_with(p, &live, &out, queries).unwrap();
-                    assert!(f.kernels.iter().all(|k| f.source.contains(k.as_str())));
+                    let at = f.attention_kernels.map_or(f.kernels.len(), |[a, ..]| a);
+                    assert!(
+                        f.kernels[..at]
+                            .iter()
+                            .all(|k| f.source.contains(k.as_str()))
+                    );
+                    assert!(!f.source.contains("pt_attn_"));
                     if queries > 0 && f.attentions.is_empty() {
                         continue;
                     }

@@ -265,7 +265,8 @@ pub struct Fusion {
     pub groups: Vec<Group>,
     /// Kernel names, by kernel index.
     pub kernels: Vec<String>,
-    /// The CUDA C source of every kernel (with the prelude).
+    /// The CUDA C source of every kernel (with the prelude) but the attention kernels, which
+    /// are compiled from their own module ([`crate::source::attention_module_source`]).
     pub source: String,
     /// Operands read in place: (consumer, operand index) → the view (a matmul's through
     /// strides; a norm's or softmax's through the dtype of a widening cast's input).
@@ -280,7 +281,10 @@ pub struct Fusion {
     /// same bits). Why: SigLIP's 203 bias passes took 1.1 ms of a chunk on the H200.
     pub biases: HashMap<NodeId, NodeId>,
     /// Where [`Fusion::kernels`] holds the attention kernels (`pt_attn_logits`, `pt_attn_pv`,
-    /// `pt_attn_cl`: in [`Fusion::source`] only when there are [`Fusion::attentions`]).
+    /// `pt_attn_cl`; the last three, only when there are [`Fusion::attentions`]). Their source
+    /// is the same for every program, so it is its own module
+    /// ([`crate::source::attention_module_source`]): NVRTC compiles it once a process (~1 s;
+    /// `petite verify` has two step engines that fuse attentions), not once a program.
     pub attention_kernels: Option<[usize; 3]>,
 }
 
@@ -1370,7 +1374,6 @@ pub fn plan_paired(
         });
     }
     let attention_kernels = (!attentions.is_empty()).then(|| {
-        source.push_str(crate::source::attention_source());
         let at = kernels.len();
         kernels.extend(crate::source::ATTENTION_KERNELS.map(String::from));
         [at, at + 1, at + 2]
@@ -2174,13 +2177,15 @@ mod tests {
             plan_queries(prefix, usize::MAX).attentions.len(),
             softmaxes(prefix)
         );
-        // Their kernels are compiled with the program's fused kernels, and only then.
+        // Their kernels are the last three, loaded from the attention module (compiled once a
+        // process), never from the program's own source.
         let [l, pv, cl] = f.attention_kernels.expect("attention kernels");
         assert_eq!(
             (&*f.kernels[l], &*f.kernels[pv], &*f.kernels[cl]),
             ("pt_attn_logits", "pt_attn_pv", "pt_attn_cl")
         );
-        assert!(f.source.contains("void pt_attn_pv(") && f.source.contains("void pt_attn_cl("));
+        assert_eq!(cl + 1, f.kernels.len());
+        assert!(!f.source.contains("pt_attn"));
         // SigLIP's f32 out/fc1/fc2 linears have their biases added by the groups reading them
         // (q/k/v are read by the attention op: their own bias pass).
         let folded = plan_queries(prefix, 0).biases.len();

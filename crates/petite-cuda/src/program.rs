@@ -358,36 +358,51 @@ impl<'d> DeviceProgram<'d> {
                 whole: w.rows.is_none(),
             });
         }
-        // The fused kernels compile (NVRTC, on the host) while the weights go up.
+        // The fused kernels, and the attention kernels' own module where attentions are fused,
+        // compile (NVRTC, on the host, a thread each) while the weights go up.
         let cc = dev.info().compute_capability;
         let t_up = std::time::Instant::now();
-        let compiled = std::thread::scope(|s| -> Result<_> {
-            let compiling = (!fusion.kernels.is_empty())
+        let attention_at = fusion
+            .attention_kernels
+            .map_or(fusion.kernels.len(), |[a, ..]| a);
+        let (own, attention) = fusion.kernels.split_at(attention_at);
+        let attention_source = (!attention.is_empty()).then(crate::source::attention_module_source);
+        let (compiled, compiled_attention) = std::thread::scope(|s| -> Result<_> {
+            let compiling = (!own.is_empty())
                 .then(|| s.spawn(|| crate::device::compile_fused(cc, &fusion.source)));
+            let compiling_attention = attention_source
+                .as_deref()
+                .map(|src| s.spawn(move || crate::device::compile_fused(cc, src)));
             let up = crate::upload::upload(dev, &jobs, weights, release);
-            let compiled = match compiling {
-                Some(h) => Some(
-                    h.join()
-                        .map_err(|_| err("the kernel compiler thread panicked"))??,
-                ),
-                None => None,
+            let join = |h: Option<std::thread::ScopedJoinHandle<'_, Result<_>>>| match h {
+                Some(h) => h
+                    .join()
+                    .map_err(|_| err("the kernel compiler thread panicked"))?
+                    .map(Some),
+                None => Ok(None),
             };
+            let compiled = join(compiling)?;
+            let compiled_attention = join(compiling_attention)?;
             up?;
-            Ok(compiled)
+            Ok((compiled, compiled_attention))
         })?;
+        let fuse_compile_seconds = compiled.as_ref().map_or(0.0, |c| c.1)
+            + compiled_attention.as_ref().map_or(0.0, |c| c.1);
         crate::device::trace(format_args!(
             "{} weights, {:.2} GiB up in {:.2} s ({} fused kernels, {:.2} s compiling beside)",
             jobs.len(),
             weight_bytes as f64 / (1u64 << 30) as f64,
             t_up.elapsed().as_secs_f64(),
             fusion.kernels.len(),
-            compiled.as_ref().map_or(0.0, |c| c.1)
+            fuse_compile_seconds
         ));
         drop(jobs);
-        let (fused, fuse_compile_seconds) = match compiled {
-            Some((ptx, secs)) => (dev.load_functions(ptx, &fusion.kernels)?, secs),
-            None => (Vec::new(), 0.0),
-        };
+        let mut fused = Vec::with_capacity(fusion.kernels.len());
+        for (compiled, names) in [(compiled, own), (compiled_attention, attention)] {
+            if let Some((ptx, _)) = compiled {
+                fused.extend(dev.load_functions(ptx, names)?);
+            }
+        }
         for (i, node) in program.nodes.iter().enumerate() {
             if let Op::Constant { data } = &node.op
                 && live[i]

@@ -129,14 +129,16 @@ pub fn module_source() -> String {
 }
 
 /// The fused attention kernels' source ([`crate::fuse::Attend`]; entry points
-/// [`ATTENTION_KERNELS`]), appended to a program's fused-kernel source (after
-/// [`fused_prelude`]) only when the program fuses an attention: NVRTC compiles them beside the
-/// weights' upload, and programs without one pay nothing for them.
-pub fn attention_source() -> &'static str {
-    ATTN
+/// [`ATTENTION_KERNELS`]), after [`fused_prelude`]: a module of its own, compiled only where a
+/// program fuses an attention (beside the weights' upload; programs without one pay nothing
+/// for it), and once a process however many programs do.
+pub fn attention_module_source() -> String {
+    let mut s = fused_prelude();
+    s.push_str(ATTN);
+    s
 }
 
-/// Entry points of [`attention_source`].
+/// Entry points of [`attention_module_source`].
 pub const ATTENTION_KERNELS: [&str; 3] = ["pt_attn_logits", "pt_attn_pv", "pt_attn_cl"];
 
 const PRELUDE: &str = r#"
@@ -1430,8 +1432,9 @@ mod tests {
         };
         assert!(balanced(&s));
         assert!(!s.contains("#include"), "NVRTC must need no include path");
-        // The attention kernels: their own source, appended to a program's fused kernels.
-        let a = attention_source();
+        // The attention kernels: a module of their own, on the fused kernels' prelude.
+        let a = attention_module_source();
+        assert!(a.starts_with(&fused_prelude()));
         for k in ATTENTION_KERNELS {
             assert_eq!(a.matches(&format!(" void {k}(")).count(), 1, "{k}");
             assert!(
@@ -1439,7 +1442,7 @@ mod tests {
                 "{k} is not in the fixed module"
             );
         }
-        assert!(balanced(a));
+        assert!(balanced(&a));
     }
 
     #[test]
