@@ -9,6 +9,12 @@
 //!
 //! Run it where there is a GPU (the lent H200: a prebuilt `petite` through `PETITE_BIN`, the
 //! tree through `XTASK_ROOT`); it fails without one.
+//!
+//! `--variant NAME:VAR=VALUE,…` (repeatable) measures the same binary under other
+//! `PETITE_CUDA_*` switches, and `--rounds N` runs every (variant, dtype) N times, the order
+//! reversed every other round, so that switches are compared within one call, alternating, as
+//! these machines' noise needs; each variant's actions are compared with the first's (bits, or
+//! the largest difference).
 
 use std::process::Command;
 
@@ -37,6 +43,120 @@ pub struct Args {
     /// and timing JSON (`RUN.json`) in this directory instead of a temporary one.
     #[arg(long)]
     pub keep: Option<std::path::PathBuf>,
+    /// A variant to measure beside the others: `NAME:VAR=VALUE,VAR=VALUE` (environment set for
+    /// its runs; `NAME:` for none). Repeatable; without any, one variant `default`. The first
+    /// is the baseline of the summary's ratios and action comparisons.
+    #[arg(long = "variant", value_parser = parse_variant)]
+    pub variants: Vec<Variant>,
+    /// Rounds of every (variant, dtype), the order reversed every other round.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+}
+
+/// One round of a (variant, dtype): its (chunk, prefix, steps) medians and its actions' file.
+type Round = ([f64; 3], std::path::PathBuf);
+
+/// `VAR=VALUE VAR=VALUE`, or `(none)`.
+fn env_text(v: &Variant) -> String {
+    if v.env.is_empty() {
+        return "(none)".into();
+    }
+    v.env
+        .iter()
+        .map(|(k, x)| format!("{k}={x}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A named set of environment variables for the `petite` runs ([`Args::variants`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Variant {
+    /// Its name in the tables (letters, digits, `-`, `_`, `.`).
+    pub name: String,
+    /// `(VAR, VALUE)` pairs.
+    pub env: Vec<(String, String)>,
+}
+
+/// `NAME:VAR=VALUE,VAR=VALUE` (or `NAME:`).
+fn parse_variant(s: &str) -> std::result::Result<Variant, String> {
+    let (name, rest) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected NAME:VAR=VALUE,… (or NAME: for none)"))?;
+    let ok = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+    if name.is_empty() || !name.chars().all(ok) {
+        return Err(format!(
+            "{s:?}: a variant's name is letters, digits, '-', '_' or '.'"
+        ));
+    }
+    let mut env = Vec::new();
+    for kv in rest.split(',').filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("{s:?}: {kv:?} is not VAR=VALUE"))?;
+        if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!(
+                "{s:?}: {k:?} is not an environment variable's name"
+            ));
+        }
+        env.push((k.to_string(), v.to_string()));
+    }
+    Ok(Variant {
+        name: name.to_string(),
+        env,
+    })
+}
+
+/// Every (variant, dtype) of `rounds` rounds in run order: variants outermost, the whole order
+/// reversed in odd rounds (A B, B A, A B, …).
+fn schedule(variants: usize, dtypes: usize, rounds: usize) -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::with_capacity(variants * dtypes * rounds);
+    for r in 0..rounds {
+        let mut order: Vec<(usize, usize)> = (0..variants)
+            .flat_map(|v| (0..dtypes).map(move |d| (v, d)))
+            .collect();
+        if r % 2 == 1 {
+            order.reverse();
+        }
+        out.extend(order.into_iter().map(|(v, d)| (r, v, d)));
+    }
+    out
+}
+
+/// The `actions` f32 values of a `petite pi05 run --out` file.
+fn actions(path: &std::path::Path) -> Result<Vec<f32>> {
+    let bytes = std::fs::read(path).with_context(|| format!("read {}", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .with_context(|| format!("parse {}", path.display()))?;
+    let t = st
+        .tensor("actions")
+        .with_context(|| format!("{}: no actions", path.display()))?;
+    if t.dtype() != safetensors::Dtype::F32 || t.data().is_empty() {
+        bail!("{}: actions are not a non-empty f32 tensor", path.display());
+    }
+    Ok(t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// How `b`'s actions compare with `a`'s: `bit-identical` or the largest difference (errors on
+/// a length mismatch or a non-finite value).
+fn compare_actions(a: &[f32], b: &[f32]) -> Result<String> {
+    if a.len() != b.len() || a.is_empty() {
+        bail!("{} actions against {}", b.len(), a.len());
+    }
+    if let Some(i) = a.iter().chain(b).position(|x| !x.is_finite()) {
+        bail!("action {} is not finite", i % a.len());
+    }
+    if a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()) {
+        return Ok("bit-identical".into());
+    }
+    let d = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    Ok(format!("max abs difference {d:.3e}"))
 }
 
 /// What PyTorch measures on the GPU: dense bf16 and f32 matmul rates and a copy's bandwidth.
@@ -137,31 +257,65 @@ pub fn run(a: &Args) -> Result<()> {
         pk.tf32 / 1e12,
         pk.copy / 1e12
     );
-    let mut rows = Vec::new();
-    for run in &a.dtypes {
-        let (dtype, f32_matmul) = match run.as_str() {
-            "bf16" => ("bf16", "tf32"),
-            "bf16-exact" => ("bf16", "exact"),
-            "f32" => ("f32", "exact"),
+    let variants = if a.variants.is_empty() {
+        vec![Variant {
+            name: "default".into(),
+            env: Vec::new(),
+        }]
+    } else {
+        a.variants.clone()
+    };
+    if a.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    let mut names = std::collections::HashSet::new();
+    if let Some(v) = variants.iter().find(|v| !names.insert(&v.name)) {
+        bail!("--variant {:?} given twice", v.name);
+    }
+    let runs = a
+        .dtypes
+        .iter()
+        .map(|run| match run.as_str() {
+            "bf16" => Ok((run.as_str(), "bf16", "tf32")),
+            "bf16-exact" => Ok((run.as_str(), "bf16", "exact")),
+            "f32" => Ok((run.as_str(), "f32", "exact")),
             other => bail!("--dtypes: unknown {other:?} (bf16, bf16-exact, f32)"),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let many = variants.len() > 1 || a.rounds > 1;
+    let mut rows = Vec::new();
+    // By (variant, dtype): each round's (chunk, prefix, steps) medians and its actions' file.
+    let mut got: std::collections::BTreeMap<(usize, usize), Vec<Round>> = Default::default();
+    for (round, vi, di) in schedule(variants.len(), runs.len(), a.rounds) {
+        let variant = &variants[vi];
+        let (run, dtype, f32_matmul) = runs[di];
+        let label = if many {
+            format!("{}-{run}-r{round}", variant.name)
+        } else {
+            run.to_string()
         };
-        let json = dir.join(format!("{run}.json"));
-        let out = dir.join(format!("{run}-actions.safetensors"));
-        util::run(
-            Command::new(&petite)
-                .args(["pi05", "run", "--device", "cuda", "--dtype", dtype])
-                .args(["--f32-matmul", f32_matmul])
-                .arg("--checkpoint")
-                .arg(&ck)
-                .arg("--inputs")
-                .arg(&inputs)
-                .arg("--out")
-                .arg(&out)
-                .args(["--repeat", &a.chunks.to_string()])
-                .args(["--warmup", &a.warmup.to_string()])
-                .arg("--timing-json")
-                .arg(&json),
-        )?;
+        let json = dir.join(format!("{label}.json"));
+        let out = dir.join(format!("{label}-actions.safetensors"));
+        let mut cmd = Command::new(&petite);
+        cmd.args(["pi05", "run", "--device", "cuda", "--dtype", dtype])
+            .args(["--f32-matmul", f32_matmul])
+            .arg("--checkpoint")
+            .arg(&ck)
+            .arg("--inputs")
+            .arg(&inputs)
+            .arg("--out")
+            .arg(&out)
+            .args(["--repeat", &a.chunks.to_string()])
+            .args(["--warmup", &a.warmup.to_string()])
+            .arg("--timing-json")
+            .arg(&json);
+        for (k, v) in &variant.env {
+            cmd.env(k, v);
+        }
+        if many {
+            println!("gpu bench: {label}: environment {}", env_text(variant));
+        }
+        util::run(&mut cmd)?;
         let v: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
         // Each product at its own rate: f32 products (all of them in f32 mode; SigLIP in
         // lerobot's bf16 mode) at the f32 rate, or TF32's when they run as TF32, 16-bit ones at
@@ -188,19 +342,21 @@ pub fn run(a: &Args) -> Result<()> {
         let floor_ms = floor * 1e3;
         let median = num(&v, "median_chunk_ms")?;
         if !(median.is_finite() && median > 0.0 && floor_ms > 0.0) {
-            bail!("{run}: unusable figures: median {median} ms, floor {floor_ms} ms");
+            bail!("{label}: unusable figures: median {median} ms, floor {floor_ms} ms");
         }
+        let (prefix, steps_ms) = (num(&v, "median_prefix_ms")?, num(&v, "median_steps_ms")?);
         let gib = |k: &str| num(&v, k).map(|b| b / (1u64 << 30) as f64);
         rows.push(format!(
-            "| petite-cuda {run} | {median:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {floor_ms:.2} | {:.1}× |",
-            num(&v, "median_prefix_ms")?,
-            num(&v, "median_steps_ms")?,
+            "| petite-cuda {label} | {median:.2} | {prefix:.2} | {steps_ms:.2} | {:.2} | {:.2} | {:.2} | {floor_ms:.2} | {:.1}× |",
             num(&v, "median_wall_ms")?,
             gib("weight_bytes")?,
             gib("peak_pool_bytes")?,
             median / floor_ms
         ));
-        println!("gpu bench: {run}: {}", serde_json::to_string(&v)?);
+        got.entry((vi, di))
+            .or_default()
+            .push(([median, prefix, steps_ms], out));
+        println!("gpu bench: {label}: {}", serde_json::to_string(&v)?);
     }
     println!(
         "\n| run | chunk ms (median) | prefix ms | 10 steps ms | wall ms | weights GiB | peak buffers GiB | floor ms | × floor |\n|---|---|---|---|---|---|---|---|---|"
@@ -208,5 +364,109 @@ pub fn run(a: &Args) -> Result<()> {
     for r in rows {
         println!("{r}");
     }
+    if many {
+        println!(
+            "\n| variant | environment | run | chunk ms (each round) | prefix ms | 10 steps ms | chunk × {} | actions against {} |\n|---|---|---|---|---|---|---|---|",
+            variants[0].name, variants[0].name
+        );
+        let median = |x: &mut Vec<f64>| {
+            x.sort_by(f64::total_cmp);
+            x[x.len() / 2]
+        };
+        for (di, (run, ..)) in runs.iter().enumerate() {
+            let base = &got[&(0, di)];
+            let base_chunk = median(&mut base.iter().map(|r| r.0[0]).collect());
+            let base_actions = actions(&base[0].1)?;
+            for (vi, variant) in variants.iter().enumerate() {
+                let mine = &got[&(vi, di)];
+                let each = |k: usize| {
+                    mine.iter()
+                        .map(|r| format!("{:.2}", r.0[k]))
+                        .collect::<Vec<_>>()
+                        .join(" / ")
+                };
+                let chunk = median(&mut mine.iter().map(|r| r.0[0]).collect());
+                // Every round's actions against the baseline's first round.
+                let mut cmp = Vec::new();
+                for r in mine {
+                    cmp.push(compare_actions(&base_actions, &actions(&r.1)?)?);
+                }
+                cmp.dedup();
+                println!(
+                    "| {} | {} | {run} | {} | {} | {} | {:.3} | {} |",
+                    variant.name,
+                    env_text(variant),
+                    each(0),
+                    each(1),
+                    each(2),
+                    chunk / base_chunk,
+                    cmp.join("; ")
+                );
+            }
+        }
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variants_parse_and_refuse_what_is_not_one() {
+        let v = parse_variant("no-offsets:PETITE_CUDA_NO_OFFSETS=1,PETITE_CUDA_TRACE=").unwrap();
+        assert_eq!(v.name, "no-offsets");
+        assert_eq!(
+            v.env,
+            [
+                ("PETITE_CUDA_NO_OFFSETS".to_string(), "1".to_string()),
+                ("PETITE_CUDA_TRACE".to_string(), String::new())
+            ]
+        );
+        assert_eq!(env_text(&v), "PETITE_CUDA_NO_OFFSETS=1 PETITE_CUDA_TRACE=");
+        let main = parse_variant("main:").unwrap();
+        assert!(main.env.is_empty());
+        assert_eq!(env_text(&main), "(none)");
+        for bad in ["main", ":X=1", "a b:X=1", "a:X", "a:=1", "a:X-Y=1"] {
+            assert!(parse_variant(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn rounds_alternate_the_order() {
+        // Two variants, one dtype, three rounds: A B, B A, A B.
+        let order: Vec<(usize, usize)> =
+            schedule(2, 1, 3).iter().map(|&(r, v, _)| (r, v)).collect();
+        assert_eq!(order, [(0, 0), (0, 1), (1, 1), (1, 0), (2, 0), (2, 1)]);
+        // Every (variant, dtype) once a round.
+        let s = schedule(3, 2, 2);
+        assert_eq!(s.len(), 12);
+        for r in 0..2 {
+            let mut in_round: Vec<(usize, usize)> =
+                s.iter().filter(|x| x.0 == r).map(|x| (x.1, x.2)).collect();
+            in_round.sort();
+            in_round.dedup();
+            assert_eq!(in_round.len(), 6);
+        }
+    }
+
+    #[test]
+    fn actions_compare_as_bits_or_the_largest_difference_and_refuse_nan() {
+        assert_eq!(
+            compare_actions(&[1.0, 2.0], &[1.0, 2.0]).unwrap(),
+            "bit-identical"
+        );
+        assert_eq!(
+            compare_actions(&[1.0, 2.0], &[1.0, 2.5]).unwrap(),
+            "max abs difference 5.000e-1"
+        );
+        // -0.0 and 0.0 are equal values, not equal bits.
+        assert_eq!(
+            compare_actions(&[0.0], &[-0.0]).unwrap(),
+            "max abs difference 0.000e0"
+        );
+        assert!(compare_actions(&[1.0], &[f32::NAN]).is_err());
+        assert!(compare_actions(&[1.0], &[1.0, 2.0]).is_err());
+        assert!(compare_actions(&[], &[]).is_err());
+    }
 }
