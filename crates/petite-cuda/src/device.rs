@@ -1131,10 +1131,14 @@ mod tests {
                 for o in &p.outputs {
                     out[o.value.index()] = true;
                 }
-                // As run by default, and with every bf16 attention fused (its kernels then
-                // in the program's source).
-                for queries in [0, usize::MAX] {
-                    let f = crate::fuse::plan_with(p, &live, &out, queries).unwrap();
+                // As run by default, with every bf16 attention fused, and with unrolled rows
+                // (`PETITE_CUDA_UNROLL_ROWS=1`).
+                for (queries, rows) in [(0, false), (usize::MAX, false), (0, true)] {
+                    let o = crate::fuse::Options {
+                        unrolled_rows: rows,
+                        ..crate::fuse::Options::new(queries)
+                    };
+                    let f = crate::fuse::plan_opts(p, &live, &out, o).unwrap();
                     let at = f.attention_kernels.map_or(f.kernels.len(), |[a, ..]| a);
                     assert!(
                         f.kernels[..at]
@@ -1147,8 +1151,9 @@ mod tests {
                     }
                     sources.push((
                         format!(
-                            "{prec:?} {name} ({} kernels, attention up to {queries} queries)",
-                            f.kernels.len()
+                            "{prec:?} {name} ({} kernels, attention up to {queries} queries{})",
+                            f.kernels.len(),
+                            if rows { ", unrolled rows" } else { "" }
                         ),
                         f.source,
                     ));

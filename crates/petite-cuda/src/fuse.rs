@@ -244,6 +244,81 @@ pub fn unrolled(body: &str) -> Option<String> {
     Some(out)
 }
 
+/// The row loop of a prologue kernel ([`Group::prologue`]): its residual sum's
+/// ([`with_first`]) and its elements'.
+const ROW_LOOP: &str = "  for (i64 jj = threadIdx.x; jj < np.d; jj += blockDim.x) {";
+
+/// A prologue kernel's `body` with each straight-line row loop taking [`UNROLL`] elements a
+/// trip, `blockDim.x` apart, the copies' lines interleaved so that every copy's loads are
+/// issued before any copy's store (the remainder in the loop as it was); [`Gen`] then has the
+/// statistics computed by `norm_stats4` (four loads before their adds, for the input's dtype
+/// and the norm's kind known here instead of switched on in the loop). Why:
+/// the SASS of every norm kernel showed one load in flight — each load's use, or a store the
+/// compiler cannot prove apart from the next load, waited a memory latency per element; a
+/// step's row of 1,024 on 256 threads pays four of them a pass. Each element is computed by the
+/// same lines as before and each thread adds in the same order: the same bits. Loops holding
+/// a branch (a concat) are left as they are.
+pub fn rows_unrolled(body: &str) -> String {
+    let u = UNROLL;
+    let lines: Vec<&str> = body.lines().collect();
+    let mut out = String::with_capacity(body.len() * 5);
+    let mut k = 0;
+    while k < lines.len() {
+        let line = lines[k];
+        let end = (line == ROW_LOOP)
+            .then(|| lines[k + 1..].iter().position(|l| *l == "  }"))
+            .flatten()
+            .map(|e| k + 1 + e);
+        let Some(end) = end.filter(|&e| {
+            lines[k + 1..e]
+                .iter()
+                .all(|l| !l.contains('{') && !l.contains('}'))
+        }) else {
+            out.push_str(line);
+            out.push('\n');
+            k += 1;
+            continue;
+        };
+        let inner = &lines[k + 1..end];
+        let _ = writeln!(
+            out,
+            "  {{\n  const i64 bd = blockDim.x;\n  i64 jj = threadIdx.x;\n  for (; jj + {} * bd < np.d; jj += {u} * bd) {{",
+            u - 1
+        );
+        let decl: Vec<String> = (0..u)
+            .map(|c| match c {
+                0 => "jj_0 = jj".to_string(),
+                1 => "jj_1 = jj + bd".to_string(),
+                c => format!("jj_{c} = jj + {c} * bd"),
+            })
+            .collect();
+        let _ = writeln!(out, "    const i64 {};", decl.join(", "));
+        for l in inner {
+            for c in 0..u {
+                let _ = writeln!(out, "{}", row_renamed(l, c));
+            }
+        }
+        let _ = writeln!(out, "  }}\n  for (; jj < np.d; jj += bd) {{");
+        for l in inner {
+            let _ = writeln!(out, "{l}");
+        }
+        let _ = writeln!(out, "  }}\n  }}");
+        k = end + 1;
+    }
+    out
+}
+
+/// `line` of a row loop with its own names (`jj`, `i`, `r`, `nv`, `cN`, `vN`) suffixed `_k`.
+fn row_renamed(line: &str, k: usize) -> String {
+    map_words(line, |w| {
+        let ours = matches!(w, "jj" | "i" | "r" | "nv")
+            || (w.len() > 1
+                && (w.starts_with('v') || w.starts_with('c'))
+                && w[1..].bytes().all(|c| c.is_ascii_digit()));
+        ours.then(|| format!("{w}_{k}"))
+    })
+}
+
 /// `line` with the loop's own names (`i`, `r`, `cN`, `vN`) suffixed `_k`.
 fn renamed(line: &str, k: usize) -> String {
     map_words(line, |w| {
@@ -870,6 +945,47 @@ fn attend(
     ))
 }
 
+/// How [`plan_opts`] fuses: the defaults, each switch there to compare against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// bf16 attentions of up to this many queries run as the fused attention kernels
+    /// ([`Attend`]; 0: none, as on GPUs without bf16 tensor-core `mma`, before sm_80).
+    pub attention_queries: usize,
+    /// Two independent groups with only products between them share a launch
+    /// ([`Group::with`]); `PETITE_CUDA_NO_PAIR=1` turns it off at load.
+    pub pairs: bool,
+    /// Slice starts are kernel parameters ([`Group::offsets`]); `PETITE_CUDA_NO_OFFSETS=1`
+    /// bakes them in as literals (one kernel a distinct set).
+    pub offset_params: bool,
+    /// A prologue kernel's row loops take four elements a trip ([`rows_unrolled`]) and its
+    /// statistics four loads at a time (`norm_stats4`): the same bits. Opt-in,
+    /// `PETITE_CUDA_UNROLL_ROWS=1`, until measured on a GPU.
+    pub unrolled_rows: bool,
+}
+
+impl Options {
+    /// The defaults, fusing bf16 attentions of up to `attention_queries` queries.
+    pub fn new(attention_queries: usize) -> Self {
+        Options {
+            attention_queries,
+            pairs: true,
+            offset_params: true,
+            unrolled_rows: false,
+        }
+    }
+
+    /// [`Options::new`] with the `PETITE_CUDA_*` switches of this process applied.
+    pub fn from_env(attention_queries: usize) -> Self {
+        let set = |v: &str| std::env::var_os(v).is_some();
+        Options {
+            attention_queries,
+            pairs: !set("PETITE_CUDA_NO_PAIR"),
+            offset_params: !set("PETITE_CUDA_NO_OFFSETS"),
+            unrolled_rows: std::env::var_os("PETITE_CUDA_UNROLL_ROWS").is_some_and(|v| v == "1"),
+        }
+    }
+}
+
 /// Plans the fusion of `program`'s `live` nodes; `is_output` marks program outputs (always
 /// materialized). bf16 attentions are fused as on an sm_90 device
 /// ([`fused_attention_queries`]).
@@ -885,21 +1001,22 @@ pub fn plan_with(
     is_output: &[bool],
     attention_queries: usize,
 ) -> Result<Fusion> {
-    plan_paired(program, live, is_output, attention_queries, true, true)
+    plan_opts(program, live, is_output, Options::new(attention_queries))
 }
 
-/// [`plan_with`], pairing independent groups into one launch ([`Group::with`]) only when
-/// `pairs` (`PETITE_CUDA_NO_PAIR` turns it off at load, to compare), and reading slice starts
-/// as kernel parameters ([`Group::offsets`]) only when `offset_params`
-/// (`PETITE_CUDA_NO_OFFSETS` bakes them in as literals, one kernel a distinct set, to compare).
-pub fn plan_paired(
+/// [`plan`] with `options`.
+pub fn plan_opts(
     program: &Program,
     live: &[bool],
     is_output: &[bool],
-    attention_queries: usize,
-    pairs: bool,
-    offset_params: bool,
+    options: Options,
 ) -> Result<Fusion> {
+    let Options {
+        attention_queries,
+        pairs,
+        offset_params,
+        unrolled_rows,
+    } = options;
     let order = program.topo_order()?;
     let consumers = program.consumers();
     let n = program.len();
@@ -1194,6 +1311,8 @@ pub fn plan_paired(
                 biases: &biases,
                 offsets: Vec::new(),
                 offset_params,
+                unrolled_rows,
+                views: &views,
             };
             cg.kernel_body(roots[g])
                 .map(|body| (body, cg.leaves, prologue, cg.offsets))
@@ -1254,6 +1373,7 @@ pub fn plan_paired(
             .map_or(0, |t| t.shape.iter().product());
         let (body, unroll) = match (prologue, numel >= UNROLL_FROM) {
             (None, true) => unrolled(&body).map_or((body, 1), |b| (b, UNROLL)),
+            (Some(_), _) if unrolled_rows => (rows_unrolled(&body), 1),
             _ => (body, 1),
         };
         let blocks = crate::plan::grid_for(numel.div_ceil(unroll));
@@ -1504,6 +1624,10 @@ struct Gen<'a> {
     /// Starts as parameters; else as literals (`PETITE_CUDA_NO_OFFSETS=1`, and the check that
     /// both forms are the same code).
     offset_params: bool,
+    /// The prologue's statistics by `norm_stats4` ([`Options::unrolled_rows`]).
+    unrolled_rows: bool,
+    /// Operands read in place ([`Fusion::views`]): where the prologue norm reads its input.
+    views: &'a HashMap<(NodeId, usize), StridedView>,
 }
 
 fn gen_err(id: NodeId, p: &Program, msg: impl std::fmt::Display) -> Error {
@@ -1557,10 +1681,48 @@ impl Gen<'_> {
                     .tensor()
                     .ok_or_else(|| gen_err(norm, self.program, "tuple norm"))?
                     .dtype;
-                let y = store_f("norm_elem(np, nx, nw, nb, base, jj, nm, nr)", d);
+                // With unrolled rows, the statistics and the element formula for the operands'
+                // dtypes (`np.dx`, `dw`, `db` at launch: each view's base where read in place)
+                // and the norm's kind, known here.
+                let node = self.program.node(norm);
+                let mut dts = Vec::with_capacity(3);
+                for j in 0..node.inputs.len() {
+                    let v = self
+                        .views
+                        .get(&(norm, j))
+                        .map_or(node.inputs[j], |v| v.base);
+                    let t = self
+                        .program
+                        .node(v)
+                        .tensor()
+                        .ok_or_else(|| gen_err(norm, self.program, "tuple norm operand"))?;
+                    dts.push(t.dtype);
+                }
+                let kind = match node.op {
+                    Op::LayerNorm { .. } => 0,
+                    _ => 1,
+                };
+                let known = |k: usize| dts.get(k).map_or("-1", |&t| dt_macro(t));
+                let floats = dts
+                    .iter()
+                    .all(|t| matches!(t, Dtype::F32 | Dtype::Bf16 | Dtype::F16));
+                let (stats, elem) = if self.unrolled_rows && floats && !dts.is_empty() {
+                    (
+                        format!("norm_stats4<{}, {kind}>", known(0)),
+                        format!(
+                            "norm_elem4<{}, {kind}, {}, {}>",
+                            known(0),
+                            known(1),
+                            known(2)
+                        ),
+                    )
+                } else {
+                    ("norm_stats".to_string(), "norm_elem".to_string())
+                };
+                let y = store_f(&format!("{elem}(np, nx, nw, nb, base, jj, nm, nr)"), d);
                 let _ = writeln!(
                     self.body,
-                    "  __shared__ double shd[32];\n  const i64 row = blockIdx.x;\n  if (row >= np.rows) return;\n  const i64 base = row * np.d;\n  float nm, nr;\n  norm_stats(np, nx, base, shd, &nm, &nr);\n  for (i64 jj = threadIdx.x; jj < np.d; jj += blockDim.x) {{\n    const i64 i = base + jj;\n    const float nv = {y};"
+                    "  __shared__ double shd[32];\n  const i64 row = blockIdx.x;\n  if (row >= np.rows) return;\n  const i64 base = row * np.d;\n  float nm, nr;\n  {stats}(np, nx, base, shd, &nm, &nr);\n  for (i64 jj = threadIdx.x; jj < np.d; jj += blockDim.x) {{\n    const i64 i = base + jj;\n    const float nv = {y};"
                 );
             }
             None => {
@@ -2120,7 +2282,11 @@ mod tests {
         for o in &p.outputs {
             out[o.value.index()] = true;
         }
-        plan_paired(p, &live, &out, queries, false, true).unwrap()
+        let o = Options {
+            pairs: false,
+            ..Options::new(queries)
+        };
+        plan_opts(p, &live, &out, o).unwrap()
     }
 
     fn plan_pairing(p: &Program) -> Fusion {
@@ -2355,6 +2521,13 @@ mod tests {
         assert_eq!(f.kernels.len(), 1, "one kernel for four identical chains");
     }
 
+    fn literal(o: Options) -> Options {
+        Options {
+            offset_params: false,
+            ..o
+        }
+    }
+
     /// Kernel `k`'s parameter list and body (its text but for the name).
     fn kernel_text(f: &Fusion, k: usize) -> (&str, &str) {
         let head = format!("extern \"C\" __global__ void {}(", f.kernels[k]);
@@ -2450,8 +2623,9 @@ mod tests {
                     out[o.value.index()] = true;
                 }
                 let q = fused_attention_queries((9, 0));
-                let fp = plan_paired(p, &live, &out, q, true, true).unwrap();
-                let fl = plan_paired(p, &live, &out, q, true, false).unwrap();
+                let o = Options::new(q);
+                let fp = plan_opts(p, &live, &out, o).unwrap();
+                let fl = plan_opts(p, &live, &out, literal(o)).unwrap();
                 let launched = offsets_are_literals_put_back(p, &fp, &fl);
                 assert!(launched > 0, "{prec:?} {name}");
                 eprintln!(
@@ -2471,6 +2645,102 @@ mod tests {
                             .any(|g| { g.first.is_some_and(|o| !fp.groups[o].offsets.is_empty()) })
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn unrolled_row_loops_compute_each_element_by_the_same_lines() {
+        let body = "  __shared__ double shd[32];\n  const i64 base = row * np.d;\n  for (i64 jj = threadIdx.x; jj < np.d; jj += blockDim.x) {\n    const i64 i = base + jj;\n    unsigned r = (unsigned)i;\n    unsigned c1 = r % 8u; r /= 8u;\n    float v1 = ldf(q0, c1 * 1LL, DT_BF16);\n    ((unsigned short*)qo)[i] = f2bf(v1);\n  }\n  __syncthreads();\n  for (i64 jj = threadIdx.x; jj < np.d; jj += blockDim.x) {\n    const i64 i = base + jj;\n    float v1;\n    if (i < 3LL) {\n    v1 = 1.0f;\n    }\n  }\n";
+        let out = rows_unrolled(body);
+        // The straight-line loop: four copies a trip, then the remainder as it was.
+        let inner = [
+            "    const i64 i = base + jj;",
+            "    unsigned r = (unsigned)i;",
+            "    unsigned c1 = r % 8u; r /= 8u;",
+            "    float v1 = ldf(q0, c1 * 1LL, DT_BF16);",
+            "    ((unsigned short*)qo)[i] = f2bf(v1);",
+        ];
+        let lines: Vec<&str> = out.lines().collect();
+        let trip = lines
+            .iter()
+            .position(|l| l.starts_with("    const i64 jj_0 = jj"))
+            .unwrap();
+        for (n, want) in inner.iter().enumerate() {
+            for k in 0..UNROLL {
+                let got = lines[trip + 1 + n * UNROLL + k];
+                // Copy k is the line with its own names suffixed `_k`, and nothing else.
+                assert_eq!(got, row_renamed(want, k));
+                let back = map_words(got, |w| {
+                    w.strip_suffix(&format!("_{k}")).map(str::to_string)
+                });
+                assert_eq!(back, *want);
+            }
+        }
+        // Every copy's loads before any store.
+        let first_store = lines.iter().position(|l| l.contains(")[i_")).unwrap();
+        let last_load = lines
+            .iter()
+            .rposition(|l| l.contains("ldf(q0, c1_"))
+            .unwrap();
+        assert!(last_load < first_store);
+        let rest = out.find("  for (; jj < np.d; jj += bd) {\n").unwrap();
+        assert!(out[rest..].starts_with(&format!(
+            "  for (; jj < np.d; jj += bd) {{\n{}\n  }}\n  }}\n",
+            inner.join("\n")
+        )));
+        // The loop holding a branch is left as it was, and so is everything outside loops.
+        assert!(out.ends_with("  __syncthreads();\n  for (i64 jj = threadIdx.x; jj < np.d; jj += blockDim.x) {\n    const i64 i = base + jj;\n    float v1;\n    if (i < 3LL) {\n    v1 = 1.0f;\n    }\n  }\n"));
+        assert!(out.starts_with("  __shared__ double shd[32];\n  const i64 base = row * np.d;\n"));
+        assert_eq!(out.matches('{').count(), out.matches('}').count());
+    }
+
+    #[test]
+    fn unrolled_rows_change_only_the_prologue_kernels_text() {
+        let cfg = petite_pi05::Pi05Config::default();
+        for prec in [petite_pi05::Precision::Bf16, petite_pi05::Precision::F32] {
+            let progs = petite_pi05::build_all(&cfg, prec).unwrap();
+            for p in [&progs.prefix, &progs.step] {
+                let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
+                let live = p.ancestors(&roots);
+                let mut out = vec![false; p.len()];
+                for o in &p.outputs {
+                    out[o.value.index()] = true;
+                }
+                let o = Options::new(fused_attention_queries((9, 0)));
+                let f = plan_opts(p, &live, &out, o).unwrap();
+                let u = Options {
+                    unrolled_rows: true,
+                    ..o
+                };
+                let fu = plan_opts(p, &live, &out, u).unwrap();
+                assert_eq!(f.kernels.len(), fu.kernels.len());
+                let mut prologues = 0;
+                for (g, gu) in f.groups.iter().zip(&fu.groups) {
+                    assert_eq!(
+                        (g.root, &g.leaves, g.prologue, g.first, g.kernel, &g.offsets),
+                        (
+                            gu.root,
+                            &gu.leaves,
+                            gu.prologue,
+                            gu.first,
+                            gu.kernel,
+                            &gu.offsets
+                        )
+                    );
+                    let Some(k) = g.kernel else { continue };
+                    let (a, b) = (kernel_text(&f, k), kernel_text(&fu, k));
+                    assert_eq!(a.0, b.0, "the same parameters");
+                    if g.prologue.is_none() {
+                        assert_eq!(a.1, b.1, "{}", p.describe(g.root));
+                        continue;
+                    }
+                    prologues += 1;
+                    assert!(a.1.contains("norm_stats(") && a.1.contains("norm_elem("));
+                    assert!(b.1.contains("norm_stats4<") && b.1.contains("norm_elem4<"));
+                    assert!(b.1.contains("jj_3"), "{}", p.describe(g.root));
+                }
+                assert!(prologues > 0);
             }
         }
     }
@@ -2497,8 +2767,12 @@ mod tests {
         for &r in &roots {
             out[r.index()] = true;
         }
-        let fp = plan_paired(&p, &live, &out, 0, false, true).unwrap();
-        let fl = plan_paired(&p, &live, &out, 0, false, false).unwrap();
+        let o = Options {
+            pairs: false,
+            ..Options::new(0)
+        };
+        let fp = plan_opts(&p, &live, &out, o).unwrap();
+        let fl = plan_opts(&p, &live, &out, literal(o)).unwrap();
         let mut offsets: Vec<(&[i64], Option<usize>)> = fp
             .groups
             .iter()

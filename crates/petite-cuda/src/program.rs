@@ -148,6 +148,19 @@ impl<'d> DeviceProgram<'d> {
         release: bool,
         attention_queries: usize,
     ) -> Result<Self> {
+        let options = crate::fuse::Options::from_env(attention_queries);
+        Self::load_with(dev, program, weights, release, options)
+    }
+
+    /// [`DeviceProgram::load`] fusing as `options` say (the process's `PETITE_CUDA_*` switches
+    /// are not read; `PETITE_CUDA_NO_FUSE` still turns fusion off).
+    pub fn load_with(
+        dev: &'d Device,
+        program: &Program,
+        weights: &dyn WeightSource,
+        release: bool,
+        options: crate::fuse::Options,
+    ) -> Result<Self> {
         let t0 = std::time::Instant::now();
         program.validate()?;
         let order = program.topo_order()?;
@@ -160,17 +173,18 @@ impl<'d> DeviceProgram<'d> {
         let fusion = if fusing() {
             // The fused attention's products are bf16 `mma.sync`, sm_80 and later.
             let attention = if dev.info().compute_capability.0 >= 8 {
-                attention_queries
+                options.attention_queries
             } else {
                 0
             };
-            crate::fuse::plan_paired(
+            crate::fuse::plan_opts(
                 program,
                 &live,
                 &is_output,
-                attention,
-                std::env::var_os("PETITE_CUDA_NO_PAIR").is_none(),
-                std::env::var_os("PETITE_CUDA_NO_OFFSETS").is_none(),
+                crate::fuse::Options {
+                    attention_queries: attention,
+                    ..options
+                },
             )?
         } else {
             Fusion {

@@ -274,6 +274,67 @@ __device__ __forceinline__ void norm_stats(const NormParams& p, const void* x, i
   }
 }
 
+// `norm_stats` for an input of dtype DT and a norm of kind KIND (0 layer, 1 RMS) known when
+// the kernel is generated, with four loads issued before their adds (`fuse::rows_unrolled`):
+// each thread adds the same values in the same order, so the same bits.
+template <int DT, int KIND> __device__ __forceinline__ void norm_stats4(const NormParams& p, const void* x, i64 base, double* shd, float* a, float* r) {
+  const i64 bd = blockDim.x;
+  double s = 0.0;
+  i64 j = threadIdx.x;
+  if (KIND == 0) {
+    for (; j + 3 * bd < p.d; j += 4 * bd) {
+      const float x0 = ldf(x, base + j, DT), x1 = ldf(x, base + j + bd, DT);
+      const float x2 = ldf(x, base + j + 2 * bd, DT), x3 = ldf(x, base + j + 3 * bd, DT);
+      s += (double)x0; s += (double)x1; s += (double)x2; s += (double)x3;
+    }
+    for (; j < p.d; j += bd) s += (double)ldf(x, base + j, DT);
+    double mean = block_sum_d(s, shd) / (double)p.d;
+    double v = 0.0;
+    j = threadIdx.x;
+    for (; j + 3 * bd < p.d; j += 4 * bd) {
+      const float x0 = ldf(x, base + j, DT), x1 = ldf(x, base + j + bd, DT);
+      const float x2 = ldf(x, base + j + 2 * bd, DT), x3 = ldf(x, base + j + 3 * bd, DT);
+      double c = (double)x0 - mean; v += c * c;
+      c = (double)x1 - mean; v += c * c;
+      c = (double)x2 - mean; v += c * c;
+      c = (double)x3 - mean; v += c * c;
+    }
+    for (; j < p.d; j += bd) { double c = (double)ldf(x, base + j, DT) - mean; v += c * c; }
+    double var = block_sum_d(v, shd) / (double)p.d;
+    *a = (float)mean;
+    *r = 1.0f / sqrtf((float)var + p.eps);
+  } else {
+    for (; j + 3 * bd < p.d; j += 4 * bd) {
+      const float x0 = ldf(x, base + j, DT), x1 = ldf(x, base + j + bd, DT);
+      const float x2 = ldf(x, base + j + 2 * bd, DT), x3 = ldf(x, base + j + 3 * bd, DT);
+      double v = (double)x0; s += v * v;
+      v = (double)x1; s += v * v;
+      v = (double)x2; s += v * v;
+      v = (double)x3; s += v * v;
+    }
+    for (; j < p.d; j += bd) { double v = (double)ldf(x, base + j, DT); s += v * v; }
+    float ms = (float)(block_sum_d(s, shd) / (double)p.d);
+    *a = 0.0f;
+    *r = 1.0f / sqrtf(ms + p.eps);
+  }
+}
+
+// `norm_elem` for dtypes and a kind known when the kernel is generated (DW, DB: -1 where the
+// norm has no weight or bias): the same operations, without the switches between a load and
+// its use (`fuse::rows_unrolled`).
+template <int DX, int KIND, int DW, int DB> __device__ __forceinline__ float norm_elem4(const NormParams& p, const void* x, const void* w, const void* b, i64 base, i64 j, float a, float r) {
+  float y;
+  if (KIND == 0) {
+    y = (ldf(x, base + j, DX) - a) * r;
+    if (DW >= 0) y *= ldf(w, j, DW);
+    if (DB >= 0) y += ldf(b, j, DB);
+  } else {
+    y = ldf(x, base + j, DX) * r;
+    if (DW >= 0) y = y * (p.offset + ldf(w, j, DW));
+  }
+  return y;
+}
+
 // Element j of the row at `base`, in f32, before it is stored in the norm's dtype.
 __device__ __forceinline__ float norm_elem(const NormParams& p, const void* x, const void* w, const void* b, i64 base, i64 j, float a, float r) {
   float y;

@@ -457,11 +457,14 @@ fn unrolled_elementwise_kernels_and_free_permutes_give_the_reference_executors_b
 /// parameters (`fuse::Group::offsets`), so the layers share kernels and only the launches'
 /// values differ. A wrong value, or one passed in the wrong place, reads another layer's
 /// modulation: far outside the bound, which allows one bf16 rounding of the result (the
-/// norm's statistics are summed in another order than the reference executor's).
+/// norm's statistics are summed in another order than the reference executor's). The same
+/// program with unrolled row loops (`fuse::Options::unrolled_rows`) must give the default's
+/// bits: each element by the same lines, each thread's sums in the same order.
 #[test]
 #[ignore = "needs a GPU: cargo xtask conformance --only gpu"]
 fn slice_offsets_passed_at_launch_read_each_layers_own_modulation() {
-    let (rows, d, layers) = (50, 1024, 3);
+    // d 1,152 (SigLIP's width): one unrolled trip of 1,024 a row and a remainder of 128.
+    let (rows, d, layers) = (50, 1152, 3);
     let mut b = Builder::new();
     let table = b
         .input("table", Dtype::F32, &[1, 1, 3 * d * layers])
@@ -531,12 +534,30 @@ fn slice_offsets_passed_at_launch_read_each_layers_own_modulation() {
         );
     }
     let cpu = petite_reference::run(&p, &NoWeights, ins.clone()).unwrap();
-    let gp = DeviceProgram::load(&dev, &p, &NoWeights, false).unwrap();
-    let gpu = gp.run(ins).unwrap();
+    let options = petite_cuda::fuse::Options::new(0);
+    let gp = DeviceProgram::load_with(&dev, &p, &NoWeights, false, options).unwrap();
+    let gpu = gp.run(ins.clone()).unwrap();
+    let unrolled = petite_cuda::fuse::Options {
+        unrolled_rows: true,
+        ..options
+    };
+    let gu = DeviceProgram::load_with(&dev, &p, &NoWeights, false, unrolled).unwrap();
+    let gpu_unrolled = gu.run(ins).unwrap();
     for name in (0..layers)
         .map(|l| format!("y{l}"))
         .chain(["x".to_string()])
     {
+        let (g, u) = (
+            gpu[&name].float_values().unwrap(),
+            gpu_unrolled[&name].float_values().unwrap(),
+        );
+        assert!(!g.is_empty() && g.len() == u.len(), "{name}");
+        let differ = g
+            .iter()
+            .zip(u.iter())
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(differ, 0, "{name}: unrolled rows changed {differ} values");
         let (c, g) = (&cpu[&name], &gpu[&name]);
         assert_eq!(c.shape(), g.shape(), "{name}");
         let (c, g) = (c.float_values().unwrap(), g.float_values().unwrap());
