@@ -229,19 +229,40 @@ pub fn unrolled(body: &str) -> Option<String> {
         "  const i64 st = (i64)gridDim.x * blockDim.x;\n  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;\n  for (; i + {} * st < n; i += {u} * st) {{",
         u - 1
     );
-    let decl: Vec<String> = (0..u).map(|k| format!("i_{k} = i + {k} * st")).collect();
+    interleaved(
+        &mut out,
+        inner,
+        ("i", "st"),
+        renamed,
+        "for (; i < n; i += st)",
+    );
+    Some(out)
+}
+
+/// The inside of an unrolled trip — `const i64 v_0 = v + 0 * step, …;`, then each of `inner`'s
+/// lines [`UNROLL`] times, copy `k` through `rename(line, k)` — closing the trip's loop, and
+/// the remainder loop `rest` over `inner` as it is.
+fn interleaved(
+    out: &mut String,
+    inner: &[&str],
+    (var, step): (&str, &str),
+    rename: fn(&str, usize) -> String,
+    rest: &str,
+) {
+    let decl: Vec<String> = (0..UNROLL)
+        .map(|k| format!("{var}_{k} = {var} + {k} * {step}"))
+        .collect();
     let _ = writeln!(out, "    const i64 {};", decl.join(", "));
     for l in inner {
-        for k in 0..u {
-            let _ = writeln!(out, "{}", renamed(l, k));
+        for k in 0..UNROLL {
+            let _ = writeln!(out, "{}", rename(l, k));
         }
     }
-    let _ = writeln!(out, "  }}\n  for (; i < n; i += st) {{");
+    let _ = writeln!(out, "  }}\n  {rest} {{");
     for l in inner {
         let _ = writeln!(out, "{l}");
     }
     let _ = writeln!(out, "  }}");
-    Some(out)
 }
 
 /// The row loop of a prologue kernel ([`Group::prologue`]): its residual sum's
@@ -285,24 +306,9 @@ pub fn rows_unrolled(body: &str) -> String {
             "  {{\n  const i64 bd = blockDim.x;\n  i64 jj = threadIdx.x;\n  for (; jj + {} * bd < np.d; jj += {u} * bd) {{",
             u - 1
         );
-        let decl: Vec<String> = (0..u)
-            .map(|c| match c {
-                0 => "jj_0 = jj".to_string(),
-                1 => "jj_1 = jj + bd".to_string(),
-                c => format!("jj_{c} = jj + {c} * bd"),
-            })
-            .collect();
-        let _ = writeln!(out, "    const i64 {};", decl.join(", "));
-        for l in inner {
-            for c in 0..u {
-                let _ = writeln!(out, "{}", row_renamed(l, c));
-            }
-        }
-        let _ = writeln!(out, "  }}\n  for (; jj < np.d; jj += bd) {{");
-        for l in inner {
-            let _ = writeln!(out, "{l}");
-        }
-        let _ = writeln!(out, "  }}\n  }}");
+        let rest = "for (; jj < np.d; jj += bd)";
+        interleaved(&mut out, inner, ("jj", "bd"), row_renamed, rest);
+        out.push_str("  }\n");
         k = end + 1;
     }
     out
@@ -2276,16 +2282,23 @@ mod tests {
     }
 
     fn plan_queries(p: &Program, queries: usize) -> Fusion {
+        plan_o(
+            p,
+            Options {
+                pairs: false,
+                ..Options::new(queries)
+            },
+        )
+    }
+
+    /// `p`'s plan with `o`, every output's ancestor live.
+    fn plan_o(p: &Program, o: Options) -> Fusion {
         let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
         let live = p.ancestors(&roots);
         let mut out = vec![false; p.len()];
-        for o in &p.outputs {
-            out[o.value.index()] = true;
+        for &r in &roots {
+            out[r.index()] = true;
         }
-        let o = Options {
-            pairs: false,
-            ..Options::new(queries)
-        };
         plan_opts(p, &live, &out, o).unwrap()
     }
 
@@ -2616,16 +2629,8 @@ mod tests {
                 ("prefix", &progs.prefix),
                 ("step", &progs.step),
             ] {
-                let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
-                let live = p.ancestors(&roots);
-                let mut out = vec![false; p.len()];
-                for o in &p.outputs {
-                    out[o.value.index()] = true;
-                }
-                let q = fused_attention_queries((9, 0));
-                let o = Options::new(q);
-                let fp = plan_opts(p, &live, &out, o).unwrap();
-                let fl = plan_opts(p, &live, &out, literal(o)).unwrap();
+                let o = Options::new(fused_attention_queries((9, 0)));
+                let (fp, fl) = (plan_o(p, o), plan_o(p, literal(o)));
                 let launched = offsets_are_literals_put_back(p, &fp, &fl);
                 assert!(launched > 0, "{prec:?} {name}");
                 eprintln!(
@@ -2701,19 +2706,15 @@ mod tests {
         for prec in [petite_pi05::Precision::Bf16, petite_pi05::Precision::F32] {
             let progs = petite_pi05::build_all(&cfg, prec).unwrap();
             for p in [&progs.prefix, &progs.step] {
-                let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
-                let live = p.ancestors(&roots);
-                let mut out = vec![false; p.len()];
-                for o in &p.outputs {
-                    out[o.value.index()] = true;
-                }
                 let o = Options::new(fused_attention_queries((9, 0)));
-                let f = plan_opts(p, &live, &out, o).unwrap();
-                let u = Options {
-                    unrolled_rows: true,
-                    ..o
-                };
-                let fu = plan_opts(p, &live, &out, u).unwrap();
+                let f = plan_o(p, o);
+                let fu = plan_o(
+                    p,
+                    Options {
+                        unrolled_rows: true,
+                        ..o
+                    },
+                );
                 assert_eq!(f.kernels.len(), fu.kernels.len());
                 let mut prologues = 0;
                 for (g, gu) in f.groups.iter().zip(&fu.groups) {
@@ -2761,18 +2762,11 @@ mod tests {
             b.output(&format!("y{i}"), y).unwrap();
         }
         let p = b.finish().unwrap();
-        let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
-        let live = p.ancestors(&roots);
-        let mut out = vec![false; p.len()];
-        for &r in &roots {
-            out[r.index()] = true;
-        }
         let o = Options {
             pairs: false,
             ..Options::new(0)
         };
-        let fp = plan_opts(&p, &live, &out, o).unwrap();
-        let fl = plan_opts(&p, &live, &out, literal(o)).unwrap();
+        let (fp, fl) = (plan_o(&p, o), plan_o(&p, literal(o)));
         let mut offsets: Vec<(&[i64], Option<usize>)> = fp
             .groups
             .iter()
