@@ -1125,12 +1125,6 @@ mod tests {
                 ("prefix", &progs.prefix),
                 ("step", &progs.step),
             ] {
-                let roots: Vec<_> = p.outputs.iter().map(|o| o.value).collect();
-                let live = p.ancestors(&roots);
-                let mut out = vec![false; p.len()];
-                for o in &p.outputs {
-                    out[o.value.index()] = true;
-                }
                 // As run by default, with every bf16 attention fused, and with unrolled rows
                 // (`PETITE_CUDA_UNROLL_ROWS=1`).
                 for (queries, rows) in [(0, false), (usize::MAX, false), (0, true)] {
@@ -1138,7 +1132,7 @@ mod tests {
                         unrolled_rows: rows,
                         ..crate::fuse::Options::new(queries)
                     };
-                    let f = crate::fuse::plan_opts(p, &live, &out, o).unwrap();
+                    let f = crate::fuse::plan_program(p, o).unwrap();
                     let at = f.attention_kernels.map_or(f.kernels.len(), |[a, ..]| a);
                     assert!(
                         f.kernels[..at]

@@ -1010,6 +1010,18 @@ pub fn plan_with(
     plan_opts(program, live, is_output, Options::new(attention_queries))
 }
 
+/// [`plan_opts`] of a whole program: every output's ancestor live, its outputs materialized
+/// (as [`crate::DeviceProgram::load`] plans it).
+pub fn plan_program(program: &Program, options: Options) -> Result<Fusion> {
+    let roots: Vec<NodeId> = program.outputs.iter().map(|o| o.value).collect();
+    let live = program.ancestors(&roots);
+    let mut is_output = vec![false; program.len()];
+    for &r in &roots {
+        is_output[r.index()] = true;
+    }
+    plan_opts(program, &live, &is_output, options)
+}
+
 /// [`plan`] with `options`.
 pub fn plan_opts(
     program: &Program,
@@ -2291,15 +2303,8 @@ mod tests {
         )
     }
 
-    /// `p`'s plan with `o`, every output's ancestor live.
     fn plan_o(p: &Program, o: Options) -> Fusion {
-        let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
-        let live = p.ancestors(&roots);
-        let mut out = vec![false; p.len()];
-        for &r in &roots {
-            out[r.index()] = true;
-        }
-        plan_opts(p, &live, &out, o).unwrap()
+        plan_program(p, o).unwrap()
     }
 
     fn plan_pairing(p: &Program) -> Fusion {

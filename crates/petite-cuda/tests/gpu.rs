@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 
+use petite_cuda::fuse::{Options, fused_attention_queries};
 use petite_cuda::{Device, DeviceProgram};
 use petite_graph::{Builder, Dtype, Program};
 use petite_reference::{NoWeights, Tensor};
@@ -412,11 +413,8 @@ fn unrolled_elementwise_kernels_and_free_permutes_give_the_reference_executors_b
     b.output("v", vp).unwrap();
     let p = b.finish().unwrap();
     let roots: Vec<_> = p.outputs.iter().map(|o| o.value).collect();
-    let mut is_output = vec![false; p.len()];
-    for &r in &roots {
-        is_output[r.index()] = true;
-    }
-    let plan = petite_cuda::fuse::plan(&p, &p.ancestors(&roots), &is_output).unwrap();
+    let plan =
+        petite_cuda::fuse::plan_program(&p, Options::new(fused_attention_queries((9, 0)))).unwrap();
     assert_eq!(plan.groups.len(), 1, "one fused group: {:?}", plan.groups);
     assert_eq!(plan.groups[0].unroll, petite_cuda::fuse::UNROLL);
     assert!(petite_cuda::fuse::moves_only_unit_dims(&p, roots[1]));
@@ -495,12 +493,8 @@ fn slice_offsets_passed_at_launch_read_each_layers_own_modulation() {
     }
     b.output("x", x).unwrap();
     let p = b.finish().unwrap();
-    let roots: Vec<_> = p.outputs.iter().map(|o| o.value).collect();
-    let mut is_output = vec![false; p.len()];
-    for &r in &roots {
-        is_output[r.index()] = true;
-    }
-    let plan = petite_cuda::fuse::plan(&p, &p.ancestors(&roots), &is_output).unwrap();
+    let plan =
+        petite_cuda::fuse::plan_program(&p, Options::new(fused_attention_queries((9, 0)))).unwrap();
     let launched: Vec<_> = plan.groups.iter().filter(|g| !g.absorbed).collect();
     assert!(
         launched
@@ -534,10 +528,10 @@ fn slice_offsets_passed_at_launch_read_each_layers_own_modulation() {
         );
     }
     let cpu = petite_reference::run(&p, &NoWeights, ins.clone()).unwrap();
-    let options = petite_cuda::fuse::Options::new(0);
+    let options = Options::new(0);
     let gp = DeviceProgram::load_with(&dev, &p, &NoWeights, false, options).unwrap();
     let gpu = gp.run(ins.clone()).unwrap();
-    let unrolled = petite_cuda::fuse::Options {
+    let unrolled = Options {
         unrolled_rows: true,
         ..options
     };
