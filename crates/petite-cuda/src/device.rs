@@ -1110,7 +1110,6 @@ mod tests {
             unsafe { cudarc::nvrtc::sys::is_culib_present() },
             "libnvrtc not found on the library path"
         );
-        let cfg = petite_pi05::Pi05Config::default();
         let mut sources = vec![
             ("module".to_string(), module_source()),
             (
@@ -1118,40 +1117,33 @@ mod tests {
                 crate::source::attention_module_source(),
             ),
         ];
-        for prec in [petite_pi05::Precision::Bf16, petite_pi05::Precision::F32] {
-            let progs = petite_pi05::build_all(&cfg, prec).unwrap();
-            for (name, p) in [
-                ("timestep_table", &progs.timestep_table),
-                ("prefix", &progs.prefix),
-                ("step", &progs.step),
-            ] {
-                // As run by default, with every bf16 attention fused, and with unrolled rows
-                // (`PETITE_CUDA_UNROLL_ROWS=1`).
-                for (queries, rows) in [(0, false), (usize::MAX, false), (0, true)] {
-                    let o = crate::fuse::Options {
-                        unrolled_rows: rows,
-                        ..crate::fuse::Options::new(queries)
-                    };
-                    let f = crate::fuse::plan_program(p, o).unwrap();
-                    let at = f.attention_kernels.map_or(f.kernels.len(), |[a, ..]| a);
-                    assert!(
-                        f.kernels[..at]
-                            .iter()
-                            .all(|k| f.source.contains(k.as_str()))
-                    );
-                    assert!(!f.source.contains("pt_attn_"));
-                    if queries > 0 && f.attentions.is_empty() {
-                        continue;
-                    }
-                    sources.push((
-                        format!(
-                            "{prec:?} {name} ({} kernels, attention up to {queries} queries{})",
-                            f.kernels.len(),
-                            if rows { ", unrolled rows" } else { "" }
-                        ),
-                        f.source,
-                    ));
+        for (name, p) in &crate::pi05_programs() {
+            // As run by default, with every bf16 attention fused, and with unrolled rows
+            // (`PETITE_CUDA_UNROLL_ROWS=1`).
+            for (queries, rows) in [(0, false), (usize::MAX, false), (0, true)] {
+                let o = crate::fuse::Options {
+                    unrolled_rows: rows,
+                    ..crate::fuse::Options::new(queries)
+                };
+                let f = crate::fuse::plan_program(p, o).unwrap();
+                let at = f.attention_kernels.map_or(f.kernels.len(), |[a, ..]| a);
+                assert!(
+                    f.kernels[..at]
+                        .iter()
+                        .all(|k| f.source.contains(k.as_str()))
+                );
+                assert!(!f.source.contains("pt_attn_"));
+                if queries > 0 && f.attentions.is_empty() {
+                    continue;
                 }
+                sources.push((
+                    format!(
+                        "{name} ({} kernels, attention up to {queries} queries{})",
+                        f.kernels.len(),
+                        if rows { ", unrolled rows" } else { "" }
+                    ),
+                    f.source,
+                ));
             }
         }
         for cc in [(9, 0), (8, 7)] {

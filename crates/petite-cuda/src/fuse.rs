@@ -2626,35 +2626,27 @@ mod tests {
 
     #[test]
     fn slice_starts_as_parameters_are_the_literal_kernels_launched_with_their_values() {
-        let cfg = petite_pi05::Pi05Config::default();
-        for prec in [petite_pi05::Precision::Bf16, petite_pi05::Precision::F32] {
-            let progs = petite_pi05::build_all(&cfg, prec).unwrap();
-            for (name, p) in [
-                ("timestep_table", &progs.timestep_table),
-                ("prefix", &progs.prefix),
-                ("step", &progs.step),
-            ] {
-                let o = Options::new(fused_attention_queries((9, 0)));
-                let (fp, fl) = (plan_o(p, o), plan_o(p, literal(o)));
-                let launched = offsets_are_literals_put_back(p, &fp, &fl);
-                assert!(launched > 0, "{prec:?} {name}");
-                eprintln!(
-                    "{prec:?} {name}: {launched} launches, kernels {} with literal starts, {} with parameters",
-                    fl.kernels.len(),
-                    fp.kernels.len()
+        for (name, p) in &crate::pi05_programs() {
+            let o = Options::new(fused_attention_queries((9, 0)));
+            let (fp, fl) = (plan_o(p, o), plan_o(p, literal(o)));
+            let launched = offsets_are_literals_put_back(p, &fp, &fl);
+            assert!(launched > 0, "{name}");
+            eprintln!(
+                "{name}: {launched} launches, kernels {} with literal starts, {} with parameters",
+                fl.kernels.len(),
+                fp.kernels.len()
+            );
+            if name.ends_with("step") {
+                // The 36 adaRMS prologues (and the residual sums they compute first)
+                // differ only in their layer's offsets into the modulation table.
+                assert!(fl.kernels.len() >= 40, "{}", fl.kernels.len());
+                assert!(fp.kernels.len() <= 16, "{}", fp.kernels.len());
+                // The residual sums computed first read the gate's offsets as `t…`.
+                assert!(
+                    fp.groups
+                        .iter()
+                        .any(|g| { g.first.is_some_and(|o| !fp.groups[o].offsets.is_empty()) })
                 );
-                if name == "step" {
-                    // The 36 adaRMS prologues (and the residual sums they compute first)
-                    // differ only in their layer's offsets into the modulation table.
-                    assert!(fl.kernels.len() >= 40, "{}", fl.kernels.len());
-                    assert!(fp.kernels.len() <= 16, "{}", fp.kernels.len());
-                    // The residual sums computed first read the gate's offsets as `t…`.
-                    assert!(
-                        fp.groups
-                            .iter()
-                            .any(|g| { g.first.is_some_and(|o| !fp.groups[o].offsets.is_empty()) })
-                    );
-                }
             }
         }
     }
@@ -2707,10 +2699,8 @@ mod tests {
 
     #[test]
     fn unrolled_rows_change_only_the_prologue_kernels_text() {
-        let cfg = petite_pi05::Pi05Config::default();
-        for prec in [petite_pi05::Precision::Bf16, petite_pi05::Precision::F32] {
-            let progs = petite_pi05::build_all(&cfg, prec).unwrap();
-            for p in [&progs.prefix, &progs.step] {
+        for (name, p) in &crate::pi05_programs() {
+            if !name.ends_with("timestep_table") {
                 let o = Options::new(fused_attention_queries((9, 0)));
                 let f = plan_o(p, o);
                 let fu = plan_o(

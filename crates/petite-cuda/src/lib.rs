@@ -103,3 +103,22 @@ pub(crate) fn blas(
     let what = what.into();
     move |source| Error::Blas { what, source }
 }
+
+/// pi0.5's full-size programs, bf16 then f32, named `"{precision:?} {program}"`: what the
+/// tests that check every generated kernel walk.
+#[cfg(test)]
+pub(crate) fn pi05_programs() -> Vec<(String, petite_graph::Program)> {
+    let cfg = petite_pi05::Pi05Config::default();
+    let mut out = Vec::new();
+    for prec in [petite_pi05::Precision::Bf16, petite_pi05::Precision::F32] {
+        let progs = petite_pi05::build_all(&cfg, prec).expect("pi0.5's programs");
+        for (name, p) in [
+            ("timestep_table", progs.timestep_table),
+            ("prefix", progs.prefix),
+            ("step", progs.step),
+        ] {
+            out.push((format!("{prec:?} {name}"), p));
+        }
+    }
+    out
+}
