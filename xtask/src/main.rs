@@ -5,6 +5,7 @@ mod bench;
 mod codegen;
 mod conformance;
 mod export_pi05;
+mod gpu_bundle;
 mod util;
 
 use anyhow::{Context, Result};
@@ -36,6 +37,9 @@ enum Cmd {
     Codegen(codegen::Args),
     /// The whole pi0.5 export (synthesized full-size checkpoint by default), verified.
     ExportPi05(export_pi05::Args),
+    /// Release `petite`, `xtask` and petite-cuda's GPU tests in one folder (`.gpu`) with a
+    /// `run.sh`, for a GPU machine without a Rust toolchain: the gpu tier and `bench gpu` there.
+    GpuBundle(gpu_bundle::Args),
 }
 
 fn main() -> Result<()> {
@@ -46,6 +50,7 @@ fn main() -> Result<()> {
         Cmd::Bench(b) => bench::run(b),
         Cmd::Codegen(a) => codegen::run(&a),
         Cmd::ExportPi05(a) => export_pi05::run(&a),
+        Cmd::GpuBundle(a) => gpu_bundle::run(&a),
     }
 }
 
