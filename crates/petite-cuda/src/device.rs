@@ -255,6 +255,13 @@ pub(crate) fn trace(msg: std::fmt::Arguments<'_>) {
     }
 }
 
+/// `source` compiled by NVRTC to machine code for `sm_XY` with the runtime's options, as a
+/// program's load does but past both caches (no device needed, only libnvrtc): what
+/// `examples/nvrtc_bench.rs` times.
+pub fn compile_machine_code(cc: (i32, i32), source: &str) -> Result<Vec<u8>> {
+    compile_cubin(cc, source, "petite_bench.cu")
+}
+
 /// NVRTC straight to machine code for `sm_XY` (the same options as the PTX path).
 fn compile_cubin(cc: (i32, i32), source: &str, name: &str) -> Result<Vec<u8>> {
     use cudarc::nvrtc::{result, sys};

@@ -28,7 +28,9 @@ mod program;
 pub mod source;
 mod upload;
 
-pub use device::{DevTensor, Device, DeviceInfo, F32Matmul, Graph, Mark, Probe, probe};
+pub use device::{
+    DevTensor, Device, DeviceInfo, F32Matmul, Graph, Mark, Probe, compile_machine_code, probe,
+};
 pub use program::DeviceProgram;
 
 /// Errors of this crate.

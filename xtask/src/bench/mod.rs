@@ -6,6 +6,7 @@ use anyhow::Result;
 mod convert;
 mod engine;
 mod gpu;
+mod nvrtc;
 mod onnx;
 mod pi05_run;
 mod pte;
@@ -27,6 +28,9 @@ pub enum BenchCmd {
     /// pi0.5 chunks on CUDA GPU 0 (petite-cuda, full size, bf16 and f32): median latency (CUDA
     /// events), prefix/steps split, peak device memory, beside the FLOP/bandwidth floor.
     Gpu(gpu::Args),
+    /// NVRTC's time for the kernel sources a cold full-size pi0.5 run on a GPU compiles (no GPU
+    /// needed): the plan before session 25, today's, and with unrolled rows.
+    Nvrtc(nvrtc::Args),
     /// `petite export --backend onnx` at full size under memcap, then the model in ONNX Runtime
     /// CPU beside `petite pi05 run` on the same inputs (seconds per chunk, peaks, max error).
     Onnx(onnx::Args),
@@ -42,5 +46,6 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Pi05Run(a) => pi05_run::run(&a),
         BenchCmd::Onnx(a) => onnx::run(&a),
         BenchCmd::Gpu(a) => gpu::run(&a),
+        BenchCmd::Nvrtc(a) => nvrtc::run(&a),
     }
 }

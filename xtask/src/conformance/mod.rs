@@ -12,7 +12,7 @@ mod aarch64;
 mod gpu;
 pub(crate) use gpu::petite_bin;
 mod lerobot;
-mod nvrtc;
+pub(crate) mod nvrtc;
 mod onnx;
 mod policy;
 mod portable;

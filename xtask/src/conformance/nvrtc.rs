@@ -31,10 +31,14 @@ fn nvrtc_dir(venv_python: &Path) -> Result<PathBuf> {
     bail!("no libnvrtc.so.13 under {}", lib.display())
 }
 
+/// The directory holding the pinned `libnvrtc.so.13`, its venv made first if missing.
+pub(crate) fn lib_dir() -> Result<PathBuf> {
+    nvrtc_dir(&super::Venv::Nvrtc.python()?)
+}
+
 /// Runs the tier.
 pub fn run() -> Result<()> {
-    let python = super::Venv::Nvrtc.python()?;
-    let dir = nvrtc_dir(&python)?;
+    let dir = lib_dir()?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     util::run(
         Command::new(cargo)
