@@ -369,6 +369,19 @@ pub struct Fusion {
     pub attention_kernels: Option<[usize; 3]>,
 }
 
+impl Fusion {
+    /// The slice starts group `g`'s launch passes after its pointers, in the kernel's parameter
+    /// order: its own (`s0…`), then its [`Group::first`]'s or [`Group::with`]'s (`t0…`).
+    pub fn launch_offsets(&self, g: usize) -> impl Iterator<Item = &i64> {
+        let group = &self.groups[g];
+        let other = group.first.or(group.with).map(|o| &self.groups[o]);
+        group
+            .offsets
+            .iter()
+            .chain(other.into_iter().flat_map(|o| o.offsets.iter()))
+    }
+}
+
 /// A bf16 attention in transformers' eager op order — `q·kᵀ` (bf16), a 16-bit scaling, a
 /// widening cast, `+ mask`, softmax, a cast to bf16, `p·v` — that the `p·v` product computes
 /// in two launches (`pt_attn_logits`, `pt_attn_pv`) instead of three (logits GEMM, softmax,
@@ -2561,7 +2574,7 @@ mod tests {
     fn offsets_are_literals_put_back(p: &Program, fp: &Fusion, fl: &Fusion) -> usize {
         assert_eq!(fp.groups.len(), fl.groups.len());
         let mut launched = 0;
-        for (gp, gl) in fp.groups.iter().zip(&fl.groups) {
+        for (g, (gp, gl)) in fp.groups.iter().zip(&fl.groups).enumerate() {
             assert_eq!(
                 (
                     gp.root,
@@ -2590,6 +2603,10 @@ mod tests {
                 .first
                 .or(gp.with)
                 .map_or(&[][..], |o| &fp.groups[o].offsets);
+            // What the launch passes, in order: the signature's `s…` then `t…`.
+            let passed: Vec<i64> = fp.launch_offsets(g).copied().collect();
+            assert_eq!(passed.len(), gp.offsets.len() + other.len());
+            let (own, theirs) = passed.split_at(gp.offsets.len());
             let (sig_p, body_p) = kernel_text(fp, kp);
             let (sig_l, body_l) = kernel_text(fl, kl);
             let mut sig = sig_l.to_string();
@@ -2605,8 +2622,8 @@ mod tests {
                 .map(|l| {
                     map_words(l, |w| {
                         let (table, j) = match w.split_at_checked(1) {
-                            Some(("s", j)) => (&gp.offsets[..], j),
-                            Some(("t", j)) => (other, j),
+                            Some(("s", j)) => (own, j),
+                            Some(("t", j)) => (theirs, j),
                             _ => return None,
                         };
                         let j: usize = j.parse().ok()?;

@@ -1141,11 +1141,7 @@ impl<'d> DeviceProgram<'d> {
             .kernel
             .ok_or_else(|| err("an absorbed group launched"))?];
         // Slice starts after every pointer: the group's own, then its first's or beside's.
-        let other = group.first.or(group.with).map(|o| &self.fusion.groups[o]);
-        let offsets = group
-            .offsets
-            .iter()
-            .chain(other.into_iter().flat_map(|o| o.offsets.iter()));
+        let offsets = self.fusion.launch_offsets(g);
         let Some(norm) = group.prologue else {
             let cfg = cudarc::driver::LaunchConfig {
                 grid_dim: (group.blocks, 1, 1),
