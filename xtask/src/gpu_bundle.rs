@@ -32,6 +32,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   bash .gpu/run.sh tier              the gpu conformance tier
 #   bash .gpu/run.sh bench ARGS...     cargo xtask bench gpu ARGS... (--variant, --rounds, --dtypes)
 #   bash .gpu/run.sh all ARGS...       both
+#   bash .gpu/run.sh xtask ARGS...     any xtask command (e.g. bench gpu-verify) with the same setup
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export PETITE_BIN="$here/petite" PETITE_CUDA_TESTS="$here/petite-cuda-gpu-tests" XTASK_ROOT="$PWD"
@@ -45,7 +46,8 @@ case "$what" in
   tier) "$here/xtask" conformance --only gpu ;;
   bench) "$here/xtask" bench gpu "$@" ;;
   all) "$here/xtask" conformance --only gpu && "$here/xtask" bench gpu "$@" ;;
-  *) echo "usage: run.sh tier | bench ARGS... | all ARGS..." >&2; exit 2 ;;
+  xtask) "$here/xtask" "$@" ;;
+  *) echo "usage: run.sh tier | bench ARGS... | all ARGS... | xtask ARGS..." >&2; exit 2 ;;
 esac
 "#;
 

@@ -6,6 +6,7 @@ use anyhow::Result;
 mod convert;
 mod engine;
 mod gpu;
+mod gpu_verify;
 mod nvrtc;
 mod onnx;
 mod pi05_run;
@@ -28,6 +29,9 @@ pub enum BenchCmd {
     /// pi0.5 chunks on CUDA GPU 0 (petite-cuda, full size, bf16 and f32): median latency (CUDA
     /// events), prefix/steps split, peak device memory, beside the FLOP/bandwidth floor.
     Gpu(gpu::Args),
+    /// Full-size `petite verify --device cuda` of a bf16 export: wall time with an empty and a
+    /// warm kernel cache, the page cache dropped (needs a GPU).
+    GpuVerify(gpu_verify::Args),
     /// NVRTC's time for the kernel sources a cold full-size pi0.5 run on a GPU compiles (no GPU
     /// needed): the plan before session 25, today's, and with unrolled rows.
     Nvrtc(nvrtc::Args),
@@ -47,5 +51,6 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Onnx(a) => onnx::run(&a),
         BenchCmd::Gpu(a) => gpu::run(&a),
         BenchCmd::Nvrtc(a) => nvrtc::run(&a),
+        BenchCmd::GpuVerify(a) => gpu_verify::run(&a),
     }
 }
