@@ -271,7 +271,7 @@ const ROW_LOOP: &str = "  for (i64 jj = threadIdx.x; jj < np.d; jj += blockDim.x
 
 /// A prologue kernel's `body` with each straight-line row loop taking [`UNROLL`] elements a
 /// trip, `blockDim.x` apart, the copies' lines interleaved so that every copy's loads are
-/// issued before any copy's store (the remainder in the loop as it was); [`Gen`] then has the
+/// issued before any copy's store (the remainder in the loop as it was); the generator then has the
 /// statistics computed by `norm_stats4` (four loads before their adds, for the input's dtype
 /// and the norm's kind known here instead of switched on in the loop). Why:
 /// the SASS of every norm kernel showed one load in flight — each load's use, or a store the
