@@ -152,8 +152,9 @@ impl<'d> DeviceProgram<'d> {
         Self::load_with(dev, program, weights, release, options)
     }
 
-    /// [`DeviceProgram::load`] fusing as `options` say (the process's `PETITE_CUDA_*` switches
-    /// are not read; `PETITE_CUDA_NO_FUSE` still turns fusion off).
+    /// [`DeviceProgram::load`] fusing as `options` say: the fusion planner's switches
+    /// (`PETITE_CUDA_FUSED_ATTN`, `_NO_PAIR`, `_NO_OFFSETS`, `_UNROLL_ROWS`) are not read; the
+    /// others are, as by [`DeviceProgram::load`] (`PETITE_CUDA_NO_FUSE` still turns fusion off).
     pub fn load_with(
         dev: &'d Device,
         program: &Program,
