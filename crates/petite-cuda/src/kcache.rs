@@ -33,6 +33,44 @@ pub(crate) fn dir() -> Option<PathBuf> {
     }
 }
 
+/// What the kernel cache holds: where it is (`None`: off, or no home known) and its compiled
+/// modules' count and bytes (0 where the folder does not exist yet). Why: a machine's first
+/// run of a program compiles every kernel with NVRTC (seconds); `petite doctor` says whether
+/// this one has them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelCache {
+    /// The folder: `PETITE_CUDA_CACHE`, else `$XDG_CACHE_HOME/petite/cuda`, else
+    /// `$HOME/.cache/petite/cuda`.
+    pub dir: Option<PathBuf>,
+    /// Compiled modules (`*.cubin` files) in it.
+    pub modules: usize,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// The kernel cache of this process's environment ([`KernelCache`]).
+pub fn kernel_cache() -> KernelCache {
+    let dir = dir();
+    let (modules, bytes) = dir.as_deref().map_or((0, 0), contents);
+    KernelCache {
+        dir,
+        modules,
+        bytes,
+    }
+}
+
+/// The `*.cubin` files directly in `dir` and their bytes (an unreadable folder holds none).
+fn contents(dir: &Path) -> (usize, u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return (0, 0);
+    };
+    entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "cubin"))
+        .filter_map(|e| e.metadata().ok().filter(|m| m.is_file()))
+        .fold((0, 0), |(n, b), m| (n + 1, b + m.len()))
+}
+
 /// The file name for machine code compiled from `source` by NVRTC `nvrtc` for `sm_XY` with
 /// `options`.
 pub(crate) fn file_name(nvrtc: &str, cc: (i32, i32), options: &[String], source: &str) -> String {
@@ -131,6 +169,21 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(left.len(), 1, "{left:?}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn the_cache_counts_its_compiled_modules_only() {
+        let d = scratch("contents");
+        assert_eq!(contents(&d), (0, 0), "a folder not made yet holds none");
+        write(&d.join(file_name("13.0", (9, 0), &[], "a")), "a", b"1234").unwrap();
+        write(&d.join(file_name("13.0", (9, 0), &[], "b")), "b", b"12").unwrap();
+        std::fs::write(d.join("notes.txt"), b"not a module").unwrap();
+        std::fs::create_dir_all(d.join("sub.cubin")).unwrap();
+        let (n, bytes) = contents(&d);
+        assert_eq!(n, 2);
+        // Each file: magic, two lengths, the source and the code.
+        assert_eq!(bytes, 2 * (8 + 8 + 8) + 1 + 4 + 1 + 2);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

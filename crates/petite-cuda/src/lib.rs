@@ -31,6 +31,7 @@ mod upload;
 pub use device::{
     DevTensor, Device, DeviceInfo, F32Matmul, Graph, Mark, Probe, compile_machine_code, probe,
 };
+pub use kcache::{KernelCache, kernel_cache};
 pub use program::DeviceProgram;
 
 /// Errors of this crate.

@@ -78,6 +78,20 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<()> {
             d.name, d.compute_capability.0, d.compute_capability.1
         ))
     );
+    // Where compiled kernels are kept between runs: without them a program's first load runs
+    // NVRTC over all of its kernels (seconds on a fresh machine).
+    let kc = petite_cuda::kernel_cache();
+    match &kc.dir {
+        Some(d) => println!(
+            "cuda kernel cache: {} ({} compiled modules, {:.1} MiB; a program whose kernels are not there is compiled by NVRTC when it loads; PETITE_CUDA_CACHE=DIR moves it, =off turns it off)",
+            d.display(),
+            kc.modules,
+            kc.bytes as f64 / (1u64 << 20) as f64
+        ),
+        None => println!(
+            "cuda kernel cache: none (PETITE_CUDA_CACHE=off, or no HOME/XDG_CACHE_HOME): every run compiles its kernels with NVRTC"
+        ),
+    }
     let search = ToolSearch {
         trtexec: a.trtexec,
         trt_python: a.trt_python,
