@@ -57,7 +57,7 @@ pub struct Args {
 type Round = ([f64; 3], std::path::PathBuf);
 
 /// `VAR=VALUE VAR=VALUE`, or `(none)`.
-fn env_text(v: &Variant) -> String {
+pub(crate) fn env_text(v: &Variant) -> String {
     if v.env.is_empty() {
         return "(none)".into();
     }
@@ -78,7 +78,7 @@ pub struct Variant {
 }
 
 /// `NAME:VAR=VALUE,VAR=VALUE` (or `NAME:`).
-fn parse_variant(s: &str) -> std::result::Result<Variant, String> {
+pub(crate) fn parse_variant(s: &str) -> std::result::Result<Variant, String> {
     let (name, rest) = s
         .split_once(':')
         .ok_or_else(|| format!("{s:?}: expected NAME:VAR=VALUE,… (or NAME: for none)"))?;
@@ -108,7 +108,11 @@ fn parse_variant(s: &str) -> std::result::Result<Variant, String> {
 
 /// Every (variant, dtype) of `rounds` rounds in run order: variants outermost, the whole order
 /// reversed in odd rounds (A B, B A, A B, …).
-fn schedule(variants: usize, dtypes: usize, rounds: usize) -> Vec<(usize, usize, usize)> {
+pub(crate) fn schedule(
+    variants: usize,
+    dtypes: usize,
+    rounds: usize,
+) -> Vec<(usize, usize, usize)> {
     let mut out = Vec::with_capacity(variants * dtypes * rounds);
     for r in 0..rounds {
         let mut order: Vec<(usize, usize)> = (0..variants)

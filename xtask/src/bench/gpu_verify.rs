@@ -3,8 +3,9 @@
 //! against the f32 reference, both on GPU 0 — with an empty kernel cache (a fresh machine's first
 //! run: NVRTC compiles every kernel) and with a warm one, the two alternating a round at a time,
 //! the page cache dropped before each run where this process may (root), as on a machine whose
-//! disk has not just read the files. Run it where there is a GPU (the lent H200: `bash
-//! .gpu/run.sh`'s binaries, `PETITE_BIN`); it fails without one.
+//! disk has not just read the files. `--variant NAME:VAR=VALUE,…` (as `bench gpu`'s) measures
+//! `PETITE_CUDA_*` switches beside each other, each with its own warm cache. Run it where there
+//! is a GPU (the lent H200: `bash .gpu/run.sh xtask bench gpu-verify`); it fails without one.
 
 use std::path::Path;
 use std::process::Command;
@@ -12,6 +13,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
+use super::gpu::{Variant, env_text, parse_variant, schedule};
 use crate::util;
 
 /// Options of the verify benchmark.
@@ -20,9 +22,14 @@ pub struct Args {
     /// Full-size lerobot-layout checkpoint (written with `petite pi05 synth` if missing).
     #[arg(long)]
     pub checkpoint: Option<std::path::PathBuf>,
-    /// Rounds of (empty kernel cache, warm kernel cache), the order reversed every other round.
+    /// Rounds of every (variant; empty kernel cache, warm kernel cache), the order reversed
+    /// every other round.
     #[arg(long, default_value_t = 2)]
     pub rounds: usize,
+    /// A variant: `NAME:VAR=VALUE,…` (environment set for its runs). Repeatable; without any,
+    /// one variant `default`.
+    #[arg(long = "variant", value_parser = parse_variant)]
+    pub variants: Vec<Variant>,
 }
 
 /// Drops the page cache (`sync`, then 3 to `drop_caches`); whether it could.
@@ -33,16 +40,24 @@ fn drop_page_cache() -> bool {
 
 /// One `petite verify --device cuda` with kernels cached in `cache`: wall seconds, the max abs
 /// action error and each stage's seconds from the export's report.
-fn verify(petite: &Path, dir: &Path, ck: &Path, cache: &Path) -> Result<(f64, f64, String)> {
+fn verify(
+    petite: &Path,
+    dir: &Path,
+    ck: &Path,
+    cache: &Path,
+    variant: &Variant,
+) -> Result<(f64, f64, String)> {
+    let mut cmd = Command::new(petite);
+    cmd.args(["verify", "--device", "cuda", "--dir"])
+        .arg(dir)
+        .arg("--checkpoint")
+        .arg(ck)
+        .env("PETITE_CUDA_CACHE", cache);
+    for (k, v) in &variant.env {
+        cmd.env(k, v);
+    }
     let t0 = Instant::now();
-    util::run(
-        Command::new(petite)
-            .args(["verify", "--device", "cuda", "--dir"])
-            .arg(dir)
-            .arg("--checkpoint")
-            .arg(ck)
-            .env("PETITE_CUDA_CACHE", cache),
-    )?;
+    util::run(&mut cmd)?;
     let wall = t0.elapsed().as_secs_f64();
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("report.json"))?)?;
@@ -90,38 +105,49 @@ pub fn run(a: &Args) -> Result<()> {
             .arg("--out")
             .arg(&dir),
     )?;
-    // The warm cache: filled by one untimed run.
-    let warm = tmp.path().join("kernels-warm");
-    verify(&petite, &dir, &ck, &warm)?;
+    let variants = if a.variants.is_empty() {
+        vec![Variant {
+            name: "default".into(),
+            env: Vec::new(),
+        }]
+    } else {
+        a.variants.clone()
+    };
+    // Each variant's warm cache: filled by one untimed run.
+    let warm = |vi: usize| tmp.path().join(format!("kernels-warm-{vi}"));
+    for (vi, v) in variants.iter().enumerate() {
+        verify(&petite, &dir, &ck, &warm(vi), v)?;
+    }
     let mut rows = Vec::new();
-    for round in 0..a.rounds {
-        let mut order = ["empty", "warm"];
-        if round % 2 == 1 {
-            order.reverse();
-        }
-        for kind in order {
-            let cache = match kind {
-                "empty" => tmp.path().join(format!("kernels-empty-{round}")),
-                _ => warm.clone(),
-            };
-            let dropped = drop_page_cache();
-            let (wall, e, stages) = verify(&petite, &dir, &ck, &cache)?;
-            println!(
-                "gpu-verify: round {round}, {kind} kernel cache: {wall:.2} s wall, max abs action error {e:.3e}; {stages}{}",
-                if dropped {
-                    ""
-                } else {
-                    " (page cache NOT dropped: not root?)"
-                }
-            );
-            rows.push(format!(
-                "| {round} | {kind} | {} | {wall:.2} | {stages} | {e:.3e} |",
-                if dropped { "dropped" } else { "kept" }
-            ));
-        }
+    for (round, vi, ki) in schedule(variants.len(), 2, a.rounds) {
+        let variant = &variants[vi];
+        let (kind, cache) = match ki {
+            0 => (
+                "empty",
+                tmp.path().join(format!("kernels-empty-{vi}-{round}")),
+            ),
+            _ => ("warm", warm(vi)),
+        };
+        let dropped = drop_page_cache();
+        let (wall, e, stages) = verify(&petite, &dir, &ck, &cache, variant)?;
+        println!(
+            "gpu-verify: round {round}, {} (environment {}), {kind} kernel cache: {wall:.2} s wall, max abs action error {e:.3e}; {stages}{}",
+            variant.name,
+            env_text(variant),
+            if dropped {
+                ""
+            } else {
+                " (page cache NOT dropped: not root?)"
+            }
+        );
+        rows.push(format!(
+            "| {round} | {} | {kind} | {} | {wall:.2} | {stages} | {e:.3e} |",
+            variant.name,
+            if dropped { "dropped" } else { "kept" }
+        ));
     }
     println!(
-        "\n| round | kernel cache | page cache | wall s | stages | max abs action error |\n|---|---|---|---|---|---|"
+        "\n| round | variant | kernel cache | page cache | wall s | stages | max abs action error |\n|---|---|---|---|---|---|---|"
     );
     for r in rows {
         println!("{r}");

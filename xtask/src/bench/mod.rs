@@ -5,7 +5,7 @@ use anyhow::Result;
 
 mod convert;
 mod engine;
-mod gpu;
+pub(crate) mod gpu;
 mod gpu_verify;
 mod nvrtc;
 mod onnx;
