@@ -166,31 +166,74 @@ pub(crate) fn compile_fused(cc: (i32, i32), source: &str) -> Result<(Ptx, f64)> 
 /// has nothing to JIT at load (a first-run cost of seconds for many fused modules); else PTX
 /// for `compute_XY`, which the driver compiles.
 fn compile_cached(cc: (i32, i32), source: &str, name: &str) -> Result<(Ptx, f64)> {
-    /// Compiled images by (compute capability, source).
-    type Images = HashMap<((i32, i32), String), Ptx>;
-    static CACHE: OnceLock<Mutex<Images>> = OnceLock::new();
+    compile_cached_in(cc, source, name, crate::kcache::dir())
+}
+
+/// Compilations run in this process through [`compile_cached_in`] (its check).
+#[cfg(test)]
+static COMPILED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// [`compile_cached`] with the disk cache in `disk` (`None`: none). One thread compiles a
+/// source; any other asking for it meanwhile waits for that image instead of compiling it
+/// again (`petite verify`'s two stages each open a device, and each needs the fixed module).
+/// A failure is not kept: the next request tries again.
+fn compile_cached_in(
+    cc: (i32, i32),
+    source: &str,
+    name: &str,
+    disk: Option<std::path::PathBuf>,
+) -> Result<(Ptx, f64)> {
+    /// An image by (compute capability, source), or the compilation under way.
+    type Cell = Arc<OnceLock<std::result::Result<(Ptx, f64), String>>>;
+    type Cells = HashMap<((i32, i32), String), Cell>;
+    static CACHE: OnceLock<Mutex<Cells>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let key = (cc, source.to_string());
-    if let Some(p) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-        return Ok((p.clone(), 0.0));
+    let cell = cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(key.clone())
+        .or_default()
+        .clone();
+    let mut here = false;
+    let done = cell.get_or_init(|| {
+        here = true;
+        #[cfg(test)]
+        COMPILED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        compile_uncached(cc, source, name, disk).map_err(|e| e.to_string())
+    });
+    match done {
+        // Seconds only for the request that compiled: the others found it compiled.
+        Ok((image, secs)) => Ok((image.clone(), if here { *secs } else { 0.0 })),
+        Err(e) => {
+            let mut map = cache.lock().unwrap_or_else(|p| p.into_inner());
+            if map.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                map.remove(&key);
+            }
+            Err(Error::Compile(e.clone()))
+        }
     }
+}
+
+/// `source` from the disk cache in `disk` when it holds it, else compiled (and written there).
+fn compile_uncached(
+    cc: (i32, i32),
+    source: &str,
+    name: &str,
+    disk: Option<std::path::PathBuf>,
+) -> Result<(Ptx, f64)> {
     let t0 = std::time::Instant::now();
     let opts = cubin_options(cc);
     // Machine code from an earlier process, when the disk cache holds it ([`crate::kcache`]).
-    let cached = nvrtc_version().ok().and_then(|v| {
-        Some(crate::kcache::dir()?.join(crate::kcache::file_name(&v, cc, &opts, source)))
-    });
+    let cached = nvrtc_version()
+        .ok()
+        .and_then(|v| Some(disk?.join(crate::kcache::file_name(&v, cc, &opts, source))));
     if let Some(code) = cached
         .as_deref()
         .and_then(|p| crate::kcache::read(p, source))
     {
-        let image = Ptx::from_binary(code);
-        cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, image.clone());
         trace(format_args!("{name}: machine code from the disk cache"));
-        return Ok((image, 0.0));
+        return Ok((Ptx::from_binary(code), 0.0));
     }
     let image = match compile_cubin(cc, source, name) {
         Ok(bin) => {
@@ -219,10 +262,6 @@ fn compile_cached(cc: (i32, i32), source: &str, name: &str) -> Result<(Ptx, f64)
                 .map_err(|e| Error::Compile(e.to_string()))?
         }
     };
-    cache
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(key, image.clone());
     Ok((image, t0.elapsed().as_secs_f64()))
 }
 
@@ -1103,6 +1142,60 @@ fn compute_type(ab: Dtype, f32: F32Matmul) -> bsys::cublasComputeType_t {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Threads asking for one source at once (as `petite verify`'s two stages ask for the fixed
+    /// module) get one compilation: one of them compiles and reports its seconds, the others
+    /// wait for that image. Needs libnvrtc (the nvrtc tier runs it); no disk cache.
+    #[test]
+    #[ignore = "needs libnvrtc: cargo xtask conformance --only nvrtc"]
+    fn concurrent_requests_for_one_source_compile_it_once() {
+        // SAFETY: only asks whether the dynamic library can be loaded.
+        assert!(
+            unsafe { cudarc::nvrtc::sys::is_culib_present() },
+            "libnvrtc not found on the library path"
+        );
+        use std::sync::atomic::Ordering;
+        // A source no cache of this process holds: the fused prelude and a kernel of its own.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let src = format!(
+            "{}extern \"C\" __global__ void pt_once_{nanos}(float* p) {{ PT_PDL(); p[threadIdx.x] = bf2f(f2bf(p[threadIdx.x])); }}\n",
+            crate::source::fused_prelude()
+        );
+        let before = COMPILED.load(Ordering::SeqCst);
+        let threads = 4;
+        let start = std::sync::Barrier::new(threads);
+        let seconds: Vec<f64> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        compile_cached_in((9, 0), &src, "petite_test.cu", None)
+                            .expect("compiles")
+                            .1
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("thread")).collect()
+        });
+        assert_eq!(COMPILED.load(Ordering::SeqCst) - before, 1, "{seconds:?}");
+        assert_eq!(
+            seconds.iter().filter(|&&s| s > 0.0).count(),
+            1,
+            "{seconds:?}"
+        );
+        // Asked again: the image kept, no compilation.
+        let (_, again) = compile_cached_in((9, 0), &src, "petite_test.cu", None).unwrap();
+        assert_eq!((again, COMPILED.load(Ordering::SeqCst) - before), (0.0, 1));
+        // A source NVRTC refuses is an error each time it is asked for, never kept.
+        let bad = format!("{src}this is not CUDA {nanos}\n");
+        for _ in 0..2 {
+            let e = compile_cached_in((9, 0), &bad, "petite_test.cu", None).unwrap_err();
+            assert!(matches!(e, Error::Compile(_)), "{e}");
+        }
+        assert_eq!(COMPILED.load(Ordering::SeqCst) - before, 3);
+    }
 
     /// NVRTC — nobody here wrote it; no GPU needed — compiles the fixed module, the attention module and every fused
     /// kernel source that `fuse::plan` generates for pi0.5's full-size bf16 and f32 programs,

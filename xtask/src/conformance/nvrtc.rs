@@ -2,8 +2,9 @@
 //! under target/; no GPU, no driver) compiles the CUDA C that petite-cuda generates — its fixed
 //! kernel module and every fused kernel of pi0.5's full-size bf16 and f32 programs — to machine
 //! code for the H200 (`sm_90`) and Jetson Orin (`sm_87`), with the runtime's options. It runs
-//! petite-cuda's ignored test `nvrtc_compiles_every_generated_source_for_sm90_and_sm87` with the
-//! wheel's library directory on the loader's path.
+//! petite-cuda's ignored tests `nvrtc_compiles_every_generated_source_for_sm90_and_sm87` and
+//! `concurrent_requests_for_one_source_compile_it_once` with the wheel's library directory on
+//! the loader's path.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -45,6 +46,7 @@ pub fn run() -> Result<()> {
             .args(["test", "--workspace", "--lib", "--"])
             .args(["--ignored", "--exact", "--nocapture"])
             .arg("device::tests::nvrtc_compiles_every_generated_source_for_sm90_and_sm87")
+            .arg("device::tests::concurrent_requests_for_one_source_compile_it_once")
             .env("LD_LIBRARY_PATH", &dir)
             .current_dir(util::root()),
     )?;
