@@ -77,6 +77,17 @@ pub struct Variant {
     pub env: Vec<(String, String)>,
 }
 
+/// `variants`, or one variant `default` with no environment where none were given.
+pub(crate) fn or_default(variants: &[Variant]) -> Vec<Variant> {
+    if variants.is_empty() {
+        return vec![Variant {
+            name: "default".into(),
+            env: Vec::new(),
+        }];
+    }
+    variants.to_vec()
+}
+
 /// `NAME:VAR=VALUE,VAR=VALUE` (or `NAME:`).
 pub(crate) fn parse_variant(s: &str) -> std::result::Result<Variant, String> {
     let (name, rest) = s
@@ -143,23 +154,14 @@ fn actions(path: &std::path::Path) -> Result<Vec<f32>> {
         .collect())
 }
 
-/// How `b`'s actions compare with `a`'s: `bit-identical` or the largest difference (errors on
-/// a length mismatch or a non-finite value).
+/// How `b`'s actions compare with `a`'s: `bit-identical` or the largest difference (through
+/// the gpu tier's [`crate::conformance::gpu::max_err`]: a length mismatch, emptiness or a
+/// non-finite value fails).
 fn compare_actions(a: &[f32], b: &[f32]) -> Result<String> {
-    if a.len() != b.len() || a.is_empty() {
-        bail!("{} actions against {}", b.len(), a.len());
-    }
-    if let Some(i) = a.iter().chain(b).position(|x| !x.is_finite()) {
-        bail!("action {} is not finite", i % a.len());
-    }
+    let d = crate::conformance::gpu::max_err(a, b)?;
     if a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()) {
         return Ok("bit-identical".into());
     }
-    let d = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
     Ok(format!("max abs difference {d:.3e}"))
 }
 
@@ -261,14 +263,7 @@ pub fn run(a: &Args) -> Result<()> {
         pk.tf32 / 1e12,
         pk.copy / 1e12
     );
-    let variants = if a.variants.is_empty() {
-        vec![Variant {
-            name: "default".into(),
-            env: Vec::new(),
-        }]
-    } else {
-        a.variants.clone()
-    };
+    let variants = or_default(&a.variants);
     if a.rounds == 0 {
         bail!("--rounds must be at least 1");
     }

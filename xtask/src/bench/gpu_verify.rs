@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-use super::gpu::{Variant, env_text, parse_variant, schedule};
+use super::gpu::{Variant, env_text, or_default, parse_variant, schedule};
 use crate::util;
 
 /// Options of the verify benchmark.
@@ -105,14 +105,7 @@ pub fn run(a: &Args) -> Result<()> {
             .arg("--out")
             .arg(&dir),
     )?;
-    let variants = if a.variants.is_empty() {
-        vec![Variant {
-            name: "default".into(),
-            env: Vec::new(),
-        }]
-    } else {
-        a.variants.clone()
-    };
+    let variants = or_default(&a.variants);
     // Each variant's warm cache: filled by one untimed run.
     let warm = |vi: usize| tmp.path().join(format!("kernels-warm-{vi}"));
     for (vi, v) in variants.iter().enumerate() {

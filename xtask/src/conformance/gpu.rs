@@ -45,7 +45,7 @@ fn f32s(file: &Path, name: &str) -> Result<Vec<f32>> {
 }
 
 /// max |a − b|; any NaN/inf, emptiness or length mismatch fails.
-fn max_err(a: &[f32], b: &[f32]) -> Result<f32> {
+pub(crate) fn max_err(a: &[f32], b: &[f32]) -> Result<f32> {
     ensure!(
         !a.is_empty() && a.len() == b.len(),
         "lengths {} vs {}",

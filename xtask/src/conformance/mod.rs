@@ -9,7 +9,7 @@ use anyhow::Result;
 use crate::util;
 
 mod aarch64;
-mod gpu;
+pub(crate) mod gpu;
 pub(crate) use gpu::petite_bin;
 mod lerobot;
 pub(crate) mod nvrtc;
