@@ -1143,17 +1143,22 @@ fn compute_type(ab: Dtype, f32: F32Matmul) -> bsys::cublasComputeType_t {
 mod tests {
     use super::*;
 
+    /// The NVRTC tests fail, never skip, where libnvrtc cannot be loaded.
+    fn assert_nvrtc_loads() {
+        // SAFETY: only asks whether the dynamic library can be loaded.
+        assert!(
+            unsafe { cudarc::nvrtc::sys::is_culib_present() },
+            "libnvrtc not found on the library path"
+        );
+    }
+
     /// Threads asking for one source at once (as `petite verify`'s two stages ask for the fixed
     /// module) get one compilation: one of them compiles and reports its seconds, the others
     /// wait for that image. Needs libnvrtc (the nvrtc tier runs it); no disk cache.
     #[test]
     #[ignore = "needs libnvrtc: cargo xtask conformance --only nvrtc"]
     fn concurrent_requests_for_one_source_compile_it_once() {
-        // SAFETY: only asks whether the dynamic library can be loaded.
-        assert!(
-            unsafe { cudarc::nvrtc::sys::is_culib_present() },
-            "libnvrtc not found on the library path"
-        );
+        assert_nvrtc_loads();
         use std::sync::atomic::Ordering;
         // A source no cache of this process holds: the fused prelude and a kernel of its own.
         let nanos = std::time::SystemTime::now()
@@ -1205,11 +1210,7 @@ mod tests {
     #[test]
     #[ignore = "needs libnvrtc: cargo xtask conformance --only nvrtc"]
     fn nvrtc_compiles_every_generated_source_for_sm90_and_sm87() {
-        // SAFETY: only asks whether the dynamic library can be loaded.
-        assert!(
-            unsafe { cudarc::nvrtc::sys::is_culib_present() },
-            "libnvrtc not found on the library path"
-        );
+        assert_nvrtc_loads();
         let mut sources = vec![
             ("module".to_string(), module_source()),
             (

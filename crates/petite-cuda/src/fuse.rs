@@ -369,6 +369,20 @@ pub struct Fusion {
     pub attention_kernels: Option<[usize; 3]>,
 }
 
+/// The value operand `j` of node `id` is read from: the base of its view where the plan reads
+/// it in place ([`Fusion::views`]), else the operand itself. The planner, the generator (a
+/// prologue's operand dtypes) and the launch (`norm_args`) all ask this.
+pub fn read_from(
+    program: &Program,
+    views: &HashMap<(NodeId, usize), StridedView>,
+    id: NodeId,
+    j: usize,
+) -> NodeId {
+    views
+        .get(&(id, j))
+        .map_or(program.node(id).inputs[j], |v| v.base)
+}
+
 impl Fusion {
     /// The slice starts group `g`'s launch passes after its pointers, in the kernel's parameter
     /// order: its own (`s0…`), then its [`Group::first`]'s or [`Group::with`]'s (`t0…`).
@@ -1311,9 +1325,7 @@ pub fn plan_opts(
         {
             continue;
         }
-        let x = views
-            .get(&(id, 0))
-            .map_or(program.node(id).inputs[0], |v| v.base);
+        let x = read_from(program, &views, id, 0);
         if matches!(role[x.index()], Role::Root(_)) {
             let g = roots.len();
             roots.push(id);
@@ -1345,15 +1357,19 @@ pub fn plan_opts(
                 unrolled_rows,
                 views: &views,
             };
-            cg.kernel_body(roots[g])
-                .map(|body| (body, cg.leaves, prologue, cg.offsets))
+            cg.kernel_body(roots[g]).map(|body| Generated {
+                body,
+                leaves: cg.leaves,
+                prologue,
+                offsets: cg.offsets,
+            })
         };
         // A prologue read anywhere but at its own element falls back to a plain group.
         let x = match prologue_of[g].map(|n| generate(Some(n))) {
             Some(Ok(x)) => x,
             _ => generate(None)?,
         };
-        if let Some(n) = x.2
+        if let Some(n) = x.prologue
             && n != roots[g]
         {
             role[n.index()] = Role::Prologue;
@@ -1366,10 +1382,10 @@ pub fn plan_opts(
     let mut first: Vec<Option<usize>> = vec![None; roots.len()];
     let mut absorbed = vec![false; roots.len()];
     for g in 0..roots.len() {
-        let Some(n) = generated[g].2 else { continue };
-        let x = views
-            .get(&(n, 0))
-            .map_or(program.node(n).inputs[0], |v| v.base);
+        let Some(n) = generated[g].prologue else {
+            continue;
+        };
+        let x = read_from(program, &views, n, 0);
         let Role::Root(r) = role[x.index()] else {
             continue;
         };
@@ -1378,11 +1394,11 @@ pub fn plan_opts(
             !live[c.index()] || c == n || role[c.index()] == Role::View || pos[&c] > pos[&roots[g]]
         });
         if r != g
-            && generated[r].2.is_none()
+            && generated[r].prologue.is_none()
             && !absorbed[r]
             && first[r].is_none()
             && numel(x) == numel(roots[g])
-            && !generated[g].1.contains(&x)
+            && !generated[g].leaves.contains(&x)
             && after
         {
             first[g] = Some(r);
@@ -1392,9 +1408,9 @@ pub fn plan_opts(
     // Each group's body (with its first, unrolled where it pays) and its launch's blocks.
     let mut bodies = Vec::with_capacity(roots.len());
     for (g, &root) in roots.iter().enumerate() {
-        let (mut body, _, prologue, _) = generated[g].clone();
+        let (mut body, prologue) = (generated[g].body.clone(), generated[g].prologue);
         if let Some(r) = first[g] {
-            body = with_first(&body, &generated[r].0).ok_or_else(|| {
+            body = with_first(&body, &generated[r].body).ok_or_else(|| {
                 gen_err(root, program, "a prologue kernel without its statistics")
             })?;
         }
@@ -1415,7 +1431,7 @@ pub fn plan_opts(
     // first's elements on blocks after the second's ([`Group::with`]). pi0.5's q and k RoPEs.
     let mut with: Vec<Option<usize>> = vec![None; roots.len()];
     let plain = |g: usize, absorbed: &[bool]| {
-        generated[g].2.is_none() && first[g].is_none() && !absorbed[g]
+        generated[g].prologue.is_none() && first[g].is_none() && !absorbed[g]
     };
     let mut open: Option<usize> = None;
     for &id in &order {
@@ -1444,7 +1460,7 @@ pub fn plan_opts(
             pairs
                 && plain(g, &absorbed)
                 && aliases.iter().all(|&v| {
-                    !generated[g].1.contains(&v)
+                    !generated[g].leaves.contains(&v)
                         && consumers[v.index()]
                             .iter()
                             .all(|c| !live[c.index()] || aliases.contains(c) || pos[c] > pos[&id])
@@ -1461,18 +1477,23 @@ pub fn plan_opts(
     }
     let mut groups = Vec::with_capacity(roots.len());
     for (g, &root) in roots.iter().enumerate() {
-        let (_, leaves, prologue, offsets) = generated[g].clone();
+        let Generated {
+            leaves,
+            prologue,
+            offsets,
+            ..
+        } = generated[g].clone();
         let (mut body, unroll, mut blocks) = bodies[g].clone();
         let mut extra = String::new();
         // The offsets follow every pointer: the group's own (`s…`), then the other's (`t…`).
         let mut offs: String = (0..offsets.len()).map(|j| format!(", i64 s{j}")).collect();
         if let Some(o) = first[g].or(with[g]) {
-            for j in 0..generated[o].3.len() {
+            for j in 0..generated[o].offsets.len() {
                 let _ = write!(offs, ", i64 t{j}");
             }
         }
         if let Some(r) = first[g] {
-            for j in 0..generated[r].1.len() {
+            for j in 0..generated[r].leaves.len() {
                 let _ = write!(extra, ", const void* q{j}");
             }
             extra.push_str(", void* qo");
@@ -1482,7 +1503,7 @@ pub fn plan_opts(
             body = beside(&body, gb, &bodies[a].0, ga);
             blocks = ga + gb;
             extra.push_str(", i64 qn");
-            for j in 0..generated[a].1.len() {
+            for j in 0..generated[a].leaves.len() {
                 let _ = write!(extra, ", const void* q{j}");
             }
             extra.push_str(", void* qo");
@@ -1540,6 +1561,16 @@ pub fn plan_opts(
         biases,
         attention_kernels,
     })
+}
+
+/// One group's generated kernel body and what its launch passes: the values it reads (in
+/// parameter order), the prologue norm it computes (if any) and its slice starts.
+#[derive(Clone)]
+struct Generated {
+    body: String,
+    leaves: Vec<NodeId>,
+    prologue: Option<NodeId>,
+    offsets: Vec<i64>,
 }
 
 /// C type of a value held in registers: floats as `float` (already rounded to their dtype),
@@ -1718,10 +1749,7 @@ impl Gen<'_> {
                 let node = self.program.node(norm);
                 let mut dts = Vec::with_capacity(3);
                 for j in 0..node.inputs.len() {
-                    let v = self
-                        .views
-                        .get(&(norm, j))
-                        .map_or(node.inputs[j], |v| v.base);
+                    let v = read_from(self.program, self.views, norm, j);
                     let t = self
                         .program
                         .node(v)

@@ -220,7 +220,7 @@ impl<'d> DeviceProgram<'d> {
                     .inputs
                     .iter()
                     .enumerate()
-                    .map(|(j, &v)| fusion.views.get(&(id, j)).map_or(v, |w| w.base))
+                    .map(|(j, _)| crate::fuse::read_from(program, &fusion.views, id, j))
                     .chain(fusion.masks.get(&id).map(|f| f.mask))
                     .collect()
             };
@@ -1194,7 +1194,7 @@ impl<'d> DeviceProgram<'d> {
         slots: &'s [Slot],
     ) -> Result<(&'s DevTensor, Option<&'s crate::fuse::StridedView>)> {
         let view = self.fusion.views.get(&(id, j));
-        let v = view.map_or(self.program.node(id).inputs[j], |w| w.base);
+        let v = crate::fuse::read_from(&self.program, &self.fusion.views, id, j);
         match &slots[v.index()] {
             Slot::T(t) => Ok((t, view)),
             _ => Err(err(format!("input {j} ({v}) is not available"))),
