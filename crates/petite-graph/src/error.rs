@@ -1,29 +1,7 @@
 //! The crate's error type.
 
 use crate::dtype::{TensorType, ValueType};
-use crate::program::NodeId;
-use std::fmt;
-
-/// Identifies a node in messages: id, op and the builder's label, e.g.
-/// `node %812 (linear "language.layers.3.attn.q_proj")`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeDesc {
-    /// The node's id.
-    pub id: NodeId,
-    /// The op's short name.
-    pub op: &'static str,
-    /// Label attached by the builder, if any.
-    pub label: Option<String>,
-}
-
-impl fmt::Display for NodeDesc {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.label {
-            Some(l) => write!(f, "node {} ({} {l:?})", self.id, self.op),
-            None => write!(f, "node {} ({})", self.id, self.op),
-        }
-    }
-}
+use crate::node::{NodeDesc, NodeId};
 
 /// Everything that can go wrong building, validating, walking or (de)serialising a program.
 #[derive(Debug, thiserror::Error)]

@@ -24,15 +24,15 @@ mod builder;
 mod dtype;
 mod error;
 mod hex;
+mod node;
 pub mod op;
 mod program;
 
 pub use builder::Builder;
 pub use dtype::{Dtype, ShapeDisplay, TensorType, ValueType};
-pub use error::{Error, NodeDesc, Result};
+pub use error::{Error, Result};
+pub use node::{NodeDesc, NodeId, ValueId};
 pub use op::{
     BinaryOp, CompareOp, LogicalOp, Op, ReduceOp, UnaryOp, broadcast_shapes, broadcasts_to,
 };
-pub use program::{
-    GraphOutput, Node, NodeId, Program, SubProgram, ValueId, WeightInfo, weight_display,
-};
+pub use program::{GraphOutput, Node, Program, SubProgram, WeightInfo, weight_display};

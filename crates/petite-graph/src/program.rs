@@ -1,35 +1,13 @@
 //! Programs: nodes, graph inputs/outputs, validation, walks and analysis helpers.
 
 use crate::dtype::{Dtype, TensorType, ValueType};
-use crate::error::{Error, NodeDesc, Result};
+use crate::error::{Error, Result};
+use crate::node::{NodeDesc, NodeId, ValueId};
 use crate::op::Op;
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
-
-/// Index of a node in [`Program::nodes`]. Every node produces exactly one value, so the same id
-/// also names that value (see [`ValueId`]). Displays as `%12`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct NodeId(pub u32);
-
-/// The value a node produces; identical to the producing node's id, so a value's producer is
-/// `NodeId` itself and no separate value table exists.
-pub type ValueId = NodeId;
-
-impl NodeId {
-    /// Position in [`Program::nodes`].
-    pub fn index(self) -> usize {
-        self.0 as usize
-    }
-}
-
-impl fmt::Display for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "%{}", self.0)
-    }
-}
 
 /// One operation and the value it produces.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

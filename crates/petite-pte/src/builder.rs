@@ -18,8 +18,8 @@ use crate::{Error, Result};
 
 /// Alignment of tensors inside the constant segment (EXIR's `ALIGNMENT`).
 pub const CONSTANT_ALIGNMENT: usize = 16;
-/// Alignment of planned tensors inside a planned buffer.
-pub const PLANNED_ALIGNMENT: u64 = 16;
+/// Alignment of planned tensors inside a planned buffer (the planner's, [`crate::lifetime`]).
+pub use crate::lifetime::PLANNED_ALIGNMENT;
 
 /// A segment added to a [`ProgramBuilder`] (resolved to a segment index when built).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

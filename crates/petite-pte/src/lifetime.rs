@@ -10,7 +10,9 @@
 //! instructions of a built one) and is computed by each caller; where the bytes go is decided
 //! here.
 
-use crate::builder::PLANNED_ALIGNMENT;
+/// Alignment of planned tensors inside a planned buffer: every offset this planner gives is a
+/// multiple of it (ExecuTorch's planned tensors are 16-byte aligned, EXIR's `ALIGNMENT`).
+pub const PLANNED_ALIGNMENT: u64 = 16;
 
 /// One tensor to place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

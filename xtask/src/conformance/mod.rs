@@ -67,7 +67,7 @@ impl Venv {
     fn requirements(self) -> Result<Vec<String>> {
         let fixed: &[&str] = match self {
             Venv::Lerobot => return lerobot::requirements(),
-            Venv::Pte => crate::codegen::PTE_VENV_REQUIREMENTS,
+            Venv::Pte => pte::REQUIREMENTS,
             Venv::PteFull => pte::FULL_REQUIREMENTS,
             Venv::Weights => weights::REQUIREMENTS,
             Venv::Ort => onnx::REQUIREMENTS,
