@@ -83,7 +83,7 @@ fn bf16_export_within_bound_f32_export_exact_on_every_golden() {
         let inputs = Inputs::from_file(c.join("inputs.safetensors"), &cfg).unwrap();
         let ck = open_checkpoint(c.join("model.safetensors")).unwrap();
         let whole = petite_pi05::run::run_model(&cfg, &ck, &inputs, Precision::Bf16).unwrap();
-        let pte = petite::verify::run_pte(&bf, &cfg, &inputs, petite::runtimes::Device::Cpu)
+        let pte = petite::bundle::run_pte(&bf, &cfg, &inputs, petite::runtimes::Device::Cpu)
             .unwrap()
             .actions;
         assert_eq!(
@@ -455,13 +455,13 @@ fn verify_refuses_a_mismatched_config_and_missing_pte() {
     let o = run(&c.join("config.json"), &s.0);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // --python does not apply to an engine bundle (its engines run here): refused in one line,
-    // exit 1, as every flag that does not apply.
+    // exit 2 (a usage error, as clap's), as every flag that does not apply.
     let o = verify_cmd(&c, &s.0)
         .args(["--python", "/nonexistent/python"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr).to_string();
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(o.status.code(), Some(2), "{err}");
     let line = common::error_line(&err);
     assert!(
         line.contains("--python does not apply to an engine bundle")
@@ -536,10 +536,10 @@ fn sharded_hub_layout_exports_the_same_model() {
     let cfg = Pi05Config::from_json_file(c.join("config.json")).unwrap();
     let inputs = Inputs::from_file(c.join("inputs.safetensors"), &cfg).unwrap();
     assert_eq!(
-        petite::verify::run_pte(&a, &cfg, &inputs, petite::runtimes::Device::Cpu)
+        petite::bundle::run_pte(&a, &cfg, &inputs, petite::runtimes::Device::Cpu)
             .unwrap()
             .actions,
-        petite::verify::run_pte(&b, &cfg, &inputs, petite::runtimes::Device::Cpu)
+        petite::bundle::run_pte(&b, &cfg, &inputs, petite::runtimes::Device::Cpu)
             .unwrap()
             .actions
     );
@@ -1176,7 +1176,7 @@ fn device_placement_is_refused_where_nothing_runs_on_a_device() {
 /// The one rule for flags that do not apply: every backend-specific flag, and a `--dtype` the
 /// backend does not export, is refused by a backend it does not apply to in one line
 /// (`petite: error: FLAG does not apply to --backend B: drop FLAG (it applies to --backend ...
-/// only)`), exit 1, before any work: the checkpoint named does not exist, and it is not what
+/// only)`), exit 2, before any work: the checkpoint named does not exist, and it is not what
 /// the error is about.
 #[test]
 fn inapplicable_flags_are_refused_in_one_line_before_any_work() {
@@ -1214,7 +1214,8 @@ fn inapplicable_flags_are_refused_in_one_line_before_any_work() {
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr).to_string();
-        assert_eq!(o.status.code(), Some(1), "{backend} {flag:?}: {err}");
+        // A flag that does not apply is a usage error: exit 2, as clap's own.
+        assert_eq!(o.status.code(), Some(2), "{backend} {flag:?}: {err}");
         let line = common::error_line(&err);
         let given = flag.join(" ");
         let head = if flag[0] == "--placement" || flag[0] == "--dtype" {

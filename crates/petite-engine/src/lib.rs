@@ -94,6 +94,16 @@ pub enum Error {
     /// A setting or call order the backend cannot honour (says what to do instead).
     #[error("{0}")]
     Usage(String),
+    /// A runtime failed running an engine (its own error kept as the source, so a caller can
+    /// look into it: a weight that changed under a GPU upload, say).
+    #[error("{runtime}: {source}")]
+    Runtime {
+        /// The runtime (and what it was doing).
+        runtime: String,
+        /// The runtime's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     /// [`BuildOptions::stop`] asked to stop before engine `index`; the engines before it are
     /// finished on disk.
     #[error("stopped before engine {index}")]

@@ -67,12 +67,14 @@ pub struct ActResult {
 }
 
 fn obs_err(file: &Path, key: &str, expected: impl Into<String>, found: impl Into<String>) -> Error {
-    Error::Usage(format!(
-        "{}: `{key}`: expected {}, found {}",
-        file.display(),
-        expected.into(),
-        found.into()
-    ))
+    Error::input(
+        file,
+        format!(
+            "`{key}`: expected {}, found {}",
+            expected.into(),
+            found.into()
+        ),
+    )
 }
 
 /// lerobot's normalization of `x` by `n` (in its f32 operation order); identity without stats.
@@ -261,7 +263,7 @@ pub fn find_tokenizer(explicit: Option<&Path>, id: &str) -> Result<PathBuf> {
             }
         }
     }
-    Err(Error::Usage(format!(
+    Err(Error::Unavailable(format!(
         "no tokenizer.json for `{id}`: give --tokenizer FILE or ${TOKENIZER_ENV}, or download it into the Hugging Face cache (`hf download {id} tokenizer.json`; the PaliGemma tokenizer is gated: accept its license on the Hub first)"
     )))
 }
@@ -270,7 +272,7 @@ pub fn find_tokenizer(explicit: Option<&Path>, id: &str) -> Result<PathBuf> {
 /// tokenizer defines them, truncated to `max_len`, right-padded with the pad id); returns ids
 /// and the attention mask.
 pub fn tokenize(path: &Path, text: &str, max_len: usize) -> Result<(Vec<i64>, Vec<u8>)> {
-    let usage = |m: String| Error::Usage(format!("{}: {m}", path.display()));
+    let usage = |m: String| Error::input(path, m);
     let mut tok = tokenizers::Tokenizer::from_file(path).map_err(|e| usage(e.to_string()))?;
     tok.with_truncation(Some(tokenizers::TruncationParams {
         max_length: max_len,
@@ -310,10 +312,10 @@ fn read_f32(t: &safetensors::tensor::TensorView<'_>) -> Option<Vec<f32>> {
 /// The bundle's runner metadata, or a refusal saying why there is none.
 fn runner_of(spec: &PolicySpec, dir: &Path) -> Result<Runner> {
     spec.runner.clone().ok_or_else(|| {
-        Error::Usage(format!(
-            "{}: no lerobot interface (exported from bare weights): export from the lerobot policy folder (config.json + model.safetensors) to run it with `petite act`",
-            dir.join(crate::layout::POLICY).display()
-        ))
+        Error::input(
+            &dir.join(crate::layout::POLICY),
+            "no lerobot interface (exported from bare weights): export from the lerobot policy folder (config.json + model.safetensors) to run it with `petite act`",
+        )
     })
 }
 
@@ -327,9 +329,9 @@ fn preprocess(
     let file = &opts.observation;
     let bytes = std::fs::read(file).map_err(|e| Error::io(file, "read", e))?;
     let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| Error::Usage(format!("{}: not a safetensors file: {e}", file.display())))?;
-    let (_, meta) = SafeTensors::read_metadata(&bytes)
-        .map_err(|e| Error::Usage(format!("{}: {e}", file.display())))?;
+        .map_err(|e| Error::input(file, format!("not a safetensors file: {e}")))?;
+    let (_, meta) =
+        SafeTensors::read_metadata(&bytes).map_err(|e| Error::input(file, e.to_string()))?;
     let tensors: HashMap<String, _> = st.tensors().into_iter().collect();
     for k in tensors.keys() {
         let known = k == STATE_KEY || k == "noise" || r.cameras.iter().any(|c| &c.key == k);
@@ -416,16 +418,18 @@ fn preprocess(
         present.push(prepare_image(&chw, h, w, res));
     }
     if present.is_empty() {
-        return Err(Error::Usage(format!(
-            "{}: no camera image: at least one of {} is needed (lerobot refuses an observation without images)",
-            file.display(),
-            r.cameras
-                .iter()
-                .filter(|c| !c.empty)
-                .map(|c| c.key.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
+        return Err(Error::input(
+            file,
+            format!(
+                "no camera image: at least one of {} is needed (lerobot refuses an observation without images)",
+                r.cameras
+                    .iter()
+                    .filter(|c| !c.empty)
+                    .map(|c| c.key.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
     }
     let mut images = Vec::with_capacity(cfg.cameras * plane);
     let mut image_masks = Vec::with_capacity(cfg.cameras);
@@ -445,10 +449,10 @@ fn preprocess(
                 .and_then(|m| m.get("task").cloned())
         })
         .ok_or_else(|| {
-            Error::Usage(format!(
-                "{}: no task: give --task TEXT or the file's metadata key `task`",
-                file.display()
-            ))
+            Error::input(
+                file,
+                "no task: give --task TEXT or the file's metadata key `task`".to_string(),
+            )
         })?;
     let text = prompt(&task, &state_bins(&norm_state, r.state_bins));
     let tok_path = find_tokenizer(opts.tokenizer.as_deref(), &r.tokenizer)?;
@@ -457,11 +461,13 @@ fn preprocess(
         .iter()
         .find(|&&t| t < 0 || t as usize >= cfg.language.vocab)
     {
-        return Err(Error::Usage(format!(
-            "{}: token id {t} is outside the model's vocabulary ({}): the wrong tokenizer?",
-            tok_path.display(),
-            cfg.language.vocab
-        )));
+        return Err(Error::input(
+            &tok_path,
+            format!(
+                "token id {t} is outside the model's vocabulary ({}): the wrong tokenizer?",
+                cfg.language.vocab
+            ),
+        ));
     }
     // Noise: the observation's, else --noise, else seeded.
     let want = cfg.chunk * cfg.action_dim;
@@ -487,7 +493,7 @@ fn preprocess(
     } else if let Some(nf) = &opts.noise {
         let nb = std::fs::read(nf).map_err(|e| Error::io(nf, "read", e))?;
         let ns = SafeTensors::deserialize(&nb)
-            .map_err(|e| Error::Usage(format!("{}: not a safetensors file: {e}", nf.display())))?;
+            .map_err(|e| Error::input(nf, format!("not a safetensors file: {e}")))?;
         let t = ns.tensor("noise").map_err(|_| {
             obs_err(
                 nf,
@@ -521,10 +527,10 @@ pub fn act(opts: &ActOptions) -> Result<ActResult> {
     crate::runtimes::check_device(opts.device)?;
     let dir = &opts.dir;
     let spec = crate::bundle::check_bundle(dir)?.ok_or_else(|| {
-        Error::Usage(format!(
-            "{}: no policy.json: export from the lerobot policy folder with this petite",
-            dir.display()
-        ))
+        Error::input(
+            dir,
+            "no policy.json: export from the lerobot policy folder with this petite".to_string(),
+        )
     })?;
     let r = runner_of(&spec, dir)?;
     let cfg = spec.model.clone();
@@ -535,19 +541,23 @@ pub fn act(opts: &ActOptions) -> Result<ActResult> {
     let (raw, ran) = bundle.run(&cfg, &inputs, None)?;
     let runtime = ran["runtime"].as_str().unwrap_or_default().to_string();
     if raw.len() != cfg.chunk * cfg.action_dim {
-        return Err(Error::Usage(format!(
-            "{}: the programs gave {} action values, expected {}",
-            dir.display(),
-            raw.len(),
-            cfg.chunk * cfg.action_dim
-        )));
+        return Err(Error::input(
+            dir,
+            format!(
+                "the programs gave {} action values, expected {}",
+                raw.len(),
+                cfg.chunk * cfg.action_dim
+            ),
+        ));
     }
     if let Some(i) = raw.iter().position(|v| !v.is_finite()) {
-        return Err(Error::Usage(format!(
-            "{}: the programs' actions are not finite: {} at index {i}",
-            dir.display(),
-            raw[i]
-        )));
+        return Err(Error::input(
+            dir,
+            format!(
+                "the programs' actions are not finite: {} at index {i}",
+                raw[i]
+            ),
+        ));
     }
     let mut actions = Vec::with_capacity(cfg.chunk * r.action_dim);
     for row in raw.chunks_exact(cfg.action_dim) {
@@ -582,7 +592,7 @@ pub fn write_result(out: &Path, r: &ActResult) -> Result<()> {
     let a: Vec<u8> = r.actions.iter().flat_map(|v| v.to_le_bytes()).collect();
     let t: Vec<u8> = r.tokens.iter().flat_map(|v| v.to_le_bytes()).collect();
     fn view<'a>(out: &Path, d: Dtype, s: Vec<usize>, b: &'a [u8]) -> Result<TensorView<'a>> {
-        TensorView::new(d, s, b).map_err(|e| Error::Usage(format!("{}: {e}", out.display())))
+        TensorView::new(d, s, b).map_err(|e| Error::Internal(format!("{}: {e}", out.display())))
     }
     let tensors = vec![
         (
@@ -604,7 +614,7 @@ pub fn write_result(out: &Path, r: &ActResult) -> Result<()> {
     ]
     .into();
     let bytes = safetensors::serialize(tensors, Some(meta))
-        .map_err(|e| Error::Usage(format!("{}: {e}", out.display())))?;
+        .map_err(|e| Error::Internal(format!("{}: {e}", out.display())))?;
     Ok(petite_fs::write(out, &bytes)?)
 }
 

@@ -24,7 +24,7 @@ use petite_weights::WeightSource;
 use crate::{Error, Result};
 
 fn cuda(e: petite_cuda::Error) -> Error {
-    Error::Usage(format!("petite-cuda: {e}"))
+    Error::cuda("petite-cuda")(e)
 }
 
 /// One chunk's device time (CUDA events) and wall time.
@@ -87,14 +87,14 @@ impl<'d> CudaPolicy<'d> {
         let t = t
             .get(io::TIMESTEP_TABLE)
             .and_then(|t| t.as_f32())
-            .ok_or_else(|| Error::Usage("timestep table is not f32".into()))?
+            .ok_or_else(|| Error::Internal("timestep table is not f32".into()))?
             .to_vec();
         let r = time_row_len(cfg);
         let mut rows = Vec::with_capacity(cfg.steps);
         for k in 0..cfg.steps {
             let row = t
                 .get(k * r..(k + 1) * r)
-                .ok_or_else(|| Error::Usage("timestep table too short".into()))?;
+                .ok_or_else(|| Error::Internal("timestep table too short".into()))?;
             rows.push(
                 dev.upload(&Tensor::f32(&[r], row.to_vec())?)
                     .map_err(cuda)?,
@@ -115,7 +115,7 @@ impl<'d> CudaPolicy<'d> {
                 let t = p
                     .node(id)
                     .tensor()
-                    .ok_or_else(|| Error::Usage(format!("input {name} is a tuple")))?;
+                    .ok_or_else(|| Error::Internal(format!("input {name} is a tuple")))?;
                 fixed.insert(name, dev.zeros(t.dtype, &t.shape).map_err(cuda)?);
             }
             Ok(fixed)
@@ -192,7 +192,7 @@ impl<'d> CudaPolicy<'d> {
                 let dst = self
                     .prefix_fixed
                     .get(name)
-                    .ok_or_else(|| Error::Usage(format!("the prefix has no input {name}")))?;
+                    .ok_or_else(|| Error::Internal(format!("the prefix has no input {name}")))?;
                 dev.copy(t, dst).map_err(cuda)?;
             }
             if self.prefix_graph_cell.get().is_none() {
@@ -213,7 +213,7 @@ impl<'d> CudaPolicy<'d> {
             }
             self.prefix_graph_cell
                 .get()
-                .ok_or_else(|| Error::Usage("no prefix graph".into()))?
+                .ok_or_else(|| Error::Internal("no prefix graph".into()))?
                 .launch()
                 .map_err(cuda)?;
             None
@@ -248,7 +248,7 @@ impl<'d> CudaPolicy<'d> {
             let g = self
                 .graph
                 .get()
-                .ok_or_else(|| Error::Usage("no step graph".into()))?;
+                .ok_or_else(|| Error::Internal("no step graph".into()))?;
             let rb = fixed(io::TIME_ROW).map_err(cuda)?;
             for row in &self.rows {
                 dev.copy(row, rb).map_err(cuda)?;
@@ -256,7 +256,7 @@ impl<'d> CudaPolicy<'d> {
             }
             xb.clone()
         } else {
-            let kv = kv.ok_or_else(|| Error::Usage("the prefix ran as a graph".into()))?;
+            let kv = kv.ok_or_else(|| Error::Internal("the prefix ran as a graph".into()))?;
             let mut x = noise;
             for row in &self.rows {
                 let mut sin = kv.clone();
@@ -265,7 +265,7 @@ impl<'d> CudaPolicy<'d> {
                 let mut out = self.step.run_device(sin).map_err(cuda)?;
                 x = out
                     .remove(io::X_NEXT)
-                    .ok_or_else(|| Error::Usage("step program has no x_next".into()))?;
+                    .ok_or_else(|| Error::Internal("step program has no x_next".into()))?;
             }
             x
         };
@@ -274,7 +274,7 @@ impl<'d> CudaPolicy<'d> {
             .download(&x)
             .map_err(cuda)?
             .into_float_values()
-            .map_err(|t| Error::Usage(format!("x_next is {}, not float", t.dtype())))?;
+            .map_err(|t| Error::Internal(format!("x_next is {}, not float", t.dtype())))?;
         let m3 = dev.mark().map_err(cuda)?;
         dev.synchronize().map_err(cuda)?;
         if self.prefix_graph {

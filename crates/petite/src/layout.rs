@@ -29,6 +29,13 @@
 
 use std::path::{Path, PathBuf};
 
+/// Method name of the main method of each `.pte`.
+pub const METHOD: &str = "forward";
+/// Method of `step.pte` returning the timestep table.
+pub const TABLE_METHOD: &str = "timestep_table";
+/// Named-data key under which each `.pte` carries its export id (the one `policy.json` has).
+pub const EXPORT_ID_KEY: &str = "petite.export_id";
+
 /// The prefix program.
 pub const PREFIX_PTE: &str = "prefix.pte";
 /// The step program (and the timestep table).

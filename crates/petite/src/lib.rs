@@ -6,6 +6,7 @@
 pub mod act;
 pub mod backends;
 pub mod bundle;
+pub mod checkpoint;
 pub mod cuda_run;
 pub mod engines;
 pub mod export;
@@ -14,14 +15,42 @@ pub mod layout;
 pub mod memory;
 pub mod report;
 pub mod runtimes;
+pub mod venv;
 pub mod verify;
 
 /// Errors of the export and verify pipelines; each names the file, stage or setting.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A command-line setting is unusable (names it, expected vs found).
+    /// A command-line setting is unusable (names it, expected vs found): the binary exits 2, as
+    /// for clap's own usage errors.
     #[error("{0}")]
     Usage(String),
+    /// An input file is not what it must be (an observation, a tokenizer, an export directory's
+    /// programs or their output): names the file and what is wrong.
+    #[error("{path}: {reason}")]
+    Input {
+        /// The file or directory.
+        path: String,
+        /// Expected vs found.
+        reason: String,
+    },
+    /// Something the command needs is not on this machine (a tokenizer, a runtime's Python):
+    /// says where it was looked for and how to provide it.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A CUDA call failed (petite-cuda's error, kept whole: a weight that changed under the
+    /// upload is still [`Error::is_input_changed`]).
+    #[error("{what}: {source}")]
+    Cuda {
+        /// What was being done (`--device cuda`, the engine file, the stage).
+        what: String,
+        /// petite-cuda's error (boxed: it is large, and every `Result` of this crate carries it).
+        #[source]
+        source: Box<petite_cuda::Error>,
+    },
+    /// An invariant of petite itself broke (a bug, not the input's fault): names it.
+    #[error("internal error (a bug in petite; please report it): {0}")]
+    Internal(String),
     /// The memory budget cannot hold the plan; nothing was done.
     #[error("{0}")]
     Budget(String),
@@ -116,8 +145,15 @@ fn engine_changed(e: &petite_engine::Error) -> bool {
     match e {
         petite_engine::Error::Weights(w) => weights_changed(w),
         petite_engine::Error::Engine { source, .. } => engine_changed(source),
+        petite_engine::Error::Runtime { source, .. } => source
+            .downcast_ref::<petite_cuda::Error>()
+            .is_some_and(cuda_changed),
         _ => false,
     }
+}
+
+fn cuda_changed(e: &petite_cuda::Error) -> bool {
+    matches!(e, petite_cuda::Error::Weights(w) if weights_changed(w))
 }
 
 impl Error {
@@ -129,7 +165,31 @@ impl Error {
             Error::Pi05(petite_pi05::Error::Weights(w)) => weights_changed(w),
             Error::Portable(petite_portable::Error::Weights(w)) => weights_changed(w),
             Error::Engine(e) => engine_changed(e),
+            Error::Cuda { source, .. } => cuda_changed(source),
             _ => false,
+        }
+    }
+
+    /// Whether this is a command-line setting that cannot be used (the binary exits 2 for it,
+    /// as clap does for its own usage errors).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Error::Usage(_))
+    }
+
+    /// `f` for `map_err`: petite-cuda's error while doing `what`.
+    pub fn cuda(what: impl Into<String>) -> impl FnOnce(petite_cuda::Error) -> Self {
+        let what = what.into();
+        move |source| Error::Cuda {
+            what,
+            source: Box::new(source),
+        }
+    }
+
+    /// An input file that is not what it must be.
+    pub fn input(path: &std::path::Path, reason: impl Into<String>) -> Self {
+        Error::Input {
+            path: path.display().to_string(),
+            reason: reason.into(),
         }
     }
 }

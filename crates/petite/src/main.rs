@@ -54,8 +54,9 @@ enum Cmd {
 
 /// Exit codes: 0 success; 1 any error (the message says what and where); 74 (`EX_IOERR`,
 /// [`petite_weights::fault::EXIT_CODE`]) an input changed or was truncated while it was read
-/// (a SIGBUS on a mapped file, or an identity check at a stage boundary); 2 bad command line
-/// (clap).
+/// (a SIGBUS on a mapped file, or an identity check at a stage boundary), also under a CUDA or
+/// engine error; 2 a command line that cannot be used (clap's errors, and petite's
+/// [`petite::Error::Usage`]: a flag that does not apply, a missing one).
 fn main() -> std::process::ExitCode {
     // Before any file is mapped: a SIGBUS on a mapped input becomes an error naming the file.
     petite_weights::fault::install_sigbus_handler();
@@ -102,8 +103,14 @@ fn exit_code(e: &anyhow::Error) -> u8 {
                 )
             })
     });
+    let usage = e.chain().any(|c| {
+        c.downcast_ref::<petite::Error>()
+            .is_some_and(petite::Error::is_usage)
+    });
     if changed {
         petite_weights::fault::EXIT_CODE as u8
+    } else if usage {
+        2
     } else {
         1
     }
@@ -175,5 +182,41 @@ mod tests {
             one_line(&multi),
             "petite: error: python said:; Traceback;   boom"
         );
+    }
+
+    fn changed() -> petite_weights::Error {
+        petite_weights::Error::Changed {
+            role: "checkpoint",
+            file: "/ck/model.safetensors".into(),
+            what: "size 10 → 4".into(),
+        }
+    }
+
+    /// Usage errors exit 2 as clap's do; a checkpoint changed under a CUDA upload (petite-cuda's
+    /// error, directly or inside an engine runtime's) exits 74 as it does on the CPU; an error
+    /// of the input or of CUDA itself exits 1.
+    #[test]
+    fn exit_codes_follow_the_error_kind_through_wrappers() {
+        use super::exit_code;
+        let usage = anyhow::Error::from(petite::Error::Usage("--python does not apply".into()))
+            .context("petite verify");
+        assert_eq!(exit_code(&usage), 2);
+        let cuda = petite::Error::Cuda {
+            what: "--device cuda".into(),
+            source: Box::new(petite_cuda::Error::Weights(changed())),
+        };
+        assert_eq!(exit_code(&anyhow::Error::from(cuda)), 74);
+        let engine = petite::Error::Engine(petite_engine::Error::Runtime {
+            runtime: "petite-cuda".into(),
+            source: Box::new(petite_cuda::Error::Weights(changed())),
+        });
+        assert_eq!(exit_code(&anyhow::Error::from(engine)), 74);
+        let unavailable = petite::Error::Cuda {
+            what: "--device cuda".into(),
+            source: Box::new(petite_cuda::Error::Unavailable("no libcuda.so.1".into())),
+        };
+        assert_eq!(exit_code(&anyhow::Error::from(unavailable)), 1);
+        let input = petite::Error::input(std::path::Path::new("/obs.safetensors"), "no task");
+        assert_eq!(exit_code(&anyhow::Error::from(input)), 1);
     }
 }

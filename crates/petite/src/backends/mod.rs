@@ -134,7 +134,7 @@ pub trait BackendSpec: Sync {
     /// before any work). Backends whose [`Output`] is not [`Output::Engines`] build none.
     fn builder(&self, o: &BackendOptions) -> Result<Box<dyn EngineBuilder>> {
         let _ = o;
-        Err(Error::Usage(format!(
+        Err(Error::Internal(format!(
             "the {} backend builds no engines",
             self.name()
         )))

@@ -52,7 +52,7 @@ impl BackendSpec for TensorRt {
         let tool = Tool::find(&ToolSearch {
             trtexec: o.trtexec.clone(),
             trt_python: o.trt_python.clone(),
-            default_python: crate::engines::default_trt_python(),
+            default_python: crate::venv::default_trt_python(),
         })?;
         let target = match (&o.trt_target, tool.kind) {
             (Some(t), ToolKind::Trtexec) => {

@@ -16,7 +16,7 @@ use petite_reference::Tensor;
 use petite_weights::{FileIdentity, Role};
 
 use super::bad;
-use crate::export::{METHOD, TABLE_METHOD};
+use crate::layout::{METHOD, TABLE_METHOD};
 use crate::runtimes::{Device, Runtime};
 use crate::{Error, Result};
 
@@ -350,7 +350,7 @@ pub fn run_pte(
                     let n = prog.input_name(id).unwrap_or_default();
                     by.get(n)
                         .cloned()
-                        .ok_or_else(|| Error::Usage(format!("no value for program input `{n}`")))
+                        .ok_or_else(|| Error::Internal(format!("no value for program input `{n}`")))
                 })
                 .collect()
         };
@@ -376,7 +376,7 @@ pub fn run_pte(
             .outputs
             .iter()
             .position(|o| o.name == io::X_NEXT)
-            .ok_or_else(|| Error::Usage("step program has no x_next".into()))?;
+            .ok_or_else(|| Error::Internal("step program has no x_next".into()))?;
         x = outs
             .into_iter()
             .nth(xi)

@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 
 use petite_pi05::Pi05Config;
 use petite_pi05::inputs::Inputs;
+use petite_pi05::programs::io;
 use petite_weights::{FileIdentity, Role};
 
 use super::bad;
-use super::inputs::write_inputs;
 use super::specs::{check_onnx_spec, check_specs};
 use crate::{Error, Result};
 
@@ -197,10 +197,54 @@ pub fn run_portable(
     .run(pte_dir, cfg, inputs, inputs_file, python)
 }
 
+/// Writes `inputs` as the safetensors file the driver reads (`petite pi05 run`'s format).
+fn write_inputs(path: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<()> {
+    use petite_weights::{Dtype as W, SafetensorsWriter, TensorSpec};
+    let s = cfg.vision.image_size;
+    let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let i64b = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let rows: Vec<(&str, W, Vec<usize>, Vec<u8>)> = vec![
+        (
+            io::IMAGES,
+            W::F32,
+            vec![cfg.cameras, 3, s, s],
+            f32b(&inputs.images),
+        ),
+        (
+            io::IMAGE_MASKS,
+            W::U8,
+            vec![cfg.cameras],
+            inputs.image_masks.clone(),
+        ),
+        (io::TOKENS, W::I64, vec![cfg.tokens], i64b(&inputs.tokens)),
+        (
+            io::TOKEN_MASK,
+            W::U8,
+            vec![cfg.tokens],
+            inputs.token_mask.clone(),
+        ),
+        (
+            "noise",
+            W::F32,
+            vec![cfg.chunk, cfg.action_dim],
+            f32b(&inputs.noise),
+        ),
+    ];
+    let specs: Vec<TensorSpec> = rows
+        .iter()
+        .map(|(n, d, s, _)| TensorSpec::new(*n, *d, s))
+        .collect();
+    let w = SafetensorsWriter::create(path, &specs, &[])?;
+    for (n, _, _, b) in &rows {
+        w.write_at(n, 0, b)?;
+    }
+    w.finish()?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verify::action_error;
 
     /// The ONNX Runtime driver's actions: a NaN or infinity it prints as a string comes back as
     /// that value, so the fold fails on it (never a pass, never a lost element); anything else
@@ -212,7 +256,7 @@ mod tests {
         let a = driver_actions(&j).unwrap();
         assert_eq!(a.len(), 5);
         assert!(a[1].is_nan() && a[3] == f32::NEG_INFINITY && a[4] == f32::INFINITY);
-        let err = action_error(&a, &[0.5, 0.0, -2.0, 0.0, 0.0])
+        let err = petite_reference::max_abs_diff(&a, &[0.5, 0.0, -2.0, 0.0, 0.0])
             .unwrap_err()
             .to_string();
         assert!(err.contains("NaN") && err.contains("index 1"), "{err}");

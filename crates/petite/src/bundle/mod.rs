@@ -1,108 +1,33 @@
-//! What `--checkpoint` names, resolved once for `export` and `verify`: a lerobot pi0.5 policy
-//! folder (or a training output holding one), a folder with petite's own `config.json`, or
-//! weights alone; and the bundle an export leaves: `policy.json` plus the export id that
+//! The bundle an export leaves, and running it: `policy.json` plus the export id that
 //! `prefix.pte` and `step.pte` (or `pi05.onnx.json`) carry, which every reader checks so that
-//! files of two exports are never run together.
+//! files of two exports are never run together ([`check_bundle`]); what a directory holds
+//! ([`BundleKind`]); and [`BundleRunner`], the one way `petite verify` and `petite act` run one.
+//!
+//! One file a runtime's concern: `delegates` (the interpreter of an engine `.pte`'s delegate
+//! chain, each delegate run by the runtime [`crate::runtimes`] registers for its backend id),
+//! `driver` (the driver scripts run in ExecuTorch's or ONNX Runtime's Python child, and the
+//! inputs file they read), `specs` (the interface checks of portable and ONNX exports),
+//! `python` (finding those runtimes' Pythons).
+
+mod delegates;
+mod driver;
+mod python;
+mod specs;
 
 use std::path::{Path, PathBuf};
 
 use petite_pi05::Pi05Config;
-use petite_pi05::inputs::CanonicalCheckpoint;
-use petite_pi05::lerobot::{ConfigKind, LerobotConfig, check_weights_against, open_folder};
-use petite_pi05::policy::{PolicySpec, Runner};
+use petite_pi05::policy::PolicySpec;
 use petite_pte::PteFile;
-use petite_weights::WeightSource;
 
 use crate::{Error, Result};
 
-/// Named-data key under which a `.pte` carries its export id.
-pub const EXPORT_ID_KEY: &str = "petite.export_id";
+pub use delegates::{PteRun, run_pte};
+pub use driver::{run_onnx, run_portable};
+pub use python::{ORT_PYTHON_ENV, PYTHON_ENV, find_ort_python, find_python};
+pub use specs::{check_onnx_spec, check_specs, is_onnx, is_portable};
 
-/// A `--checkpoint` (and `--config`) resolved.
-#[derive(Debug, Clone)]
-pub struct Resolved {
-    /// The model config of the call.
-    pub cfg: Pi05Config,
-    /// Where the weights are (a file, an index or a folder).
-    pub weights: PathBuf,
-    /// The lerobot folder's config and runner metadata, when the checkpoint is one.
-    pub lerobot: Option<(LerobotConfig, Runner)>,
-}
-
-impl Resolved {
-    /// The interface in one line, for printing before any work (`None`: not a lerobot folder).
-    pub fn describe(&self) -> Option<String> {
-        self.lerobot.as_ref().map(|(lr, _)| lr.describe())
-    }
-
-    /// Warnings to print (a set `rtc_config`, stats missing).
-    pub fn warnings(&self) -> Vec<String> {
-        let Some((lr, runner)) = &self.lerobot else {
-            return vec![];
-        };
-        let mut w = lr.warnings.clone();
-        for (what, n) in [
-            ("state", &runner.state_norm),
-            ("action", &runner.action_norm),
-        ] {
-            if n.stats.is_empty() && n.from != "IDENTITY in normalization_mapping" {
-                w.push(format!("{what} normalization is identity: {}", n.from));
-            }
-        }
-        w
-    }
-}
-
-/// Resolves `checkpoint` (+ `config`): a lerobot pi0.5 folder gives the interface (and, with
-/// `config`, the model sizes, whose interface fields must agree); a folder with petite's
-/// `config.json` and no `config` given uses it; otherwise `config` or the real pi0.5.
-/// `state_padded`: lerobot 0.4.x's padded state prompt.
-pub fn resolve(checkpoint: &Path, config: Option<&Path>, state_padded: bool) -> Result<Resolved> {
-    let sizes = config.map(Pi05Config::from_json_file).transpose()?;
-    let folder = open_folder(checkpoint)?;
-    match folder {
-        Some(f) if f.kind == ConfigKind::LerobotPi05 => {
-            let file = f.config_path.display().to_string();
-            let lr = LerobotConfig::from_json(&f.json, &file)?;
-            let sizes_name = config.map(|p| p.display().to_string()).unwrap_or_default();
-            let cfg = lr.to_pi05(&file, sizes.as_ref().map(|s| (s, sizes_name.as_str())))?;
-            let runner = Runner::from_folder(&f.dir, &lr, state_padded)?;
-            Ok(Resolved {
-                cfg,
-                weights: f.dir,
-                lerobot: Some((lr, runner)),
-            })
-        }
-        Some(f) if f.kind == ConfigKind::Petite && sizes.is_none() && f.dir == checkpoint => {
-            Ok(Resolved {
-                cfg: Pi05Config::from_json_file(&f.config_path)?,
-                weights: checkpoint.to_path_buf(),
-                lerobot: None,
-            })
-        }
-        _ => Ok(Resolved {
-            cfg: sizes.unwrap_or_default(),
-            weights: checkpoint.to_path_buf(),
-            lerobot: None,
-        }),
-    }
-}
-
-/// The lerobot folder's config checked against the opened weights (a no-op for other
-/// checkpoints): one line naming the field, its value, the tensor and its shape.
-pub fn check_against_weights(r: &Resolved, ck: &CanonicalCheckpoint) -> Result<()> {
-    if let Some((lr, _)) = &r.lerobot {
-        let stored = ck.inner().names();
-        check_weights_against(
-            lr,
-            &r.cfg,
-            ck as &dyn WeightSource,
-            &stored,
-            &r.weights.display().to_string(),
-        )?;
-    }
-    Ok(())
-}
+pub use crate::layout::EXPORT_ID_KEY;
 
 /// The export id of a `.pte` (`None`: written before export ids, or not by petite export).
 pub fn pte_export_id(pte: &PteFile) -> Result<Option<String>> {
@@ -134,7 +59,7 @@ pub fn onnx_export_id(dir: &Path) -> Result<Option<String>> {
 /// policy, if there is one.
 pub fn check_bundle(dir: &Path) -> Result<Option<PolicySpec>> {
     let mut ids: Vec<(PathBuf, Option<String>)> = Vec::new();
-    if crate::verify::is_onnx(dir) {
+    if is_onnx(dir) {
         ids.push((dir.join(crate::layout::ONNX_SPEC), onnx_export_id(dir)?));
     } else {
         for name in crate::layout::PTES {
@@ -184,11 +109,11 @@ pub enum BundleKind {
 impl BundleKind {
     /// What `dir` holds.
     pub fn of(dir: &Path) -> Result<Self> {
-        if crate::verify::is_onnx(dir) {
+        if is_onnx(dir) {
             return Ok(BundleKind::Onnx);
         }
         let pte = PteFile::open(dir.join(crate::layout::PREFIX_PTE))?;
-        Ok(if crate::verify::is_portable(&pte) {
+        Ok(if is_portable(&pte) {
             BundleKind::Portable
         } else {
             BundleKind::Engines
@@ -248,12 +173,12 @@ impl BundleRunner {
             }
             BundleKind::Engines => None,
             BundleKind::Portable => {
-                crate::verify::check_specs(dir, cfg)?;
-                Some(crate::verify::find_python(python)?)
+                check_specs(dir, cfg)?;
+                Some(find_python(python)?)
             }
             BundleKind::Onnx => {
-                crate::verify::check_onnx_spec(dir, cfg)?;
-                Some(crate::verify::find_ort_python(python)?)
+                check_onnx_spec(dir, cfg)?;
+                Some(find_ort_python(python)?)
             }
         };
         Ok(BundleRunner {
@@ -282,26 +207,34 @@ impl BundleRunner {
         let dir = &self.dir;
         Ok(match (self.kind, &self.python) {
             (BundleKind::Onnx, Some(py)) => {
-                let (a, j) = crate::verify::run_onnx(dir, cfg, inputs, inputs_file, py)?;
+                let (a, j) = run_onnx(dir, cfg, inputs, inputs_file, py)?;
                 (
                     a,
                     json!({"runtime": "onnxruntime (separate process)", "driver": j}),
                 )
             }
             (BundleKind::Portable, Some(py)) => {
-                let (a, j) = crate::verify::run_portable(dir, cfg, inputs, inputs_file, py)?;
+                let (a, j) = run_portable(dir, cfg, inputs, inputs_file, py)?;
                 (
                     a,
                     json!({"runtime": "executorch-numpy-runtime (separate process)", "driver": j}),
                 )
             }
             _ => {
-                let r = crate::verify::run_pte(dir, cfg, inputs, self.device)?;
+                let r = run_pte(dir, cfg, inputs, self.device)?;
                 (
                     r.actions,
                     json!({"runtime": r.runtimes.join(", "), "device": self.device.name()}),
                 )
             }
         })
+    }
+}
+
+/// A `.pte` (or a driver's output about one) that is not what an export writes.
+pub(crate) fn bad(path: &Path, reason: impl Into<String>) -> Error {
+    Error::BadPte {
+        path: path.display().to_string(),
+        reason: reason.into(),
     }
 }

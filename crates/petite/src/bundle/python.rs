@@ -11,7 +11,7 @@ pub const PYTHON_ENV: &str = "PETITE_PYTHON";
 pub const ORT_PYTHON_ENV: &str = "PETITE_ORT_PYTHON";
 
 fn no_ort(detail: &str) -> Error {
-    Error::Usage(format!(
+    Error::Unavailable(format!(
         "{detail}: ONNX exports run in ONNX Runtime, which needs a Python with onnxruntime and \
          numpy. Pass --python PATH or set ${ORT_PYTHON_ENV}; `cargo xtask conformance --only \
          onnx` builds one at target/venv-ort, or by hand: python3 -m venv V && V/bin/pip \
@@ -58,7 +58,7 @@ fn find_runtime_python(explicit: Option<&Path>, rt: &PyRuntime) -> Result<PathBu
     let python = match (explicit, std::env::var_os(rt.env)) {
         (Some(p), _) => p.to_path_buf(),
         (None, Some(p)) => PathBuf::from(p),
-        (None, None) => crate::engines::workspace_venv_python(rt.venv)
+        (None, None) => crate::venv::workspace_venv_python(rt.venv)
             .ok_or_else(|| (rt.missing)("no Python given"))?,
     };
     let out = std::process::Command::new(&python)
@@ -78,7 +78,7 @@ fn find_runtime_python(explicit: Option<&Path>, rt: &PyRuntime) -> Result<PathBu
 }
 
 fn no_python(detail: &str) -> Error {
-    Error::Usage(format!(
+    Error::Unavailable(format!(
         "{detail}: portable .pte files run in ExecuTorch's runtime, which needs a Python 3.12 \
          with executorch-numpy-runtime 1.4.0 and numpy. Pass --python PATH or set \
          ${PYTHON_ENV}; `cargo xtask conformance` builds one at target/venv-pte, or by hand: \

@@ -12,7 +12,7 @@ use petite_pte::PteFile;
 use super::bad;
 use super::delegates::method;
 use crate::Result;
-use crate::export::METHOD;
+use crate::layout::METHOD;
 
 /// Whether `dir` holds an ONNX export (`pi05.onnx`) and no `prefix.pte`.
 pub fn is_onnx(dir: &Path) -> bool {

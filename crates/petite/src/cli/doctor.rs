@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use petite::engines::default_trt_python;
+use petite::venv::default_trt_python;
 use petite_engine::tensorrt::{Tool, ToolSearch};
 
 /// Arguments of `petite doctor`.

@@ -129,7 +129,7 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     // A --dtype or flag that does not apply to the backend: one line, before anything is read.
     o.check()?;
     // The interface, resolved and printed before any work (the export resolves it again).
-    let resolved = petite::bundle::resolve(&a.checkpoint, a.config.as_deref(), state_padded)
+    let resolved = petite::checkpoint::resolve(&a.checkpoint, a.config.as_deref(), state_padded)
         .with_context(|| format!("export of {}", a.checkpoint.display()))?;
     if let Some(d) = resolved.describe() {
         println!("{d}");

@@ -3,7 +3,7 @@
 //! needs to feed it). `--plan-only` lowers and plans without a checkpoint (nothing written).
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use petite_pi05::programs::{build_prefix, build_step, build_timestep_table};
 
 /// Which program to lower.
@@ -59,7 +59,10 @@ pub fn run(a: LowerArgs) -> Result<()> {
         return Ok(());
     }
     let (Some(ck), Some(out)) = (&a.checkpoint, &a.out) else {
-        bail!("--checkpoint and --out are required unless --plan-only");
+        return Err(petite::Error::Usage(
+            "--checkpoint and --out are required unless --plan-only".into(),
+        )
+        .into());
     };
     let canon = |p: &std::path::Path| std::fs::canonicalize(p).ok();
     if canon(out).is_some()
@@ -68,7 +71,11 @@ pub fn run(a: LowerArgs) -> Result<()> {
             .flatten()
             .any(|p| canon(p) == canon(out))
     {
-        bail!("{}: the output would overwrite an input", out.display());
+        return Err(petite::Error::Usage(format!(
+            "{}: the output would overwrite an input",
+            out.display()
+        ))
+        .into());
     }
     let weights = petite_pi05::inputs::open_checkpoint(ck)
         .with_context(|| format!("opening {}", ck.display()))?;

@@ -156,9 +156,11 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
         return run_cuda(a);
     }
     if a.repeat > 0 || a.timing_json.is_some() || a.f32_matmul.is_some() {
-        anyhow::bail!(
+        return Err(petite::Error::Usage(
             "--repeat, --timing-json and --f32-matmul are for the GPU path: add --device cuda"
-        );
+                .into(),
+        )
+        .into());
     }
     let files = petite_pi05::run::RunFiles {
         checkpoint: &a.checkpoint,

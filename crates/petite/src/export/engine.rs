@@ -197,7 +197,7 @@ impl<'l> EngineStages<'l> {
     fn weights(&self) -> Result<&ExportWeights<'l>> {
         self.weights
             .as_ref()
-            .ok_or_else(|| Error::Usage("export stages out of order: no weights yet".into()))
+            .ok_or_else(|| Error::Internal("export stages out of order: no weights yet".into()))
     }
 
     /// Builds (or reuses) every engine of `plan` through the one plan driver.
@@ -353,7 +353,7 @@ impl EngineStages<'_> {
         let table = self
             .table
             .as_ref()
-            .ok_or_else(|| Error::Usage("export stages out of order: no table yet".into()))?;
+            .ok_or_else(|| Error::Internal("export stages out of order: no table yet".into()))?;
         let bytes: Vec<u8> = table.values.iter().flat_map(|v| v.to_le_bytes()).collect();
         let idx = p.add_constant(&bytes);
         let mut tm = MethodBuilder::new(TABLE_METHOD);
@@ -371,7 +371,7 @@ impl EngineStages<'_> {
         let ip = self
             .builder
             .in_place()
-            .ok_or_else(|| Error::Usage("in-place save without an in-place builder".into()))?;
+            .ok_or_else(|| Error::Internal("in-place save without an in-place builder".into()))?;
         let weights = self.weights()?;
         let identity = self.identity.clone();
         let settings = self.builder.settings();
@@ -759,7 +759,7 @@ fn forward_method(
     let mut m = MethodBuilder::new(METHOD);
     let tensor_of = |v: ValueId| -> Result<(ScalarType, Vec<i32>)> {
         let t = program.node(v).tensor().ok_or_else(|| {
-            Error::Usage(format!(
+            Error::Internal(format!(
                 "value {v} crossing an engine boundary is not a tensor"
             ))
         })?;
@@ -818,7 +818,7 @@ fn forward_method(
                     None => {
                         // A method input: copied into a device tensor of its own for this use.
                         let &src = host.get(&v).ok_or_else(|| {
-                            Error::Usage(format!(
+                            Error::Internal(format!(
                                 "engine {}: input value {v} is neither a method input nor an earlier engine's output",
                                 e.name
                             ))
@@ -876,7 +876,7 @@ fn forward_method(
 /// The export id as named data (no method reads it; readers compare the two files').
 fn add_export_id(p: &mut ProgramBuilder, id: &str) -> Result<()> {
     p.add_named_data(
-        crate::bundle::EXPORT_ID_KEY,
+        crate::layout::EXPORT_ID_KEY,
         petite_pte::SegmentData::Bytes(std::sync::Arc::from(id.as_bytes())),
         16,
     )?;

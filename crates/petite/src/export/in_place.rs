@@ -298,7 +298,7 @@ impl Resume for Writer<'_, '_> {
             offset,
         )?;
         if wrote != len || wrote != *planned {
-            return Err(Error::Usage(format!(
+            return Err(Error::Internal(format!(
                 "engine {name}: {wrote} bytes written where {len} were planned"
             )));
         }

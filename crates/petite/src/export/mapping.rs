@@ -108,7 +108,7 @@ pub(super) fn selection(
                 Some(d) => {
                     let slot = *wanted.entry(w.name.clone()).or_insert(d);
                     if slot != d {
-                        return Err(Error::Usage(format!(
+                        return Err(Error::Internal(format!(
                             "weight `{}` is read as {} and as {}: the {} builder reads both \
                              from the mapping file, which holds one copy",
                             w.name,

@@ -61,10 +61,7 @@ use crate::memory::{Recorder, StageRecord, status};
 use crate::report::{BackendPart, Report, Totals, Written};
 use crate::{Error, Result};
 
-/// Method name of the main method of each `.pte`.
-pub const METHOD: &str = "forward";
-/// Method of `step.pte` returning the timestep table.
-pub const TABLE_METHOD: &str = "timestep_table";
+pub use crate::layout::{METHOD, TABLE_METHOD};
 /// Alignment of engine segments in the `.pte`: a file-format choice (4 KiB, the smallest Linux
 /// page), not the OS page; `verify` maps engine regions rounded to the OS page, so 16/64 KiB-page
 /// kernels read it as well.
@@ -341,7 +338,7 @@ fn timestep_values(
         .get(io::TIMESTEP_TABLE)
         .and_then(|t| t.float_values())
         .map(|v| v.into_owned())
-        .ok_or_else(|| Error::Usage("timestep table program produced no f32 table".into()))?;
+        .ok_or_else(|| Error::Internal("timestep table program produced no f32 table".into()))?;
     Ok(Table {
         values,
         row_len: petite_pi05::programs::time_row_len(cfg),
@@ -550,10 +547,10 @@ trait Stages {
 /// check that no output would overwrite an input.
 fn load(opts: &ExportOptions) -> Result<Loaded> {
     let resolved =
-        crate::bundle::resolve(&opts.checkpoint, opts.config.as_deref(), opts.state_padded)?;
+        crate::checkpoint::resolve(&opts.checkpoint, opts.config.as_deref(), opts.state_padded)?;
     let cfg = resolved.cfg.clone();
     let ck = open_checkpoint(&resolved.weights)?;
-    crate::bundle::check_against_weights(&resolved, &ck)?;
+    crate::checkpoint::check_against_weights(&resolved, &ck)?;
     let names = ck.inner().names();
     let layout = petite_pi05::names::detect_layout(&names);
     let shards = ck.inner().shards().len();

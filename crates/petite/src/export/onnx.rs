@@ -72,7 +72,7 @@ fn selection(programs: &[&Program]) -> Result<Vec<(String, Dtype)>> {
         for w in p.weights() {
             let slot = *wanted.entry(w.name.clone()).or_insert(w.dtype);
             if slot != w.dtype {
-                return Err(Error::Usage(format!(
+                return Err(Error::Internal(format!(
                     "weight `{}` is read as {} and as {}: one ONNX initializer holds one dtype",
                     w.name,
                     slot.name(),
@@ -207,7 +207,7 @@ impl<'l> OnnxStages<'l> {
     }
 
     fn out_of_order() -> Error {
-        Error::Usage("export stages out of order".into())
+        Error::Internal("export stages out of order".into())
     }
 }
 

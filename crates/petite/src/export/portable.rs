@@ -154,7 +154,7 @@ impl<'l> PortableStages<'l> {
     /// Program `tag` (`prefix` or `step`) built with the export id `id`: its weights deferred
     /// (converted into their places by the convert stage).
     fn build(&self, tag: &str, table: &(Lowered, MemoryPlan), id: &str) -> Result<Built> {
-        let named = [(crate::bundle::EXPORT_ID_KEY, id.as_bytes())];
+        let named = [(crate::layout::EXPORT_ID_KEY, id.as_bytes())];
         Ok(if tag == "prefix" {
             petite_portable::build_program(&[spec(METHOD, &self.prefix)], None, &named)?
         } else {
@@ -391,7 +391,7 @@ impl Stages for PortableStages<'_> {
     }
 
     fn save(&mut self, save: &SaveTargets) -> Result<()> {
-        let out_of_order = || Error::Usage("export stages out of order".into());
+        let out_of_order = || Error::Internal("export stages out of order".into());
         if self.timestep.is_none() || self.partials.len() != 2 {
             return Err(out_of_order());
         }
@@ -405,7 +405,7 @@ impl Stages for PortableStages<'_> {
             } = self.build(p.tag, &table, &save.export_id)?;
             let (program, segments) = builder.build()?;
             if petite_pte::deferred_places(&program, &segments)? != p.places {
-                return Err(Error::Usage(format!(
+                return Err(Error::Internal(format!(
                     "{}: the weights' places moved between the convert and save stages",
                     p.tag
                 )));
@@ -500,14 +500,14 @@ impl Resume for Converted<'_> {
     }
 
     fn fill(&mut self, id: u64, _: &File, _: u64, _: u64) -> Result<()> {
-        Err(Error::Usage(format!(
+        Err(Error::Internal(format!(
             "deferred segment {id}: the portable constants are one gathered segment"
         )))
     }
 
     fn fill_parts(&mut self, _: &File, parts: &[Placed]) -> Result<()> {
         if parts != self.places {
-            return Err(Error::Usage(
+            return Err(Error::Internal(
                 "the constant segment's weights are not those the convert stage wrote".into(),
             ));
         }

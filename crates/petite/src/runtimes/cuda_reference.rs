@@ -45,7 +45,7 @@ impl Runtime for CudaReference {
     ) -> Result<Box<dyn EngineRuntime + 's>> {
         let e = ReferenceEngine::open_region(path, offset, len)?;
         let program = petite_cuda::DeviceProgram::load(&self.0, e.program(), e.file(), true)
-            .map_err(|err| Error::Usage(format!("{}: {err}", path.display())))?;
+            .map_err(Error::cuda(path.display().to_string()))?;
         let (inputs, outputs) = petite_engine::bindings(e.program());
         Ok(Box::new(CudaEngine {
             program,
@@ -73,7 +73,10 @@ impl EngineRuntime for CudaEngine<'_> {
         let outs = self
             .program
             .run(inputs)
-            .map_err(|e| petite_engine::Error::Usage(format!("petite-cuda: {e}")))?;
+            .map_err(|e| petite_engine::Error::Runtime {
+                runtime: "petite-cuda".into(),
+                source: Box::new(e),
+            })?;
         Ok(outs.into_iter().map(|(n, t)| (n, t.into())).collect())
     }
 }

@@ -38,7 +38,7 @@ impl Device {
 /// Opens CUDA device 0 for `--device cuda`, or refuses in one line (what is missing) before any
 /// work is done.
 pub fn open_cuda() -> Result<petite_cuda::Device> {
-    petite_cuda::Device::open().map_err(|e| Error::Usage(format!("--device cuda: {e}")))
+    petite_cuda::Device::open().map_err(Error::cuda("--device cuda"))
 }
 
 /// Refuses `device` in one line where it cannot run here (for `cuda`: no driver, cuBLAS,
@@ -48,7 +48,7 @@ pub fn check_device(device: Device) -> Result<()> {
         Device::Cpu => Ok(()),
         Device::Cuda => petite_cuda::probe()
             .usable()
-            .map_err(|e| Error::Usage(format!("--device cuda: {e}"))),
+            .map_err(Error::cuda("--device cuda")),
     }
 }
 

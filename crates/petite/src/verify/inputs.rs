@@ -1,12 +1,8 @@
-//! The inputs of a verification: seeded ones, and the safetensors file the drivers read.
-
-use std::path::Path;
+//! The inputs of a verification: seeded ones (the safetensors file the drivers read is
+//! [`crate::bundle`]'s).
 
 use petite_pi05::Pi05Config;
 use petite_pi05::inputs::Inputs;
-use petite_pi05::programs::io;
-
-use crate::Result;
 
 /// Deterministic inputs for `cfg`: images uniform in [-1, 1], every camera present, tokens
 /// uniform over the vocabulary with the last quarter padded, noise standard normal.
@@ -42,49 +38,4 @@ pub fn seeded_inputs(cfg: &Pi05Config, seed: u64) -> Inputs {
         token_mask,
         noise,
     }
-}
-
-/// Writes `inputs` as the safetensors file the driver reads (`petite pi05 run`'s format).
-pub(super) fn write_inputs(path: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<()> {
-    use petite_weights::{Dtype as W, SafetensorsWriter, TensorSpec};
-    let s = cfg.vision.image_size;
-    let f32b = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let i64b = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let rows: Vec<(&str, W, Vec<usize>, Vec<u8>)> = vec![
-        (
-            io::IMAGES,
-            W::F32,
-            vec![cfg.cameras, 3, s, s],
-            f32b(&inputs.images),
-        ),
-        (
-            io::IMAGE_MASKS,
-            W::U8,
-            vec![cfg.cameras],
-            inputs.image_masks.clone(),
-        ),
-        (io::TOKENS, W::I64, vec![cfg.tokens], i64b(&inputs.tokens)),
-        (
-            io::TOKEN_MASK,
-            W::U8,
-            vec![cfg.tokens],
-            inputs.token_mask.clone(),
-        ),
-        (
-            "noise",
-            W::F32,
-            vec![cfg.chunk, cfg.action_dim],
-            f32b(&inputs.noise),
-        ),
-    ];
-    let specs: Vec<TensorSpec> = rows
-        .iter()
-        .map(|(n, d, s, _)| TensorSpec::new(*n, *d, s))
-        .collect();
-    let w = SafetensorsWriter::create(path, &specs, &[])?;
-    for (n, _, _, b) in &rows {
-        w.write_at(n, 0, b)?;
-    }
-    w.finish()?;
-    Ok(())
 }

@@ -1,28 +1,15 @@
-//! `petite verify`: runs an export's `prefix.pte` and `step.pte` (through petite-pte's reader)
-//! with the engines' runtimes — each engine mapped in place from its `.pte` segment, never read
-//! into memory, by the runtime [`crate::runtimes`] registers for its delegate backend id on the
-//! device asked for — and the f32 reference from the original checkpoint on the same inputs (after
-//! them, or beside them in a second thread: [`Stages`]), and reports the max abs action error.
+//! `petite verify`: runs an export through [`crate::bundle::BundleRunner`] (the engines'
+//! runtimes, ExecuTorch's or ONNX Runtime's, as `petite act` runs it) and the f32 reference from
+//! the original checkpoint on the same inputs (after them, or beside them in a second thread:
+//! [`Stages`]), and reports the max abs action error against the export dtype's bound.
 //!
-//! Portable `.pte` files (plain kernel calls, `--backend portable`) run in ExecuTorch's own
-//! runtime instead: a separate Python process with executorch-numpy-runtime, driven by the
-//! script embedded in this binary ([`run_portable`]). An ONNX export (`--backend onnx`:
-//! `pi05.onnx`, no `.pte`) runs in ONNX Runtime the same way ([`run_onnx`]). Which of the three
-//! a directory holds, and running it, is [`crate::bundle::BundleRunner`], which `petite act`
-//! shares.
-//!
-//! One file a concern: `delegates` (the delegate interpreter), `inputs` (seeded inputs and
-//! the drivers' input file), `specs` (the interface checks of portable and ONNX exports),
-//! `python` (finding the runtimes' Pythons), `driver` (running a driver script), and this
-//! module (the bounds, the comparison and the report).
+//! One file a concern: `inputs` (seeded inputs) and this module (the stages, the bounds, the
+//! comparison and the report). Running a bundle is [`crate::bundle`]'s; what `--checkpoint`
+//! names, [`crate::checkpoint`]'s.
 
-mod delegates;
-mod driver;
 mod inputs;
-mod python;
-mod specs;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use petite_pi05::Precision;
@@ -35,11 +22,7 @@ use crate::memory::Recorder;
 use crate::runtimes::Device;
 use crate::{Error, Result};
 
-pub use delegates::{PteRun, run_pte};
-pub use driver::{run_onnx, run_portable};
 pub use inputs::seeded_inputs;
-pub use python::{ORT_PYTHON_ENV, PYTHON_ENV, find_ort_python, find_python};
-pub use specs::{check_onnx_spec, check_specs, is_onnx, is_portable};
 
 /// Settings of one verification.
 #[derive(Debug, Clone)]
@@ -55,7 +38,7 @@ pub struct VerifyOptions {
     pub inputs: Option<PathBuf>,
     /// Seed of the generated inputs.
     pub seed: u64,
-    /// Python with executorch-numpy-runtime for portable `.pte` files (`None`: [`find_python`]).
+    /// Python with executorch-numpy-runtime for portable `.pte` files (`None`: [`crate::bundle::find_python`]).
     pub python: Option<PathBuf>,
     /// Largest acceptable max abs action error (recorded; [`VerifyResult::within_bound`]);
     /// `None`: the bound for the export's dtype as its `report.json` records it
@@ -171,7 +154,7 @@ fn stages_at_once(
         (Stages::Auto, Device::Cuda, BundleKind::Engines) => {
             let (free, _) = crate::runtimes::open_cuda()?
                 .mem_info()
-                .map_err(|e| Error::Usage(format!("--device cuda: {e}")))?;
+                .map_err(Error::cuda("--device cuda"))?;
             fit_on_gpu(engines, reference, free)
         }
         (Stages::Auto, Device::Cuda, _) => (false, "one after the other".into()),
@@ -230,13 +213,6 @@ pub struct VerifyResult {
     pub json: serde_json::Value,
 }
 
-fn bad(path: &Path, reason: impl Into<String>) -> Error {
-    Error::BadPte {
-        path: path.display().to_string(),
-        reason: reason.into(),
-    }
-}
-
 /// `petite verify`: the export's actions against the f32 reference; the result is also written
 /// into the export directory's `report.json` (not when it is missing: nothing to add it to).
 pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
@@ -263,7 +239,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         Some(e) => (e, "--max-error".to_string()),
         None => default_bound(prior.as_ref().map(|r| r.dtype.as_str())),
     };
-    let resolved = crate::bundle::resolve(&opts.checkpoint, opts.config.as_deref(), false)?;
+    let resolved = crate::checkpoint::resolve(&opts.checkpoint, opts.config.as_deref(), false)?;
     let cfg = resolved.cfg.clone();
     let (inputs, inputs_desc) = match &opts.inputs {
         Some(p) => (Inputs::from_file(p, &cfg)?, p.display().to_string()),
@@ -274,7 +250,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     };
     // The checkpoint is checked first: a wrong one fails before any work.
     let ck = open_checkpoint(&resolved.weights)?;
-    crate::bundle::check_against_weights(&resolved, &ck)?;
+    crate::checkpoint::check_against_weights(&resolved, &ck)?;
     let f32_progs = petite_pi05::build_all(&cfg, Precision::F32)?;
     check_weights(
         &ck,
