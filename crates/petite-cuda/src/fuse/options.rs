@@ -1,0 +1,46 @@
+//! The fusion planner's switches ([`Options`]), and the `PETITE_CUDA_*` variables that set
+//! them at load.
+
+#[cfg(doc)]
+use super::{Attend, Group, plan_opts, rows_unrolled};
+
+/// How [`plan_opts`] fuses: the defaults, each switch there to compare against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// bf16 attentions of up to this many queries run as the fused attention kernels
+    /// ([`Attend`]; 0: none, as on GPUs without bf16 tensor-core `mma`, before sm_80).
+    pub attention_queries: usize,
+    /// Two independent groups with only products between them share a launch
+    /// ([`Group::with`]); `PETITE_CUDA_NO_PAIR=1` turns it off at load.
+    pub pairs: bool,
+    /// Slice starts are kernel parameters ([`Group::offsets`]); `PETITE_CUDA_NO_OFFSETS=1`
+    /// bakes them in as literals (one kernel a distinct set).
+    pub offset_params: bool,
+    /// A prologue kernel's row loops take four elements a trip ([`rows_unrolled`]) and its
+    /// statistics four loads at a time (`norm_stats4`): the same bits. Opt-in,
+    /// `PETITE_CUDA_UNROLL_ROWS=1`, until measured on a GPU.
+    pub unrolled_rows: bool,
+}
+
+impl Options {
+    /// The defaults, fusing bf16 attentions of up to `attention_queries` queries.
+    pub fn new(attention_queries: usize) -> Self {
+        Options {
+            attention_queries,
+            pairs: true,
+            offset_params: true,
+            unrolled_rows: false,
+        }
+    }
+
+    /// [`Options::new`] with the `PETITE_CUDA_*` switches of this process applied.
+    pub fn from_env(attention_queries: usize) -> Self {
+        let set = |v: &str| std::env::var_os(v).is_some();
+        Options {
+            attention_queries,
+            pairs: !set("PETITE_CUDA_NO_PAIR"),
+            offset_params: !set("PETITE_CUDA_NO_OFFSETS"),
+            unrolled_rows: std::env::var_os("PETITE_CUDA_UNROLL_ROWS").is_some_and(|v| v == "1"),
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! The fixed module's other kernels: RoPE, row gather, cumsum, reductions, im2col, a
+//! pointer-batched GEMM's pointer arrays, and the bias pass after a GEMM.
+
+pub(super) const MISC: &str = r#"
+struct RopeParams { i64 n; i64 d; int rank; int dt; i64 dims[MAXR]; i64 sc[MAXR]; i64 ss[MAXR]; };
+
+// y = x·cos + rotate_half(x)·sin, rotate_half(x) = cat(−x[..., D/2:], x[..., :D/2]).
+extern "C" __global__ void pt_rope(RopeParams p, const void* x, const void* cs, const void* sn, void* out) {
+  PT_PDL();
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
+    i64 ic = 0, is = 0, j;
+    if (p.n < PT_U32_MAX) {
+      unsigned r = (unsigned)i;
+      for (int d = p.rank - 1; d >= 0; --d) { unsigned k = r % (unsigned)p.dims[d]; r /= (unsigned)p.dims[d]; ic += k * p.sc[d]; is += k * p.ss[d]; }
+      j = (unsigned)i % (unsigned)p.d;
+    } else {
+      i64 r = i;
+      for (int d = p.rank - 1; d >= 0; --d) { i64 k = r % p.dims[d]; r /= p.dims[d]; ic += k * p.sc[d]; is += k * p.ss[d]; }
+      j = i % p.d;
+    }
+    i64 half = p.d / 2;
+    float rot = j < half ? -ldf(x, i + half, p.dt) : ldf(x, i - half, p.dt);
+    stf(out, i, p.dt, ldf(x, i, p.dt) * ldf(cs, ic, p.dt) + rot * ldf(sn, is, p.dt));
+  }
+}
+
+// Row gather: out[r, :] = table[idx[r], :], element size es bytes; an index outside [0, V)
+// sets *err to its position + 1 and writes zeros.
+extern "C" __global__ void pt_gather(i64 nidx, i64 v, i64 rowbytes, int di, const void* idx, const unsigned char* table, unsigned char* out, i64* err) {
+  PT_PDL();
+  i64 total = nidx * rowbytes;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    i64 r = i / rowbytes, c = i % rowbytes;
+    i64 k = ldi(idx, r, di);
+    if (k < 0 || k >= v) { out[i] = 0; atomicCAS((unsigned long long*)err, 0ull, (unsigned long long)(r + 1)); }
+    else out[i] = table[k * rowbytes + c];
+  }
+}
+
+// Inclusive scan along the middle axis of [outer, n, inner]: one thread a line (f64 / wrapping i64).
+extern "C" __global__ void pt_cumsum(i64 outer, i64 n, i64 inner, int dt, const void* x, void* out) {
+  PT_PDL();
+  i64 line = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (line >= outer * inner) return;
+  i64 o = line / inner, in = line % inner;
+  i64 base = o * n * inner + in;
+  if (isflt(dt)) {
+    double acc = 0.0;
+    for (i64 k = 0; k < n; ++k) { acc += (double)ldf(x, base + k * inner, dt); stf(out, base + k * inner, dt, (float)acc); }
+  } else {
+    u64 acc = 0;
+    for (i64 k = 0; k < n; ++k) { acc += (u64)ldi(x, base + k * inner, dt); sti(out, base + k * inner, dt, (i64)acc); }
+  }
+}
+
+// Integer inclusive cumsum, one block a line of n (stride `inner`): each thread sums its run
+// of the line, the runs' totals are scanned, then each thread writes its run. Wrapping u64
+// sums are exact in any order, so the result is the serial one's.
+extern "C" __global__ void pt_cumsum_i(i64 lines, i64 n, i64 inner, int dt, const void* x, void* out) {
+  PT_PDL();
+  __shared__ u64 sh[1024];
+  i64 line = blockIdx.x;
+  if (line >= lines) return;
+  i64 o = line / inner, in = line % inner;
+  i64 base = o * n * inner + in;
+  i64 per = (n + blockDim.x - 1) / blockDim.x;
+  i64 lo = (i64)threadIdx.x * per, hi = lo + per < n ? lo + per : n;
+  u64 acc = 0;
+  for (i64 k = lo; k < hi; ++k) acc += (u64)ldi(x, base + k * inner, dt);
+  sh[threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u64 run = 0;
+    for (unsigned t = 0; t < blockDim.x; ++t) { u64 v = sh[t]; sh[t] = run; run += v; }
+  }
+  __syncthreads();
+  acc = sh[threadIdx.x];
+  for (i64 k = lo; k < hi; ++k) { acc += (u64)ldi(x, base + k * inner, dt); sti(out, base + k * inner, dt, (i64)acc); }
+}
+
+// Reduction of each contiguous row of n: kind 0 sum, 1 mean (f64), 2 max (NaN wins).
+extern "C" __global__ void pt_reduce(i64 rows, i64 n, int kind, int dt, const void* x, void* out) {
+  PT_PDL();
+  __shared__ double shd[32];
+  __shared__ float shf[32];
+  i64 row = blockIdx.x;
+  if (row >= rows) return;
+  if (isflt(dt)) {
+    if (kind == 2) {
+      float m = -PT_INF; bool nan = false;
+      for (i64 j = threadIdx.x; j < n; j += blockDim.x) { float v = ldf(x, row * n + j, dt); if (v != v) nan = true; m = fmaxf(m, v); }
+      float t = block_max_f(nan ? PT_INF : m, shf);
+      __syncthreads();
+      float anynan = block_sum_f(nan ? 1.0f : 0.0f, shf);
+      if (threadIdx.x == 0) stf(out, row, dt, anynan > 0.0f ? __int_as_float(0x7fc00000) : t);
+      (void)t;
+    } else {
+      double s = 0.0;
+      for (i64 j = threadIdx.x; j < n; j += blockDim.x) s += (double)ldf(x, row * n + j, dt);
+      s = block_sum_d(s, shd);
+      if (threadIdx.x == 0) stf(out, row, dt, (float)(kind == 1 ? s / (double)n : s));
+    }
+  } else {
+    // Wrapping sums and maxima are exact in any order: the whole block takes part.
+    __shared__ u64 shs[32];
+    __shared__ i64 shm[32];
+    u64 s = 0; i64 m = (i64)0x8000000000000000ULL;
+    for (i64 j = threadIdx.x; j < n; j += blockDim.x) { i64 v = ldi(x, row * n + j, dt); s += (u64)v; if (v > m) m = v; }
+    for (int o = 16; o > 0; o >>= 1) {
+      s += __shfl_xor_sync(0xffffffffu, s, o);
+      i64 t = __shfl_xor_sync(0xffffffffu, m, o);
+      if (t > m) m = t;
+    }
+    if ((threadIdx.x & 31) == 0) { shs[threadIdx.x >> 5] = s; shm[threadIdx.x >> 5] = m; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int k = 1; k < (int)(blockDim.x >> 5); ++k) { s += shs[k]; if (shm[k] > m) m = shm[k]; }
+      sti(out, row, dt, kind == 2 ? m : (i64)s);
+    }
+  }
+}
+
+struct ConvParams { i64 n; i64 c; i64 h; i64 w; i64 kh; i64 kw; i64 oh; i64 ow; i64 sh; i64 sw; i64 ph; i64 pw; int dt; };
+
+// cols[(n·OH + y)·OW + x, (c·KH + i)·KW + j] = x[n, c, y·sh + i − ph, x·sw + j − pw] (0 outside).
+extern "C" __global__ void pt_im2col(ConvParams p, const void* x, void* cols) {
+  PT_PDL();
+  i64 k = p.c * p.kh * p.kw;
+  i64 total = p.n * p.oh * p.ow * k;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    i64 col = i % k, r = i / k;
+    i64 ox = r % p.ow, t = r / p.ow, oy = t % p.oh, ni = t / p.oh;
+    i64 j = col % p.kw, t2 = col / p.kw, ii = t2 % p.kh, ci = t2 / p.kh;
+    i64 y = oy * p.sh + ii - p.ph, xx = ox * p.sw + j - p.pw;
+    float v = 0.0f;
+    if (y >= 0 && y < p.h && xx >= 0 && xx < p.w) v = ldf(x, ((ni * p.c + ci) * p.h + y) * p.w + xx, p.dt);
+    stf(cols, i, p.dt, v);
+  }
+}
+
+// A pointer-batched GEMM's A, B and C arrays: for operand t and problem i < n,
+// out[t·n + i] = base[t] + (i / batch)·outer[t] + (i % batch)·inner[t] (bytes).
+struct PtrParams { u64 base[3]; i64 outer[3]; i64 inner[3]; i64 batch; i64 n; };
+extern "C" __global__ void pt_ptrs(PtrParams p, u64* out) {
+  PT_PDL();
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
+    const i64 l = i / p.batch, j = i % p.batch;
+    for (int t = 0; t < 3; ++t) out[t * p.n + i] = p.base[t] + (u64)(l * p.outer[t] + j * p.inner[t]);
+  }
+}
+
+// out[r, c] = acc[r, c] (f32) + bias[c], rounded once to the output dtype.
+extern "C" __global__ void pt_bias(i64 rows, i64 n, int has_bias, int db, int dout, const float* acc, const void* bias, void* out) {
+  PT_PDL();
+  i64 total = rows * n;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    float v = acc[i];
+    if (has_bias) v += ldf(bias, i % n, db);
+    stf(out, i, dout, v);
+  }
+}
+"#;
