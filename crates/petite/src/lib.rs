@@ -13,6 +13,7 @@ pub mod export;
 pub mod guard;
 pub mod layout;
 pub mod memory;
+pub mod policy;
 pub mod report;
 pub mod runtimes;
 pub mod venv;
@@ -48,6 +49,19 @@ pub enum Error {
         #[source]
         source: Box<petite_cuda::Error>,
     },
+    /// An observation given to a policy is not what it takes (names the key, expected vs
+    /// found); the policy stays usable.
+    #[error("`{key}`: {reason}")]
+    Observation {
+        /// The observation's key (`observation.state`, a camera's key, `task`, `noise`).
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A policy's queue is full: this many calls already wait for the device (a server's
+    /// `RESOURCE_EXHAUSTED`; try again later).
+    #[error("the policy is busy: {0} calls already wait for the device")]
+    Busy(usize),
     /// An invariant of petite itself broke (a bug, not the input's fault): names it.
     #[error("internal error (a bug in petite; please report it): {0}")]
     Internal(String),

@@ -291,40 +291,130 @@ pub struct PteRun {
     pub runtimes: Vec<String>,
 }
 
-/// Runs the exported programs from their `.pte` files on `inputs`, each delegate's engines by
-/// the runtime registered for its backend id on `device`; returns the actions. The runtimes
-/// (and any device memory of theirs) are gone when it returns.
-pub fn run_pte(
-    pte_dir: &Path,
-    cfg: &Pi05Config,
-    inputs: &Inputs,
-    device: Device,
-) -> Result<PteRun> {
-    let prefix_path = pte_dir.join(crate::layout::PREFIX_PTE);
-    let step_path = pte_dir.join(crate::layout::STEP_PTE);
-    let prefix_pte = PteFile::open(&prefix_path)?;
-    let step_pte = PteFile::open(&step_path)?;
-    // Identities before the engines are mapped: the actions below came from these files only
-    // if they are still the files at the end.
-    let identity = |p: &Path| -> Result<FileIdentity> {
-        let md = std::fs::metadata(p).map_err(|e| Error::io(p, "stat", e))?;
-        Ok(FileIdentity::of(&md))
-    };
-    let (prefix_id, step_id) = (identity(&prefix_path)?, identity(&step_path)?);
-    let runtimes = open_runtimes(&[&prefix_pte, &step_pte], device)?;
-    // The prefix runs once: its weights go after their last read. The step runs every
-    // Euler step: its weights stay.
-    let read_ahead = device == Device::Cuda;
-    let prefix = Loaded::new(&prefix_pte, true, &runtimes, read_ahead)?;
-    let step = Loaded::new(&step_pte, false, &runtimes, read_ahead)?;
-    // Tests truncate a `.pte` here, while its engines are mapped.
-    crate::guard::stop_point("verify");
-    let r = petite_pi05::programs::time_row_len(cfg);
-    let table = read_table(&step_pte, cfg.steps, r)?;
+/// An export's two `.pte` files opened, with the identities they had when opened: actions came
+/// from these files only if they are still the files after the run ([`Ptes::check`]).
+struct Ptes {
+    prefix_path: std::path::PathBuf,
+    step_path: std::path::PathBuf,
+    prefix: PteFile,
+    step: PteFile,
+    ids: [FileIdentity; 2],
+}
 
+impl Ptes {
+    fn open(pte_dir: &Path) -> Result<Self> {
+        let prefix_path = pte_dir.join(crate::layout::PREFIX_PTE);
+        let step_path = pte_dir.join(crate::layout::STEP_PTE);
+        let prefix = PteFile::open(&prefix_path)?;
+        let step = PteFile::open(&step_path)?;
+        // Identities before the engines are mapped.
+        let identity = |p: &Path| -> Result<FileIdentity> {
+            let md = std::fs::metadata(p).map_err(|e| Error::io(p, "stat", e))?;
+            Ok(FileIdentity::of(&md))
+        };
+        let ids = [identity(&prefix_path)?, identity(&step_path)?];
+        Ok(Ptes {
+            prefix_path,
+            step_path,
+            prefix,
+            step,
+            ids,
+        })
+    }
+
+    /// Refuses files that changed since they were opened (the actions would not be theirs).
+    fn check(&self) -> Result<()> {
+        self.ids[0].check(&self.prefix_path, Role::Program)?;
+        self.ids[1].check(&self.step_path, Role::Program)?;
+        Ok(())
+    }
+}
+
+fn runtime_names(runtimes: &Runtimes) -> Vec<String> {
+    runtimes
+        .values()
+        .map(|r| format!("{} ({})", r.describe(), r.device().name()))
+        .collect()
+}
+
+/// The step's program signature and the timestep table: what every chunk's steps need.
+struct Steps {
+    sprog: Program,
+    table: Vec<f32>,
+    r: usize,
+}
+
+impl Steps {
+    fn new(cfg: &Pi05Config, step_pte: &PteFile) -> Result<Self> {
+        let r = petite_pi05::programs::time_row_len(cfg);
+        Ok(Steps {
+            sprog: build_step(cfg, Precision::F32)?,
+            table: read_table(step_pte, cfg.steps, r)?,
+            r,
+        })
+    }
+
+    /// The Euler steps from `noise` with the prefix's outputs `kv`; returns x after the last.
+    fn run(
+        &self,
+        cfg: &Pi05Config,
+        step: &Loaded<'_>,
+        kv: &BTreeMap<String, HostTensor>,
+        noise: &[f32],
+        step_path: &Path,
+    ) -> Result<Vec<f32>> {
+        let (r, table, sprog) = (self.r, &self.table, &self.sprog);
+        let mut x = noise.to_vec();
+        for k in 0..cfg.steps {
+            let mut ins: BTreeMap<&str, HostTensor> =
+                kv.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+            ins.insert(io::X_T, host(Tensor::f32(&[cfg.chunk, cfg.action_dim], x)?));
+            ins.insert(
+                io::TIME_ROW,
+                host(Tensor::f32(&[r], table[k * r..(k + 1) * r].to_vec())?),
+            );
+            let outs = step.run(ordered(sprog, &mut ins)?)?;
+            let xi = sprog
+                .outputs
+                .iter()
+                .position(|o| o.name == io::X_NEXT)
+                .ok_or_else(|| Error::Internal("step program has no x_next".into()))?;
+            x = outs
+                .into_iter()
+                .nth(xi)
+                .and_then(|t| t.to_reference().ok())
+                .and_then(|t| t.into_float_values().ok())
+                .ok_or_else(|| bad(step_path, "x_next is not a float tensor"))?;
+        }
+        Ok(x)
+    }
+}
+
+fn host(t: Tensor) -> HostTensor {
+    HostTensor::from(&t)
+}
+
+/// `prog`'s inputs in order, from `by` (by input name).
+fn ordered(prog: &Program, by: &mut BTreeMap<&str, HostTensor>) -> Result<Vec<HostTensor>> {
+    prog.inputs
+        .iter()
+        .map(|&id| {
+            let n = prog.input_name(id).unwrap_or_default();
+            by.get(n)
+                .cloned()
+                .ok_or_else(|| Error::Internal(format!("no value for program input `{n}`")))
+        })
+        .collect()
+}
+
+/// The prefix run on `inputs`: its outputs (the K/V the steps read) by name.
+fn run_prefix(
+    cfg: &Pi05Config,
+    pprog: &Program,
+    prefix: &Loaded<'_>,
+    inputs: &Inputs,
+) -> Result<BTreeMap<String, HostTensor>> {
     let s = cfg.vision.image_size;
-    let pprog = build_prefix(cfg, Precision::F32)?;
-    let host = |t: Tensor| HostTensor::from(&t);
     let mut by_name: BTreeMap<&str, HostTensor> = BTreeMap::new();
     by_name.insert(
         io::IMAGES,
@@ -342,58 +432,76 @@ pub fn run_pte(
         io::TOKEN_MASK,
         host(Tensor::u8(&[cfg.tokens], inputs.token_mask.clone())?),
     );
-    let ordered =
-        |prog: &Program, by: &mut BTreeMap<&str, HostTensor>| -> Result<Vec<HostTensor>> {
-            prog.inputs
-                .iter()
-                .map(|&id| {
-                    let n = prog.input_name(id).unwrap_or_default();
-                    by.get(n)
-                        .cloned()
-                        .ok_or_else(|| Error::Internal(format!("no value for program input `{n}`")))
-                })
-                .collect()
-        };
-    let pouts = prefix.run(ordered(&pprog, &mut by_name)?)?;
-    let mut kv: BTreeMap<String, HostTensor> = BTreeMap::new();
-    for (o, t) in pprog.outputs.iter().zip(pouts) {
-        kv.insert(o.name.clone(), t);
-    }
-    drop(prefix);
+    let pouts = prefix.run(ordered(pprog, &mut by_name)?)?;
+    Ok(pprog
+        .outputs
+        .iter()
+        .zip(pouts)
+        .map(|(o, t)| (o.name.clone(), t))
+        .collect())
+}
 
-    let sprog = build_step(cfg, Precision::F32)?;
-    let mut x = inputs.noise.clone();
-    for k in 0..cfg.steps {
-        let mut ins: BTreeMap<&str, HostTensor> =
-            kv.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        ins.insert(io::X_T, host(Tensor::f32(&[cfg.chunk, cfg.action_dim], x)?));
-        ins.insert(
-            io::TIME_ROW,
-            host(Tensor::f32(&[r], table[k * r..(k + 1) * r].to_vec())?),
-        );
-        let outs = step.run(ordered(&sprog, &mut ins)?)?;
-        let xi = sprog
-            .outputs
-            .iter()
-            .position(|o| o.name == io::X_NEXT)
-            .ok_or_else(|| Error::Internal("step program has no x_next".into()))?;
-        x = outs
-            .into_iter()
-            .nth(xi)
-            .and_then(|t| t.to_reference().ok())
-            .and_then(|t| t.into_float_values().ok())
-            .ok_or_else(|| bad(&step_path, "x_next is not a float tensor"))?;
-    }
+/// Runs the exported programs from their `.pte` files on `inputs`, each delegate's engines by
+/// the runtime registered for its backend id on `device`; returns the actions. The runtimes
+/// (and any device memory of theirs) are gone when it returns; the prefix's weights go after
+/// their last read, before the steps (one chunk, least memory: `petite verify`). A policy that
+/// runs many chunks keeps them: [`with_resident`].
+pub fn run_pte(
+    pte_dir: &Path,
+    cfg: &Pi05Config,
+    inputs: &Inputs,
+    device: Device,
+) -> Result<PteRun> {
+    let ptes = Ptes::open(pte_dir)?;
+    let runtimes = open_runtimes(&[&ptes.prefix, &ptes.step], device)?;
+    // The prefix runs once: its weights go after their last read. The step runs every
+    // Euler step: its weights stay.
+    let read_ahead = device == Device::Cuda;
+    let prefix = Loaded::new(&ptes.prefix, true, &runtimes, read_ahead)?;
+    let step = Loaded::new(&ptes.step, false, &runtimes, read_ahead)?;
+    // Tests truncate a `.pte` here, while its engines are mapped.
+    crate::guard::stop_point("verify");
+    let steps = Steps::new(cfg, &ptes.step)?;
+    let pprog = build_prefix(cfg, Precision::F32)?;
+    let kv = run_prefix(cfg, &pprog, &prefix, inputs)?;
+    drop(prefix);
+    let x = steps.run(cfg, &step, &kv, &inputs.noise, &ptes.step_path)?;
     drop(step);
     // The actions came from these files only if they are still the files that were mapped.
-    prefix_id.check(&prefix_path, Role::Program)?;
-    step_id.check(&step_path, Role::Program)?;
-    let runtimes = runtimes
-        .values()
-        .map(|r| format!("{} ({})", r.describe(), r.device().name()))
-        .collect();
+    ptes.check()?;
     Ok(PteRun {
         actions: x,
-        runtimes,
+        runtimes: runtime_names(&runtimes),
     })
+}
+
+/// One chunk of a resident export: the model inputs in, the actions (f32 `[chunk,
+/// action_dim]`, model space) out.
+pub type ChunkFn<'a> = dyn FnMut(&Inputs) -> Result<Vec<f32>> + 'a;
+
+/// Opens the export in `pte_dir` once — both programs' engines on `device`, every weight kept
+/// (nothing released between chunks) — and hands `body` a function that runs one chunk, with
+/// the runtimes' names as `report.json` gives them. Everything opened lives as long as `body`
+/// runs: a long-lived policy runs `body` on the thread that owns the device. Each chunk checks
+/// that the `.pte` files are still those that were opened.
+pub fn with_resident<T>(
+    pte_dir: &Path,
+    cfg: &Pi05Config,
+    device: Device,
+    body: impl FnOnce(&mut ChunkFn<'_>, Vec<String>) -> T,
+) -> Result<T> {
+    let ptes = Ptes::open(pte_dir)?;
+    let runtimes = open_runtimes(&[&ptes.prefix, &ptes.step], device)?;
+    let read_ahead = device == Device::Cuda;
+    let prefix = Loaded::new(&ptes.prefix, false, &runtimes, read_ahead)?;
+    let step = Loaded::new(&ptes.step, false, &runtimes, read_ahead)?;
+    let steps = Steps::new(cfg, &ptes.step)?;
+    let pprog = build_prefix(cfg, Precision::F32)?;
+    let mut chunk = |inputs: &Inputs| -> Result<Vec<f32>> {
+        let kv = run_prefix(cfg, &pprog, &prefix, inputs)?;
+        let x = steps.run(cfg, &step, &kv, &inputs.noise, &ptes.step_path)?;
+        ptes.check()?;
+        Ok(x)
+    };
+    Ok(body(&mut chunk, runtime_names(&runtimes)))
 }

@@ -1,0 +1,358 @@
+//! `petite::policy::Policy`: an export opened once and acting any number of times — the same
+//! chunk as a fresh `petite act` process, resident state that never leaks between calls, bad
+//! observations refused naming the key with the policy still usable afterwards, calls from
+//! several threads each given its own answer, fresh noise unless a seed or noise is given.
+//! (lerobot's numerics through the same code are the `lerobot-policy` conformance tier's.)
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use common::{Scratch, case, ok, petite};
+use petite::policy::{ActionChunk, Array, Observation, OpenOptions, Options, Policy};
+use serde_json::json;
+
+const CASE: &str = "two_cams_mqa";
+const FRONT: &str = "observation.images.front";
+const STATE: &str = "observation.state";
+
+/// A lerobot folder for the golden `two_cams_mqa` (one real camera + one empty, state 5,
+/// action 4, chunk 6, max_action_dim 8), exported in f32 with the reference backend; and a
+/// word-level tokenizer whose ids fit the golden's 96-token vocabulary.
+fn exported(s: &Scratch) -> (PathBuf, PathBuf) {
+    let ck = s.0.join("policy");
+    std::fs::create_dir_all(&ck).unwrap();
+    let cfg = json!({
+        "type": "pi05",
+        "n_obs_steps": 1,
+        "input_features": {
+            FRONT: {"type": "VISUAL", "shape": [3, 48, 64]},
+            STATE: {"type": "STATE", "shape": [5]}
+        },
+        "output_features": {"action": {"type": "ACTION", "shape": [4]}},
+        "chunk_size": 6, "n_action_steps": 3, "max_action_dim": 8, "max_state_dim": 8,
+        "num_inference_steps": 10, "image_resolution": [32, 32], "empty_cameras": 1,
+        "tokenizer_max_length": 12,
+        "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "IDENTITY", "ACTION": "IDENTITY"}
+    });
+    std::fs::write(ck.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(
+        case(CASE).join("model.safetensors"),
+        ck.join("model.safetensors"),
+    )
+    .unwrap();
+    let out = s.0.join("out");
+    ok(petite()
+        .args(["export", "--dtype", "f32", "--checkpoint"])
+        .arg(&ck)
+        .arg("--config")
+        .arg(case(CASE).join("config.json"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap());
+    let mut vocab = serde_json::Map::new();
+    for (i, w) in [
+        "<pad>", "[UNK]", "Task", ":", "State", ",", ";", "Action", "pick", "place",
+    ]
+    .iter()
+    .enumerate()
+    {
+        vocab.insert(w.to_string(), json!(i));
+    }
+    for b in -1..=40 {
+        vocab.insert(b.to_string(), json!(10 + b + 1));
+    }
+    let tok = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    let tok_path = s.0.join("tokenizer.json");
+    std::fs::write(&tok_path, tok.to_string()).unwrap();
+    (out, tok_path)
+}
+
+/// An observation: a u8 `[48, 64, 3]` front image whose pixels depend on `k`, a state, a task.
+fn observation(k: u8, task: &str) -> Observation {
+    let img: Vec<u8> = (0..48 * 64 * 3)
+        .map(|i| ((i * 7 + k as usize * 31) % 251) as u8)
+        .collect();
+    let mut images = BTreeMap::new();
+    images.insert(FRONT.to_string(), Array::u8(&[48, 64, 3], img));
+    Observation {
+        images,
+        state: Some(Array::f32(
+            &[5],
+            (0..5)
+                .map(|i| 0.1 * i as f32 - 0.2 + 0.05 * k as f32)
+                .collect(),
+        )),
+        task: task.to_string(),
+    }
+}
+
+fn open(dir: &Path, tok: &Path) -> Policy {
+    Policy::open(
+        dir,
+        &OpenOptions {
+            tokenizer: Some(tok.to_path_buf()),
+            ..OpenOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn seeded(seed: u64) -> Options {
+    Options {
+        seed: Some(seed),
+        ..Options::default()
+    }
+}
+
+fn finite(c: &ActionChunk) {
+    assert_eq!(c.actions.len(), c.chunk * c.action_dim);
+    assert_eq!(c.model.len(), c.chunk * c.action_dim);
+    assert!(c.actions.iter().chain(&c.model).all(|v| v.is_finite()));
+}
+
+#[test]
+fn one_policy_acts_many_times_as_a_fresh_process_does() {
+    let s = Scratch::new("many");
+    let (dir, tok) = exported(&s);
+    let p = open(&dir, &tok);
+    let info = p.info().clone();
+    assert_eq!(
+        (info.chunk, info.action_dim, info.max_action_dim),
+        (6, 4, 8)
+    );
+    assert_eq!(info.state_dim, 5);
+    assert_eq!(info.cameras.len(), 2);
+    let a = p.act(&observation(1, "pick"), &seeded(0)).unwrap();
+    let b = p.act(&observation(2, "place"), &seeded(0)).unwrap();
+    let a2 = p.act(&observation(1, "pick"), &seeded(0)).unwrap();
+    finite(&a);
+    // Resident programs keep nothing from one call to the next.
+    assert_eq!(a, a2);
+    assert_ne!(a.actions, b.actions);
+    // Identity normalization: the actions are the model's chunk.
+    assert_eq!(a.actions, a.model);
+
+    // A fresh `petite act` process (its own open) gives the same chunk, bit for bit.
+    let obs_file = s.0.join("obs.safetensors");
+    let o = observation(1, "pick");
+    let (img, state) = match (&o.images[FRONT], o.state.as_ref().unwrap()) {
+        (Array::U8 { data, .. }, Array::F32 { data: st, .. }) => (data.clone(), st.clone()),
+        _ => unreachable!(),
+    };
+    let st_bytes: Vec<u8> = state.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let views = vec![
+        (
+            FRONT.to_string(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![48, 64, 3], &img)
+                .unwrap(),
+        ),
+        (
+            STATE.to_string(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![5], &st_bytes)
+                .unwrap(),
+        ),
+    ];
+    std::fs::write(&obs_file, safetensors::serialize(views, None).unwrap()).unwrap();
+    let out_file = s.0.join("act.safetensors");
+    ok(petite()
+        .args(["act", "--task", "pick", "--seed", "0", "--pte-dir"])
+        .arg(&dir)
+        .arg("--observation")
+        .arg(&obs_file)
+        .arg("--tokenizer")
+        .arg(&tok)
+        .arg("--out")
+        .arg(&out_file)
+        .output()
+        .unwrap());
+    let bytes = std::fs::read(&out_file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let acted: Vec<f32> = st
+        .tensor("action")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(acted, a.actions);
+}
+
+#[test]
+fn bad_observations_are_refused_by_key_and_the_policy_stays_usable() {
+    let s = Scratch::new("bad");
+    let (dir, tok) = exported(&s);
+    let p = open(&dir, &tok);
+    let good = p.act(&observation(3, "pick"), &seeded(5)).unwrap();
+    let with = |f: &dyn Fn(&mut Observation)| {
+        let mut o = observation(3, "pick");
+        f(&mut o);
+        o
+    };
+    let cases: Vec<(Observation, Options, &str)> = vec![
+        (
+            with(&|o| o.state = None),
+            seeded(5),
+            "`observation.state`: expected f32 [5], found nothing",
+        ),
+        (
+            with(&|o| o.state = Some(Array::f32(&[5], vec![0.0, f32::NAN, 0.0, 0.0, 0.0]))),
+            seeded(5),
+            "`observation.state`: expected finite values, found NaN at 1",
+        ),
+        (
+            with(&|o| o.state = Some(Array::f32(&[6], vec![0.0; 6]))),
+            seeded(5),
+            "`observation.state`: expected f32 [5], found F32 [6]",
+        ),
+        (
+            with(&|o| {
+                o.images.insert(
+                    FRONT.into(),
+                    Array::f32(&[48, 64, 3], vec![0.5; 48 * 64 * 3]),
+                );
+            }),
+            seeded(5),
+            "`observation.images.front`: expected float32 [3, H, W] in [0, 1] or uint8 [H, W, 3], found F32 [48, 64, 3]",
+        ),
+        (
+            with(&|o| {
+                o.images.insert(
+                    "observation.images.wrist".into(),
+                    Array::u8(&[2, 2, 3], vec![0; 12]),
+                );
+            }),
+            seeded(5),
+            "`observation.images.wrist`: expected one of observation.images.front, observation.images.empty_camera_0, found an unknown camera key",
+        ),
+        (
+            with(&|o| {
+                o.images.insert(
+                    FRONT.into(),
+                    Array::u8(&[2, 48, 64, 3], vec![0; 2 * 48 * 64 * 3]),
+                );
+            }),
+            seeded(5),
+            "a batch of 2 observations",
+        ),
+        (with(&|o| o.images.clear()), seeded(5), "no camera image"),
+        (with(&|o| o.task = "  ".into()), seeded(5), "`task`: empty"),
+        (
+            observation(3, "pick"),
+            Options {
+                noise: Some(vec![0.0; 47]),
+                seed: None,
+            },
+            "`noise`: expected f32 [6, 8] (48 values), found 47 values",
+        ),
+        (
+            observation(3, "pick"),
+            Options {
+                noise: Some(vec![f32::INFINITY; 48]),
+                seed: None,
+            },
+            "`noise`: expected finite values, found inf at 0",
+        ),
+    ];
+    for (o, opts, want) in cases {
+        let e = p.act(&o, &opts).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains(want), "{msg}\n  wanted: {want}");
+        assert!(!msg.contains('\n'), "one line: {msg}");
+        // Still usable, and unchanged.
+        assert_eq!(p.act(&observation(3, "pick"), &seeded(5)).unwrap(), good);
+    }
+    // A batch of one is the observation itself.
+    let one = with(&|o| {
+        let Array::U8 { data, .. } = o.images[FRONT].clone() else {
+            unreachable!()
+        };
+        o.images
+            .insert(FRONT.into(), Array::u8(&[1, 48, 64, 3], data));
+        o.state = Some(Array::f32(
+            &[1, 5],
+            match o.state.clone().unwrap() {
+                Array::F32 { data, .. } => data,
+                _ => unreachable!(),
+            },
+        ));
+    });
+    assert_eq!(p.act(&one, &seeded(5)).unwrap(), good);
+}
+
+#[test]
+fn threads_share_one_policy_and_each_gets_its_own_chunk() {
+    fn shared<T: Send + Sync>(_: &T) {}
+    let s = Scratch::new("threads");
+    let (dir, tok) = exported(&s);
+    let p = open(&dir, &tok);
+    shared(&p);
+    let want: Vec<ActionChunk> = (0..4u8)
+        .map(|k| p.act(&observation(k, "pick"), &seeded(k as u64)).unwrap())
+        .collect();
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..4u8)
+            .map(|t| {
+                let (p, want) = (&p, &want);
+                sc.spawn(move || {
+                    for i in 0..5u8 {
+                        let k = (t + i) % 4;
+                        let got = p.act(&observation(k, "pick"), &seeded(k as u64)).unwrap();
+                        assert_eq!(got, want[k as usize], "thread {t} call {i}");
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    });
+}
+
+#[test]
+fn noise_is_fresh_each_call_unless_given_or_seeded() {
+    let s = Scratch::new("noise");
+    let (dir, tok) = exported(&s);
+    let p = open(&dir, &tok);
+    let o = observation(4, "pick");
+    let a = p.act(&o, &Options::default()).unwrap();
+    let b = p.act(&o, &Options::default()).unwrap();
+    finite(&a);
+    assert_ne!(a.model, b.model, "two calls drew the same noise");
+    assert_eq!(
+        p.act(&o, &seeded(9)).unwrap(),
+        p.act(&o, &seeded(9)).unwrap()
+    );
+    let noise: Vec<f32> = (0..48).map(|i| ((i % 7) as f32 - 3.0) / 3.0).collect();
+    let given = Options {
+        noise: Some(noise.clone()),
+        seed: None,
+    };
+    let c = p.act(&o, &given).unwrap();
+    assert_eq!(c, p.act(&o, &given).unwrap());
+    assert_ne!(c.model, a.model);
+    // A policy opened with a seed draws the same stream as another opened with it.
+    let q = |seed| {
+        Policy::open(
+            &dir,
+            &OpenOptions {
+                tokenizer: Some(tok.clone()),
+                seed: Some(seed),
+                ..OpenOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let (q1, q2) = (q(11), q(11));
+    assert_eq!(
+        q1.act(&o, &Options::default()).unwrap(),
+        q2.act(&o, &Options::default()).unwrap()
+    );
+}
