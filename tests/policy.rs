@@ -162,17 +162,46 @@ fn one_policy_acts_many_times_as_a_fresh_process_does() {
     ];
     std::fs::write(&obs_file, safetensors::serialize(views, None).unwrap()).unwrap();
     let out_file = s.0.join("act.safetensors");
-    ok(petite()
-        .args(["act", "--task", "pick", "--seed", "0", "--pte-dir"])
+    let timing = s.0.join("timing.json");
+    let o = ok(petite()
+        .args([
+            "act",
+            "--task",
+            "pick",
+            "--seed",
+            "0",
+            "--repeat",
+            "3",
+            "--pte-dir",
+        ])
         .arg(&dir)
         .arg("--observation")
         .arg(&obs_file)
         .arg("--tokenizer")
         .arg(&tok)
+        .arg("--timing-json")
+        .arg(&timing)
         .arg("--out")
         .arg(&out_file)
         .output()
         .unwrap());
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        said.contains("3 calls: ") && said.contains("the chunk alone"),
+        "{said}"
+    );
+    // The first call and three repeats (each the same chunk: the CLI checks), timed by part.
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&timing).unwrap()).unwrap();
+    let calls = t["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 4);
+    for c in calls {
+        let (chunk, total) = (
+            c["chunk_s"].as_f64().unwrap(),
+            c["total_s"].as_f64().unwrap(),
+        );
+        assert!(chunk > 0.0 && total >= chunk, "{c}");
+    }
+    assert!(t["open_s"].as_f64().unwrap() > 0.0);
     let bytes = std::fs::read(&out_file).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let acted: Vec<f32> = st

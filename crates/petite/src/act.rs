@@ -12,7 +12,7 @@ use petite_pi05::lerobot::STATE_KEY;
 use petite_pi05::policy::PolicySpec;
 use safetensors::{Dtype, SafeTensors};
 
-use crate::policy::{Array, Observation, OpenOptions, Options, Policy};
+use crate::policy::{Array, Observation, OpenOptions, Options, Policy, Timing};
 use crate::{Error, Result};
 
 pub use crate::policy::lerobot::TOKENIZER_ENV;
@@ -37,6 +37,8 @@ pub struct ActOptions {
     /// Where a bundle of petite's engines runs (`cuda`: GPU 0 through petite-cuda; portable and
     /// ONNX bundles run on the CPU only).
     pub device: crate::runtimes::Device,
+    /// Calls after the first, on the same observation, for their latency ([`ActResult::timing`]).
+    pub repeat: usize,
 }
 
 /// What one run produced.
@@ -60,6 +62,8 @@ pub struct ActResult {
     pub runtime: String,
     /// The export id of the bundle.
     pub export_id: String,
+    /// Seconds to open the policy, then each call's [`Timing`] (the first, then the repeats).
+    pub timing: (f64, Vec<Timing>),
 }
 
 fn obs_err(file: &Path, key: &str, expected: impl Into<String>, found: impl Into<String>) -> Error {
@@ -213,6 +217,7 @@ pub fn act(opts: &ActOptions) -> Result<ActResult> {
     };
     let (obs, options) = read_observation(opts, &spec)?;
     crate::policy::check_observation(&spec, &obs).map_err(in_file)?;
+    let opened = std::time::Instant::now();
     let policy = Policy::open(
         dir,
         &OpenOptions {
@@ -223,7 +228,18 @@ pub fn act(opts: &ActOptions) -> Result<ActResult> {
             queue: 1,
         },
     )?;
-    let c = policy.act(&obs, &options).map_err(in_file)?;
+    let open_s = opened.elapsed().as_secs_f64();
+    let (c, first) = policy.act_timed(&obs, &options).map_err(in_file)?;
+    let mut calls = vec![first];
+    for _ in 0..opts.repeat {
+        let (again, t) = policy.act_timed(&obs, &options)?;
+        if (options.seed.is_some() || options.noise.is_some()) && again != c {
+            return Err(Error::Internal(
+                "a repeated call with the same observation and noise gave another chunk".into(),
+            ));
+        }
+        calls.push(t);
+    }
     let info = policy.info();
     Ok(ActResult {
         actions: c.actions,
@@ -235,6 +251,7 @@ pub fn act(opts: &ActOptions) -> Result<ActResult> {
         prompt: c.prompt,
         runtime: info.runtime.clone(),
         export_id: info.export_id.clone(),
+        timing: (open_s, calls),
     })
 }
 

@@ -40,6 +40,15 @@ pub struct ActArgs {
     /// bundles run on the CPU.
     #[arg(long, value_enum, default_value = "cpu")]
     pub device: petite::runtimes::Device,
+    /// Calls after the first, on the same observation with the same noise, for latency: each
+    /// must give the same chunk; the median and p99 of the call and of the chunk alone are
+    /// printed (and written by --timing-json).
+    #[arg(long, default_value_t = 0)]
+    pub repeat: usize,
+    /// Write the timings as JSON: seconds to open, the first call, and each call's
+    /// preprocess/queued/chunk/postprocess/total seconds.
+    #[arg(long)]
+    pub timing_json: Option<PathBuf>,
     /// Output safetensors: `action` f32 [chunk, action_dim] (unnormalized; metadata
     /// n_action_steps), plus the prompt's tokens and attention mask.
     #[arg(long)]
@@ -59,9 +68,47 @@ pub fn run(a: ActArgs) -> anyhow::Result<()> {
         seed: a.seed.unwrap_or(0),
         python: a.python,
         device: a.device,
+        repeat: a.repeat,
     })
     .with_context(|| format!("act with {}", a.dir.display()))?;
     write_result(&a.out, &r).with_context(|| format!("writing {}", a.out.display()))?;
+    let (open_s, calls) = &r.timing;
+    if a.repeat > 0 {
+        let rest = &calls[1..];
+        let ms = |f: &dyn Fn(&petite::policy::Timing) -> f64| {
+            let v: Vec<f64> = rest.iter().map(|t| f(t) * 1e3).collect();
+            (petite::cuda_run::median(&v), percentile(&v, 0.99))
+        };
+        let (tm, tp) = ms(&|t| t.total);
+        let (cm, cp) = ms(&|t| t.chunk);
+        let (om, op) = ms(&|t| t.total - t.chunk);
+        println!(
+            "{} calls: {tm:.3} ms a call (p99 {tp:.3}), the chunk alone {cm:.3} ms (p99 {cp:.3}), overhead {om:.3} ms (p99 {op:.3}); open {:.3} s, first call {:.3} ms",
+            rest.len(),
+            open_s,
+            calls[0].total * 1e3
+        );
+    }
+    if let Some(path) = &a.timing_json {
+        let each: Vec<serde_json::Value> = calls
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "preprocess_s": t.preprocess, "queued_s": t.queued, "chunk_s": t.chunk,
+                    "postprocess_s": t.postprocess, "total_s": t.total,
+                })
+            })
+            .collect();
+        let j = serde_json::json!({
+            "open_s": open_s,
+            "first_call_s": calls[0].total,
+            "device": a.device.name(),
+            "runtime": r.runtime,
+            "calls": each,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&j)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     println!(
         "wrote {}: action [{}, {}] (execute the first {}); {} prompt tokens; ran on {}",
         a.out.display(),
@@ -72,4 +119,15 @@ pub fn run(a: ActArgs) -> anyhow::Result<()> {
         r.runtime
     );
     Ok(())
+}
+
+/// The `q` quantile of `v` (nearest rank; NaN for none).
+fn percentile(v: &[f64], q: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    let k = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    s[k - 1]
 }

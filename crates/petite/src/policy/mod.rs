@@ -227,10 +227,26 @@ pub struct Info {
     pub n_action_steps: usize,
 }
 
-/// A job for the owner thread: model inputs, and where the chunk goes.
+/// A job for the owner thread: model inputs, and where the chunk (and the seconds the programs
+/// took) goes.
 struct Job {
     inputs: Inputs,
-    reply: SyncSender<Result<Vec<f32>>>,
+    reply: SyncSender<Result<(Vec<f32>, f64)>>,
+}
+
+/// Where one call's time went (seconds of wall time).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Timing {
+    /// lerobot's preprocessing on the caller's thread (checks, images, prompt, tokens, noise).
+    pub preprocess: f64,
+    /// Waiting for the owner thread (other calls' chunks ahead in the queue).
+    pub queued: f64,
+    /// The programs: the chunk itself.
+    pub chunk: f64,
+    /// lerobot's postprocessing.
+    pub postprocess: f64,
+    /// The whole call.
+    pub total: f64,
 }
 
 /// An exported pi0.5 policy, open: see the module's documentation.
@@ -349,13 +365,42 @@ impl Policy {
         self.act_with(obs, opts, true)
     }
 
-    fn act_with(&self, obs: &Observation, opts: &Options, no_wait: bool) -> Result<ActionChunk> {
-        let pre = self.preprocess(obs, opts)?;
-        let raw = self.run(pre.inputs.clone(), no_wait)?;
-        self.postprocess(pre, &raw)
+    /// As [`Policy::act`], with where the call's time went.
+    pub fn act_timed(&self, obs: &Observation, opts: &Options) -> Result<(ActionChunk, Timing)> {
+        self.timed(obs, opts, false)
     }
 
-    fn run(&self, inputs: Inputs, no_wait: bool) -> Result<Vec<f32>> {
+    fn act_with(&self, obs: &Observation, opts: &Options, no_wait: bool) -> Result<ActionChunk> {
+        self.timed(obs, opts, no_wait).map(|(c, _)| c)
+    }
+
+    fn timed(
+        &self,
+        obs: &Observation,
+        opts: &Options,
+        no_wait: bool,
+    ) -> Result<(ActionChunk, Timing)> {
+        let t0 = std::time::Instant::now();
+        let pre = self.preprocess(obs, opts)?;
+        let t1 = std::time::Instant::now();
+        let (raw, chunk) = self.run(pre.inputs.clone(), no_wait)?;
+        let t2 = std::time::Instant::now();
+        let c = self.postprocess(pre, &raw)?;
+        let t3 = std::time::Instant::now();
+        let s = |a: std::time::Instant, b: std::time::Instant| (b - a).as_secs_f64();
+        Ok((
+            c,
+            Timing {
+                preprocess: s(t0, t1),
+                queued: (s(t1, t2) - chunk).max(0.0),
+                chunk,
+                postprocess: s(t2, t3),
+                total: s(t0, t3),
+            },
+        ))
+    }
+
+    fn run(&self, inputs: Inputs, no_wait: bool) -> Result<(Vec<f32>, f64)> {
         let stopped = || Error::Internal("the policy's thread has stopped".into());
         let tx = self.tx.as_ref().ok_or_else(stopped)?;
         let (reply, rx) = sync_channel(1);
@@ -644,6 +689,7 @@ fn owner(
 ) {
     let serve = |chunk: &mut dyn FnMut(&Inputs) -> Result<Vec<f32>>| {
         for job in rx.iter() {
+            let t = std::time::Instant::now();
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| chunk(&job.inputs)))
                 .unwrap_or_else(|p| {
                     let what = p
@@ -653,7 +699,7 @@ fn owner(
                         .unwrap_or_default();
                     Err(Error::Internal(format!("a chunk panicked: {what}")))
                 });
-            let _ = job.reply.send(r);
+            let _ = job.reply.send(r.map(|x| (x, t.elapsed().as_secs_f64())));
         }
     };
     if bundle.kind() == BundleKind::Engines {
