@@ -17,16 +17,20 @@ use petite_weights::{FileIdentity, Role};
 
 use super::bad;
 use crate::layout::{METHOD, TABLE_METHOD};
-use crate::runtimes::{Device, Runtime};
+use crate::runtimes::{Device, MethodSpec, ResidentMethod, Runtime, Value};
 use crate::{Error, Result};
 
 /// A `.pte` opened for running: the reader's verified program and its engines, each opened
 /// once per segment by the runtime registered for the delegates' backend on the device asked
 /// for ([`crate::runtimes`]; `release`: each weight's host pages given back after its last read
-/// in a run).
+/// in a run) — or, where that runtime keeps values on its device, the whole method opened by it
+/// ([`Runtime::open_method`]), so that values never cross host memory between engines.
 struct Loaded<'m> {
     pte: &'m PteFile,
     engines: HashMap<usize, Box<dyn EngineRuntime + 'm>>,
+    resident: Option<Box<dyn ResidentMethod + 'm>>,
+    /// The runtime of every delegate, when there is one (uploads and downloads go through it).
+    runtime: Option<&'m dyn Runtime>,
 }
 
 fn graph_dtype(s: ScalarType) -> Option<petite_graph::Dtype> {
@@ -121,6 +125,24 @@ impl<'m> Loaded<'m> {
             }
         };
         advise(0);
+        let ids: BTreeSet<&str> = plan.delegates.iter().map(|d| d.id.as_str()).collect();
+        let runtime: Option<&'m dyn Runtime> = match ids.iter().next() {
+            Some(id) if ids.len() == 1 => runtimes.get(*id).map(|r| r.as_ref()),
+            _ => None,
+        };
+        if let Some(rt) = runtime {
+            let spec = method_spec(pte, plan)?;
+            if let Some(m) = rt.open_method(&spec) {
+                advise(1);
+                let m = m.map_err(|e| bad(pte.path(), e.to_string()))?;
+                return Ok(Loaded {
+                    pte,
+                    engines: HashMap::new(),
+                    resident: Some(m),
+                    runtime,
+                });
+            }
+        }
         let mut opened = 0usize;
         for (i, d) in plan.delegates.iter().enumerate() {
             let runtime = runtimes.get(d.id.as_str()).ok_or_else(|| {
@@ -146,7 +168,44 @@ impl<'m> Loaded<'m> {
                 v.insert(e);
             }
         }
-        Ok(Loaded { pte, engines })
+        Ok(Loaded {
+            pte,
+            engines,
+            resident: None,
+            runtime,
+        })
+    }
+
+    /// `t` as a value of this method's runtime (on its device where it has one).
+    fn upload(&self, t: HostTensor) -> Result<Value> {
+        match self.runtime {
+            Some(rt) if self.resident.is_some() => rt.upload(t),
+            _ => Ok(Value::Host(t)),
+        }
+    }
+
+    /// `v` on the host.
+    fn download(&self, v: Value) -> Result<HostTensor> {
+        match (v, self.runtime) {
+            (Value::Host(t), _) => Ok(t),
+            (v, Some(rt)) => rt.download(v),
+            (Value::Resident(_), None) => Err(Error::Internal(
+                "a device value reached a method of host engines".into(),
+            )),
+        }
+    }
+
+    /// Runs `forward` on `inputs` (the method's inputs, in order); returns its outputs, kept
+    /// where the method's runtime keeps them.
+    fn run_values(&self, inputs: Vec<Value>) -> Result<Vec<Value>> {
+        if let Some(m) = &self.resident {
+            return m.run(inputs);
+        }
+        let host = inputs
+            .into_iter()
+            .map(|v| self.download(v))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.run(host)?.into_iter().map(Value::Host).collect())
     }
 
     /// Runs `forward` on `inputs` (the method's inputs, in order); returns its outputs.
@@ -245,6 +304,67 @@ pub(super) fn method<'a>(
         .ok_or_else(|| bad(pte.path(), format!("no method `{name}`")))
 }
 
+/// `plan` described for a runtime that opens a method whole: its engines' segments in
+/// first-use order, the calls, the inputs' and outputs' declared dtypes and shapes.
+fn method_spec<'a>(
+    pte: &'a PteFile,
+    plan: &petite_pte::model::ExecutionPlan,
+) -> Result<MethodSpec<'a>> {
+    let path = pte.path();
+    let decl = |v: i32| -> Result<(i32, petite_graph::Dtype, Vec<usize>)> {
+        let Some(EValue::Tensor(t)) = plan.values.get(v as usize) else {
+            return Err(bad(path, format!("value {v} is not a tensor")));
+        };
+        let d = graph_dtype(t.scalar_type)
+            .ok_or_else(|| bad(path, format!("value {v}: dtype {:?}", t.scalar_type)))?;
+        Ok((v, d, t.sizes.iter().map(|&s| s as usize).collect()))
+    };
+    let mut engines: Vec<(usize, u64, u64)> = Vec::new();
+    let mut calls = Vec::new();
+    for chain in &plan.chains {
+        for ins in &chain.instructions {
+            let Instruction::DelegateCall {
+                delegate_index,
+                args,
+            } = ins
+            else {
+                return Err(bad(path, "only delegate calls are expected"));
+            };
+            let d = plan
+                .delegates
+                .get(*delegate_index as usize)
+                .ok_or_else(|| bad(path, format!("no delegate {delegate_index}")))?;
+            if d.processed.location != DataLocation::SEGMENT {
+                return Err(bad(
+                    path,
+                    format!("delegate {delegate_index}: engine not in a segment"),
+                ));
+            }
+            let seg = d.processed.index as usize;
+            if !engines.iter().any(|(s, _, _)| *s == seg) {
+                let (start, len) = pte.segment_range(seg)?;
+                engines.push((seg, start, len));
+            }
+            calls.push((seg, args.clone()));
+        }
+    }
+    Ok(MethodSpec {
+        path,
+        engines,
+        calls,
+        inputs: plan
+            .inputs
+            .iter()
+            .map(|&v| decl(v))
+            .collect::<Result<_>>()?,
+        outputs: plan
+            .outputs
+            .iter()
+            .map(|&v| decl(v))
+            .collect::<Result<_>>()?,
+    })
+}
+
 /// Reads the timestep table (a constant tensor output of method `timestep_table`).
 fn read_table(pte: &PteFile, steps: usize, r: usize) -> Result<Vec<f32>> {
     let plan = method(pte, TABLE_METHOD)?;
@@ -337,56 +457,62 @@ fn runtime_names(runtimes: &Runtimes) -> Vec<String> {
         .collect()
 }
 
-/// The step's program signature and the timestep table: what every chunk's steps need.
+/// The step's program signature and the timestep table's rows (as the step's runtime keeps
+/// them: on its device where it has one): what every chunk's steps need.
 struct Steps {
     sprog: Program,
-    table: Vec<f32>,
-    r: usize,
+    rows: Vec<Value>,
 }
 
 impl Steps {
-    fn new(cfg: &Pi05Config, step_pte: &PteFile) -> Result<Self> {
+    fn new(cfg: &Pi05Config, step_pte: &PteFile, step: &Loaded<'_>) -> Result<Self> {
         let r = petite_pi05::programs::time_row_len(cfg);
+        let table = read_table(step_pte, cfg.steps, r)?;
+        let rows = (0..cfg.steps)
+            .map(|k| step.upload(host(Tensor::f32(&[r], table[k * r..(k + 1) * r].to_vec())?)))
+            .collect::<Result<_>>()?;
         Ok(Steps {
             sprog: build_step(cfg, Precision::F32)?,
-            table: read_table(step_pte, cfg.steps, r)?,
-            r,
+            rows,
         })
     }
 
     /// The Euler steps from `noise` with the prefix's outputs `kv`; returns x after the last.
+    /// x stays where the step's runtime keeps it between steps; only the last comes back.
     fn run(
         &self,
         cfg: &Pi05Config,
         step: &Loaded<'_>,
-        kv: &BTreeMap<String, HostTensor>,
+        kv: &BTreeMap<String, Value>,
         noise: &[f32],
         step_path: &Path,
     ) -> Result<Vec<f32>> {
-        let (r, table, sprog) = (self.r, &self.table, &self.sprog);
-        let mut x = noise.to_vec();
-        for k in 0..cfg.steps {
-            let mut ins: BTreeMap<&str, HostTensor> =
+        let sprog = &self.sprog;
+        let xi = sprog
+            .outputs
+            .iter()
+            .position(|o| o.name == io::X_NEXT)
+            .ok_or_else(|| Error::Internal("step program has no x_next".into()))?;
+        let mut x = step.upload(host(Tensor::f32(
+            &[cfg.chunk, cfg.action_dim],
+            noise.to_vec(),
+        )?))?;
+        for row in &self.rows {
+            let mut ins: BTreeMap<&str, Value> =
                 kv.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-            ins.insert(io::X_T, host(Tensor::f32(&[cfg.chunk, cfg.action_dim], x)?));
-            ins.insert(
-                io::TIME_ROW,
-                host(Tensor::f32(&[r], table[k * r..(k + 1) * r].to_vec())?),
-            );
-            let outs = step.run(ordered(sprog, &mut ins)?)?;
-            let xi = sprog
-                .outputs
-                .iter()
-                .position(|o| o.name == io::X_NEXT)
-                .ok_or_else(|| Error::Internal("step program has no x_next".into()))?;
+            ins.insert(io::X_T, x);
+            ins.insert(io::TIME_ROW, row.clone());
+            let outs = step.run_values(ordered(sprog, &mut ins)?)?;
             x = outs
                 .into_iter()
                 .nth(xi)
-                .and_then(|t| t.to_reference().ok())
-                .and_then(|t| t.into_float_values().ok())
-                .ok_or_else(|| bad(step_path, "x_next is not a float tensor"))?;
+                .ok_or_else(|| bad(step_path, "the step gave no x_next"))?;
         }
-        Ok(x)
+        step.download(x)?
+            .to_reference()
+            .ok()
+            .and_then(|t| t.into_float_values().ok())
+            .ok_or_else(|| bad(step_path, "x_next is not a float tensor"))
     }
 }
 
@@ -395,7 +521,7 @@ fn host(t: Tensor) -> HostTensor {
 }
 
 /// `prog`'s inputs in order, from `by` (by input name).
-fn ordered(prog: &Program, by: &mut BTreeMap<&str, HostTensor>) -> Result<Vec<HostTensor>> {
+fn ordered<T: Clone>(prog: &Program, by: &mut BTreeMap<&str, T>) -> Result<Vec<T>> {
     prog.inputs
         .iter()
         .map(|&id| {
@@ -407,32 +533,34 @@ fn ordered(prog: &Program, by: &mut BTreeMap<&str, HostTensor>) -> Result<Vec<Ho
         .collect()
 }
 
-/// The prefix run on `inputs`: its outputs (the K/V the steps read) by name.
+/// The prefix run on `inputs`: its outputs (the K/V the steps read) by name, kept where the
+/// prefix's runtime keeps them.
 fn run_prefix(
     cfg: &Pi05Config,
     pprog: &Program,
     prefix: &Loaded<'_>,
     inputs: &Inputs,
-) -> Result<BTreeMap<String, HostTensor>> {
+) -> Result<BTreeMap<String, Value>> {
     let s = cfg.vision.image_size;
-    let mut by_name: BTreeMap<&str, HostTensor> = BTreeMap::new();
+    let mut by_name: BTreeMap<&str, Value> = BTreeMap::new();
+    let up = |t: Tensor| prefix.upload(host(t));
     by_name.insert(
         io::IMAGES,
-        host(Tensor::f32(&[cfg.cameras, 3, s, s], inputs.images.clone())?),
+        up(Tensor::f32(&[cfg.cameras, 3, s, s], inputs.images.clone())?)?,
     );
     by_name.insert(
         io::IMAGE_MASKS,
-        host(Tensor::u8(&[cfg.cameras], inputs.image_masks.clone())?),
+        up(Tensor::u8(&[cfg.cameras], inputs.image_masks.clone())?)?,
     );
     by_name.insert(
         io::TOKENS,
-        host(Tensor::i64(&[cfg.tokens], inputs.tokens.clone())?),
+        up(Tensor::i64(&[cfg.tokens], inputs.tokens.clone())?)?,
     );
     by_name.insert(
         io::TOKEN_MASK,
-        host(Tensor::u8(&[cfg.tokens], inputs.token_mask.clone())?),
+        up(Tensor::u8(&[cfg.tokens], inputs.token_mask.clone())?)?,
     );
-    let pouts = prefix.run(ordered(pprog, &mut by_name)?)?;
+    let pouts = prefix.run_values(ordered(pprog, &mut by_name)?)?;
     Ok(pprog
         .outputs
         .iter()
@@ -461,7 +589,7 @@ pub fn run_pte(
     let step = Loaded::new(&ptes.step, false, &runtimes, read_ahead)?;
     // Tests truncate a `.pte` here, while its engines are mapped.
     crate::guard::stop_point("verify");
-    let steps = Steps::new(cfg, &ptes.step)?;
+    let steps = Steps::new(cfg, &ptes.step, &step)?;
     let pprog = build_prefix(cfg, Precision::F32)?;
     let kv = run_prefix(cfg, &pprog, &prefix, inputs)?;
     drop(prefix);
@@ -495,7 +623,7 @@ pub fn with_resident<T>(
     let read_ahead = device == Device::Cuda;
     let prefix = Loaded::new(&ptes.prefix, false, &runtimes, read_ahead)?;
     let step = Loaded::new(&ptes.step, false, &runtimes, read_ahead)?;
-    let steps = Steps::new(cfg, &ptes.step)?;
+    let steps = Steps::new(cfg, &ptes.step, &step)?;
     let pprog = build_prefix(cfg, Precision::F32)?;
     let mut chunk = |inputs: &Inputs| -> Result<Vec<f32>> {
         let kv = run_prefix(cfg, &pprog, &prefix, inputs)?;

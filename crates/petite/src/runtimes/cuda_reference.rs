@@ -1,15 +1,23 @@
 //! `PetiteReference` engines on GPU 0: each engine's subgraph run by petite-cuda, its weights
-//! uploaded once from the mapped `.pte`.
+//! uploaded once from the mapped `.pte`. A whole method opens as a [`CudaMethod`]: values stay
+//! on the device between engines, and from its second run on the method is one CUDA graph
+//! replayed over fixed buffers.
 
-use std::collections::BTreeMap;
+use std::cell::{Cell, OnceCell};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+use petite_cuda::{DevTensor, DeviceProgram, Graph};
 use petite_engine::reference::ReferenceEngine;
 use petite_engine::{EngineRuntime, HostTensor, IoBinding};
 use petite_reference::Tensor;
 
-use super::{Device, Runtime, open_cuda};
+use super::{Device, MethodSpec, ResidentMethod, Runtime, Value, open_cuda};
 use crate::{Error, Result};
+
+fn cuda(what: &str) -> impl FnOnce(petite_cuda::Error) -> Error + '_ {
+    move |e| Error::cuda(what)(e)
+}
 
 pub(super) fn make() -> Result<Box<dyn Runtime>> {
     Ok(Box::new(CudaReference(open_cuda()?)))
@@ -52,6 +60,233 @@ impl Runtime for CudaReference {
             inputs,
             outputs,
         }))
+    }
+
+    fn open_method<'s>(
+        &'s self,
+        m: &MethodSpec<'_>,
+    ) -> Option<Result<Box<dyn super::ResidentMethod + 's>>> {
+        Some(self.method(m))
+    }
+
+    fn upload(&self, t: HostTensor) -> Result<Value> {
+        let d = self
+            .0
+            .upload(&t.to_reference()?)
+            .map_err(cuda("upload a value"))?;
+        Ok(Value::Resident(std::sync::Arc::new(d)))
+    }
+
+    fn download(&self, v: Value) -> Result<HostTensor> {
+        match v {
+            Value::Host(t) => Ok(t),
+            Value::Resident(b) => {
+                let d = b.downcast_ref::<DevTensor>().ok_or_else(|| {
+                    Error::Internal("a device value of another runtime reached petite-cuda".into())
+                })?;
+                let t = self.0.download(d).map_err(cuda("download a value"))?;
+                Ok(HostTensor::from(&t))
+            }
+        }
+    }
+}
+
+impl CudaReference {
+    fn method<'s>(&'s self, m: &MethodSpec<'_>) -> Result<Box<dyn ResidentMethod + 's>> {
+        let dev = &self.0;
+        let mut engines = HashMap::new();
+        for &(seg, offset, len) in &m.engines {
+            let e = ReferenceEngine::open_region(m.path, offset, len)?;
+            let program = DeviceProgram::load(dev, e.program(), e.file(), true)
+                .map_err(Error::cuda(format!("{} segment {seg}", m.path.display())))?;
+            let (inputs, outputs) = petite_engine::bindings(e.program());
+            let flag = if program.has_embedding() {
+                Some(
+                    dev.zeros(petite_graph::Dtype::I64, &[1])
+                        .map_err(cuda("allocate a flag"))?,
+                )
+            } else {
+                None
+            };
+            engines.insert(
+                seg,
+                MethodEngine {
+                    program,
+                    inputs,
+                    outputs,
+                    flag,
+                },
+            );
+        }
+        let alloc = |(_, d, s): &(i32, petite_graph::Dtype, Vec<usize>)| {
+            dev.zeros(*d, s).map_err(cuda("allocate a method buffer"))
+        };
+        Ok(Box::new(CudaMethod {
+            dev,
+            engines,
+            calls: m.calls.clone(),
+            input_ids: m.inputs.iter().map(|(i, _, _)| *i).collect(),
+            output_ids: m.outputs.iter().map(|(i, _, _)| *i).collect(),
+            fixed_in: m.inputs.iter().map(alloc).collect::<Result<_>>()?,
+            fixed_out: m.outputs.iter().map(alloc).collect::<Result<_>>()?,
+            zero: dev
+                .zeros(petite_graph::Dtype::I64, &[1])
+                .map_err(cuda("allocate a flag"))?,
+            runs: Cell::new(0),
+            graph: OnceCell::new(),
+        }))
+    }
+}
+
+/// One engine of a [`CudaMethod`]: its program and I/O binding names.
+struct MethodEngine<'d> {
+    program: DeviceProgram<'d>,
+    inputs: Vec<IoBinding>,
+    outputs: Vec<IoBinding>,
+    /// The embedding index flag when the program gathers rows (read back after each run).
+    flag: Option<DevTensor>,
+}
+
+/// A method's chain of engines on the device: run directly the first time (a one-shot run pays
+/// no capture), captured into a CUDA graph over fixed input and output buffers at the second,
+/// replayed from then on.
+struct CudaMethod<'d> {
+    dev: &'d petite_cuda::Device,
+    engines: HashMap<usize, MethodEngine<'d>>,
+    calls: Vec<(usize, Vec<i32>)>,
+    input_ids: Vec<i32>,
+    output_ids: Vec<i32>,
+    /// Fixed buffers the graph reads its inputs from and writes its outputs to.
+    fixed_in: Vec<DevTensor>,
+    fixed_out: Vec<DevTensor>,
+    zero: DevTensor,
+    runs: Cell<usize>,
+    graph: OnceCell<Graph>,
+}
+
+impl<'d> CudaMethod<'d> {
+    /// Queues the chain on `inputs` (by value id); returns the outputs (by value id). `flagged`:
+    /// embedding checks are recorded in the engines' flags (reset inside the queued work) for
+    /// [`CudaMethod::check`], so that nothing is read back and the work can be captured.
+    fn queue(
+        &self,
+        mut values: HashMap<i32, DevTensor>,
+        flagged: bool,
+    ) -> petite_cuda::Result<Vec<DevTensor>> {
+        for (seg, args) in &self.calls {
+            let e = &self.engines[seg];
+            let n_in = e.inputs.len();
+            let mut ins = BTreeMap::new();
+            for (b, a) in e.inputs.iter().zip(&args[..n_in]) {
+                let v = values.get(a).cloned().ok_or_else(|| {
+                    petite_cuda::Error::Plan(format!("value {a} is read before it is written"))
+                })?;
+                ins.insert(b.name.clone(), v);
+            }
+            let mut outs = match (&e.flag, flagged) {
+                (Some(f), true) => {
+                    self.dev.copy(&self.zero, f)?;
+                    e.program.run_device_flagged(ins, Some(f))?
+                }
+                _ => e.program.run_device(ins)?,
+            };
+            for (o, a) in e.outputs.iter().zip(&args[n_in..]) {
+                let t = outs.remove(&o.name).ok_or_else(|| {
+                    petite_cuda::Error::Plan(format!("engine produced no output `{}`", o.name))
+                })?;
+                values.insert(*a, t);
+            }
+        }
+        self.output_ids
+            .iter()
+            .map(|o| {
+                values.get(o).cloned().ok_or_else(|| {
+                    petite_cuda::Error::Plan(format!("output value {o} is never written"))
+                })
+            })
+            .collect()
+    }
+
+    /// The embedding index checks of the last replay (reads the flags back: waits for it).
+    fn check(&self) -> petite_cuda::Result<()> {
+        for e in self.engines.values() {
+            if let Some(f) = &e.flag {
+                e.program.check_indices(f)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn device_value(&self, v: Value) -> Result<DevTensor> {
+        match v {
+            Value::Resident(b) => b.downcast_ref::<DevTensor>().cloned().ok_or_else(|| {
+                Error::Internal("a device value of another runtime reached petite-cuda".into())
+            }),
+            Value::Host(t) => self
+                .dev
+                .upload(&t.to_reference()?)
+                .map_err(cuda("upload a method input")),
+        }
+    }
+}
+
+impl ResidentMethod for CudaMethod<'_> {
+    fn run(&self, inputs: Vec<Value>) -> Result<Vec<Value>> {
+        if inputs.len() != self.input_ids.len() {
+            return Err(Error::Internal(format!(
+                "the method takes {} inputs, given {}",
+                self.input_ids.len(),
+                inputs.len()
+            )));
+        }
+        let ins = inputs
+            .into_iter()
+            .map(|v| self.device_value(v))
+            .collect::<Result<Vec<_>>>()?;
+        let n = self.runs.get();
+        self.runs.set(n + 1);
+        if n == 0 {
+            // The first run, directly: a method that runs once (verify's prefix) captures nothing.
+            let values = self.input_ids.iter().copied().zip(ins).collect();
+            let outs = self.queue(values, false).map_err(cuda("run a method"))?;
+            return Ok(outs
+                .into_iter()
+                .map(|t| Value::Resident(std::sync::Arc::new(t)))
+                .collect());
+        }
+        let dev = self.dev;
+        for (src, dst) in ins.iter().zip(&self.fixed_in) {
+            dev.copy(src, dst).map_err(cuda("copy a method input"))?;
+        }
+        if self.graph.get().is_none() {
+            let values: HashMap<i32, DevTensor> = self
+                .input_ids
+                .iter()
+                .copied()
+                .zip(self.fixed_in.iter().cloned())
+                .collect();
+            let ((), g) = dev
+                .capture(|| {
+                    let outs = self.queue(values, true)?;
+                    for (src, dst) in outs.iter().zip(&self.fixed_out) {
+                        dev.copy(src, dst)?;
+                    }
+                    Ok(())
+                })
+                .map_err(cuda("capture a method"))?;
+            let _ = self.graph.set(g);
+        }
+        self.graph
+            .get()
+            .ok_or_else(|| Error::Internal("no method graph".into()))?
+            .launch()
+            .map_err(cuda("replay a method"))?;
+        self.check().map_err(cuda("check embedding indices"))?;
+        Ok(self
+            .fixed_out
+            .iter()
+            .map(|t| Value::Resident(std::sync::Arc::new(t.clone())))
+            .collect())
     }
 }
 

@@ -1,16 +1,19 @@
 //! The one registration point for engine runtimes: which delegate backend runs on which device,
 //! and how its engines are opened from a `.pte` segment. `petite verify` and `petite act` ask
-//! [`runtime`] for each delegate's backend id and the `--device` given, and pass values as
-//! [`HostTensor`](petite_engine::HostTensor)s. A new runtime is its module here (a
-//! [`Runtime`] whose engines implement [`EngineRuntime`]), its `mod` line and one line in
-//! [`RUNTIMES`].
+//! [`runtime`] for each delegate's backend id and the `--device` given. Values between engines
+//! are [`Value`]s: host tensors, or values a runtime keeps on its device — a runtime with a
+//! device opens a whole method at once ([`Runtime::open_method`]) so that its values never
+//! cross host memory between engines, and only the policy's edges upload and download. A new
+//! runtime is its module here (a [`Runtime`] whose engines implement [`EngineRuntime`]), its
+//! `mod` line and one line in [`RUNTIMES`].
 
 mod cpu_reference;
 mod cuda_reference;
 
 use std::path::Path;
 
-use petite_engine::EngineRuntime;
+use petite_engine::{EngineRuntime, HostTensor};
+use petite_graph::Dtype;
 
 use crate::engines::REFERENCE_ID;
 use crate::{Error, Result};
@@ -67,6 +70,66 @@ pub trait Runtime {
         len: u64,
         release: bool,
     ) -> Result<Box<dyn EngineRuntime + 's>>;
+
+    /// Opens a whole method, its values kept on the runtime's device between engines; `None`
+    /// (the default) for a runtime whose engines take host tensors, one by one through
+    /// [`Runtime::open`].
+    fn open_method<'s>(
+        &'s self,
+        _method: &MethodSpec<'_>,
+    ) -> Option<Result<Box<dyn ResidentMethod + 's>>> {
+        None
+    }
+
+    /// `t` as this runtime's value (a host tensor stays one where the runtime has no device).
+    fn upload(&self, t: HostTensor) -> Result<Value> {
+        Ok(Value::Host(t))
+    }
+
+    /// `v` on the host.
+    fn download(&self, v: Value) -> Result<HostTensor> {
+        match v {
+            Value::Host(t) => Ok(t),
+            Value::Resident(_) => Err(Error::Internal(format!(
+                "{} holds no device values",
+                self.describe()
+            ))),
+        }
+    }
+}
+
+/// A value between engines: on the host, or kept by the runtime that made it (on its device;
+/// only that runtime reads it — [`Runtime::download`] brings it to the host). Cloning a
+/// resident value shares it.
+#[derive(Clone)]
+pub enum Value {
+    /// Host memory.
+    Host(HostTensor),
+    /// The runtime's own (a `petite_cuda::DevTensor` for petite-cuda).
+    Resident(std::sync::Arc<dyn std::any::Any + Send + Sync>),
+}
+
+/// One method of a `.pte` (a chain of delegate calls), described for a runtime that opens it
+/// whole ([`Runtime::open_method`]).
+pub struct MethodSpec<'a> {
+    /// The `.pte`.
+    pub path: &'a Path,
+    /// Each engine: its segment index and the segment's byte range in `path`, in first-use order.
+    pub engines: Vec<(usize, u64, u64)>,
+    /// The calls in order: the engine's segment index, then its arguments (value ids: the
+    /// engine's inputs in binding order, then its outputs).
+    pub calls: Vec<(usize, Vec<i32>)>,
+    /// The method's inputs: value id, dtype, shape.
+    pub inputs: Vec<(i32, Dtype, Vec<usize>)>,
+    /// The method's outputs: value id, dtype, shape.
+    pub outputs: Vec<(i32, Dtype, Vec<usize>)>,
+}
+
+/// A method opened whole by a runtime: values stay where the runtime keeps them.
+pub trait ResidentMethod {
+    /// Runs the method on its inputs (in order); returns its outputs (in order). An output may
+    /// be a buffer the method reuses: it is valid until this method runs again.
+    fn run(&self, inputs: Vec<Value>) -> Result<Vec<Value>>;
 }
 
 type Make = fn() -> Result<Box<dyn Runtime>>;
