@@ -10,6 +10,7 @@ mod gpu_verify;
 mod nvrtc;
 mod onnx;
 mod pi05_run;
+mod policy;
 mod pte;
 mod synth;
 
@@ -29,6 +30,9 @@ pub enum BenchCmd {
     /// pi0.5 chunks on CUDA GPU 0 (petite-cuda, full size, bf16 and f32): median latency (CUDA
     /// events), prefix/steps split, peak device memory, beside the FLOP/bandwidth floor.
     Gpu(gpu::Args),
+    /// A resident policy acting in a loop (`petite act --repeat`): each call's median and p99
+    /// against the chunk alone, open and first call; on a GPU beside `pi05 run` (same weights).
+    Policy(policy::Args),
     /// Full-size `petite verify --device cuda` of a bf16 export: wall time with an empty and a
     /// warm kernel cache, the page cache dropped (needs a GPU).
     GpuVerify(gpu_verify::Args),
@@ -52,5 +56,6 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Gpu(a) => gpu::run(&a),
         BenchCmd::Nvrtc(a) => nvrtc::run(&a),
         BenchCmd::GpuVerify(a) => gpu_verify::run(&a),
+        BenchCmd::Policy(a) => policy::run(&a),
     }
 }

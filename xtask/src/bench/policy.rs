@@ -1,0 +1,263 @@
+//! `cargo xtask bench policy`: a resident `petite::policy::Policy` acting in a loop
+//! (`petite act --repeat`), against the chunk alone.
+//!
+//! - `--small` (the default on the CPU): the golden `two_cams_mqa` as a lerobot folder (one real
+//!   camera of 64×48 + one empty, state 5, action 4, chunk 6), exported in f32 with the reference
+//!   backend; a word-level tokenizer written here.
+//! - full size (the default with `--device cuda`): the synthetic full-size pi0.5 (written with
+//!   `petite pi05 synth` if missing) as a lerobot folder of three 224×224 cameras, 200 tokens,
+//!   chunk 50, exported in bf16 with the reference backend; then, in the same run,
+//!   `petite pi05 run --device cuda --dtype bf16` on the same weights (the programs built from the
+//!   checkpoint, `--f32-matmul exact` as the bundle runs its f32 products, and the default TF32),
+//!   so the bundle's chunk is a ratio to petite-cuda's own on the same card.
+//!
+//! Prints each call's median and p99 (the whole call, the chunk alone, the overhead:
+//! preprocessing, queue, postprocessing), the open and the first call.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+
+use crate::util;
+
+/// Options of `bench policy`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Where the policy runs (`cuda`: GPU 0).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// The small golden policy even on a GPU (full size is the default there).
+    #[arg(long)]
+    pub small: bool,
+    /// Calls timed after the first.
+    #[arg(long, default_value_t = 50)]
+    pub repeat: usize,
+    /// Keep the files (export, observation, timings) in this folder.
+    #[arg(long)]
+    pub keep: Option<PathBuf>,
+}
+
+/// A word-level `tokenizer.json` whose ids (< 64) fit any pi0.5's vocabulary: the prompt's
+/// length in tokens is what matters to the chunk, not the words.
+fn write_tokenizer(path: &Path) -> Result<()> {
+    let mut vocab = serde_json::Map::new();
+    for (i, w) in [
+        "<pad>", "[UNK]", "Task", ":", "State", ",", ";", "Action", "pick", "up", "the", "cube",
+    ]
+    .iter()
+    .enumerate()
+    {
+        vocab.insert(w.to_string(), json!(i));
+    }
+    for b in -1..=40 {
+        vocab.insert(b.to_string(), json!(12 + b + 1));
+    }
+    let tok = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    std::fs::write(path, tok.to_string()).with_context(|| format!("writing {}", path.display()))
+}
+
+/// An observation file: each camera a u8 `[h, w, 3]` image, the state, the task in metadata.
+fn write_observation(
+    path: &Path,
+    cameras: &[&str],
+    h: usize,
+    w: usize,
+    state: usize,
+) -> Result<()> {
+    let img: Vec<u8> = (0..h * w * 3).map(|i| ((i * 7) % 251) as u8).collect();
+    let st: Vec<u8> = (0..state)
+        .flat_map(|i| (0.1 * i as f32 - 0.2).to_le_bytes())
+        .collect();
+    let mut views = Vec::new();
+    for c in cameras {
+        views.push((
+            c.to_string(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![h, w, 3], &img)?,
+        ));
+    }
+    views.push((
+        "observation.state".to_string(),
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![state], &st)?,
+    ));
+    let meta = [("task".to_string(), "pick up the cube".to_string())].into();
+    std::fs::write(path, safetensors::serialize(views, Some(meta))?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn median_p99(v: &mut [f64]) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let n = v.len();
+    let med = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    let k = ((0.99 * n as f64).ceil() as usize).clamp(1, n);
+    (med, v[k - 1])
+}
+
+/// Runs the benchmark.
+pub fn run(a: &Args) -> Result<()> {
+    let petite = crate::conformance::petite_bin()?;
+    let cuda = a.device == "cuda";
+    let small = a.small || !cuda;
+    let tmp = tempfile::tempdir()?;
+    let dir = match &a.keep {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
+            d.clone()
+        }
+        None => tmp.path().to_path_buf(),
+    };
+    let folder = dir.join("policy");
+    std::fs::create_dir_all(&folder)?;
+    let (cameras, h, w, state, dtype): (Vec<&str>, usize, usize, usize, &str) = if small {
+        (vec!["observation.images.front"], 48, 64, 5, "f32")
+    } else {
+        (
+            vec![
+                "observation.images.base_0_rgb",
+                "observation.images.left_wrist_0_rgb",
+                "observation.images.right_wrist_0_rgb",
+            ],
+            224,
+            224,
+            8,
+            "bf16",
+        )
+    };
+    let mut features = serde_json::Map::new();
+    for c in &cameras {
+        features.insert(c.to_string(), json!({"type": "VISUAL", "shape": [3, h, w]}));
+    }
+    features.insert(
+        "observation.state".into(),
+        json!({"type": "STATE", "shape": [state]}),
+    );
+    let ck;
+    let mut export = Command::new(&petite);
+    export
+        .args(["export", "--dtype", dtype, "--checkpoint"])
+        .arg(&folder);
+    let config = if small {
+        let golden = util::root().join("testdata/pi05/two_cams_mqa");
+        std::fs::copy(
+            golden.join("model.safetensors"),
+            folder.join("model.safetensors"),
+        )?;
+        export.arg("--config").arg(golden.join("config.json"));
+        ck = None;
+        json!({
+            "type": "pi05", "n_obs_steps": 1, "input_features": features,
+            "output_features": {"action": {"type": "ACTION", "shape": [4]}},
+            "chunk_size": 6, "n_action_steps": 3, "max_action_dim": 8, "max_state_dim": 8,
+            "num_inference_steps": 10, "image_resolution": [32, 32], "empty_cameras": 1,
+            "tokenizer_max_length": 12,
+            "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "IDENTITY", "ACTION": "IDENTITY"}
+        })
+    } else {
+        let full = util::full_checkpoint(&petite)?;
+        let link = folder.join("model.safetensors");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&full, &link)?;
+        ck = Some(full);
+        json!({
+            "type": "pi05", "n_obs_steps": 1, "input_features": features,
+            "output_features": {"action": {"type": "ACTION", "shape": [7]}},
+            "chunk_size": 50, "n_action_steps": 50, "max_action_dim": 32, "max_state_dim": 32,
+            "num_inference_steps": 10, "image_resolution": [224, 224], "empty_cameras": 0,
+            "tokenizer_max_length": 200,
+            "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "IDENTITY", "ACTION": "IDENTITY"}
+        })
+    };
+    std::fs::write(folder.join("config.json"), config.to_string())?;
+    let out = dir.join("export");
+    export.arg("--out").arg(&out);
+    util::run(&mut export)?;
+    let tok = dir.join("tokenizer.json");
+    write_tokenizer(&tok)?;
+    let obs = dir.join("observation.safetensors");
+    write_observation(&obs, &cameras, h, w, state)?;
+    let timing = dir.join("act-timing.json");
+    util::run(
+        Command::new(&petite)
+            .args(["act", "--seed", "0", "--device", &a.device, "--dir"])
+            .arg(&out)
+            .arg("--observation")
+            .arg(&obs)
+            .arg("--tokenizer")
+            .arg(&tok)
+            .args(["--repeat", &a.repeat.to_string()])
+            .arg("--timing-json")
+            .arg(&timing)
+            .arg("--out")
+            .arg(dir.join("actions.safetensors")),
+    )?;
+    let t: Value = serde_json::from_slice(&std::fs::read(&timing)?)?;
+    let calls = t["calls"].as_array().context("timing JSON has no calls")?;
+    let pick = |k: &str| -> Vec<f64> {
+        calls[1..]
+            .iter()
+            .filter_map(|c| c[k].as_f64())
+            .map(|s| s * 1e3)
+            .collect()
+    };
+    let (mut total, mut chunk) = (pick("total_s"), pick("chunk_s"));
+    let mut over: Vec<f64> = total.iter().zip(&chunk).map(|(a, b)| a - b).collect();
+    let (tm, tp) = median_p99(&mut total);
+    let (cm, cp) = median_p99(&mut chunk);
+    let (om, op) = median_p99(&mut over);
+    println!(
+        "policy bench ({}, {}, {} calls): a call {tm:.3} ms (p99 {tp:.3}); the chunk alone {cm:.3} ms (p99 {cp:.3}); overhead {om:.3} ms (p99 {op:.3}); open {:.3} s, first call {:.1} ms; runtime {}",
+        a.device,
+        if small {
+            "small golden, f32"
+        } else {
+            "full size, bf16"
+        },
+        total.len(),
+        t["open_s"].as_f64().unwrap_or(f64::NAN),
+        t["first_call_s"].as_f64().unwrap_or(f64::NAN) * 1e3,
+        t["runtime"].as_str().unwrap_or("?"),
+    );
+    if let (true, Some(ck)) = (cuda, ck) {
+        let inputs = dir.join("inputs.safetensors");
+        super::pi05_run::write_inputs(&inputs)?;
+        for f32_matmul in ["exact", "tf32"] {
+            let json = dir.join(format!("pi05-run-{f32_matmul}.json"));
+            util::run(
+                Command::new(&petite)
+                    .args(["pi05", "run", "--device", "cuda", "--dtype", "bf16"])
+                    .args(["--f32-matmul", f32_matmul])
+                    .arg("--checkpoint")
+                    .arg(&ck)
+                    .arg("--inputs")
+                    .arg(&inputs)
+                    .arg("--out")
+                    .arg(dir.join(format!("pi05-run-{f32_matmul}.safetensors")))
+                    .args(["--repeat", &a.repeat.min(20).to_string(), "--warmup", "3"])
+                    .arg("--timing-json")
+                    .arg(&json),
+            )?;
+            let v: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+            let run_ms = v["median_chunk_ms"]
+                .as_f64()
+                .context("no median_chunk_ms")?;
+            println!(
+                "policy bench: pi05 run --f32-matmul {f32_matmul} (programs from the checkpoint): {run_ms:.3} ms a chunk (device time); the bundle's chunk (wall, on the owner thread) is {:.3}× it",
+                cm / run_ms
+            );
+        }
+    }
+    Ok(())
+}
