@@ -37,6 +37,21 @@ pub struct Args {
     /// Keep the files (export, observation, timings) in this folder.
     #[arg(long)]
     pub keep: Option<PathBuf>,
+    /// Also act once on the CPU and fail unless the device's actions are within the export
+    /// dtype's bound of them (1e-4 for f32, 5e-2 for bf16; NaN, length mismatch fail).
+    #[arg(long)]
+    pub check_cpu: bool,
+}
+
+fn actions(path: &Path) -> Result<Vec<f32>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)?;
+    Ok(st
+        .tensor("action")?
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 /// A word-level `tokenizer.json` whose ids (< 64) fit any pi0.5's vocabulary: the prompt's
@@ -203,6 +218,34 @@ pub fn run(a: &Args) -> Result<()> {
             .arg("--out")
             .arg(dir.join("actions.safetensors")),
     )?;
+    if a.check_cpu && cuda {
+        let cpu_out = dir.join("actions-cpu.safetensors");
+        util::run(
+            Command::new(&petite)
+                .args(["act", "--seed", "0", "--device", "cpu", "--dir"])
+                .arg(&out)
+                .arg("--observation")
+                .arg(&obs)
+                .arg("--tokenizer")
+                .arg(&tok)
+                .arg("--out")
+                .arg(&cpu_out),
+        )?;
+        let (gpu, cpu) = (
+            actions(&dir.join("actions.safetensors"))?,
+            actions(&cpu_out)?,
+        );
+        let err = crate::conformance::gpu::max_err(&gpu, &cpu)?;
+        let bound = if dtype == "f32" { 1e-4 } else { 5e-2 };
+        println!(
+            "policy bench: {} actions on the GPU within {err:.3e} of the CPU's (bound {bound:e})",
+            gpu.len()
+        );
+        anyhow::ensure!(
+            err <= bound,
+            "the GPU's actions are {err:e} from the CPU's, past {bound:e}"
+        );
+    }
     let t: Value = serde_json::from_slice(&std::fs::read(&timing)?)?;
     let calls = t["calls"].as_array().context("timing JSON has no calls")?;
     let pick = |k: &str| -> Vec<f64> {
