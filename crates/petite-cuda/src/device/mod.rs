@@ -52,8 +52,6 @@ pub struct Device {
     compile_seconds: f64,
     /// Whether kernels launch with programmatic dependent launch ([`Device::raw_launch`]).
     pdl: bool,
-    /// Looped GEMMs as one pointer-batched GEMM ([`Device::gemm_loops`]).
-    ptr_batch: bool,
     /// cuBLAS's workspace, set explicitly so that GEMMs inside a graph capture allocate nothing.
     _workspace: CudaSlice<u8>,
 }
@@ -158,9 +156,9 @@ impl Device {
         } else {
             None
         };
-        // Programmatic dependent launch needs sm_90; `PETITE_CUDA_NO_PDL=1` turns it off.
-        let pdl =
-            info.compute_capability.0 >= 9 && std::env::var_os("PETITE_CUDA_NO_PDL").is_none();
+        // Programmatic dependent launch needs sm_90 (on there: session 15's bf16 chunk 31.40 →
+        // 30.60 ms on the H200, the same bits; docs/MEASUREMENTS.md).
+        let pdl = info.compute_capability.0 >= 9;
         Ok(Device {
             ctx,
             stream,
@@ -170,7 +168,6 @@ impl Device {
             pool,
             compile_seconds,
             pdl,
-            ptr_batch: std::env::var_os("PETITE_CUDA_NO_PTR_BATCH").is_none(),
             _workspace: workspace,
         })
     }

@@ -161,41 +161,10 @@ impl<'d> DeviceProgram<'d> {
         let mut sources: Vec<Option<DevTensor>> = vec![None; program.len()];
         let mut weight_bytes = 0u64;
         let siblings = if fusing() {
-            let consumers = program.consumers();
-            // Opt-in (`PETITE_CUDA_COLUMNS=1`): on the H200 the wide TF32 GEMM gave full-size
-            // pi0.5 the same bits and 0.16 ms a chunk, but moved the two_cams_mqa golden's bf16
-            // actions from 1.09e-2 to 2.21e-2 of lerobot's f32 (lerobot's own bf16: 9.6e-3).
-            let columns = std::env::var_os("PETITE_CUDA_COLUMNS").is_some_and(|v| v == "1");
-            let in_place = |l: NodeId| {
-                columns
-                    && crate::fuse::read_in_place_by_attentions(
-                        program, &fusion, &consumers, &live, &is_output, l,
-                    )
-            };
-            crate::fuse::siblings(program, &live, &in_place)
+            crate::fuse::siblings(program, &live)
         } else {
             Vec::new()
         };
-        let mut fusion = fusion;
-        for sg in siblings.iter().filter(|sg| sg.columns) {
-            let wide = sg.linears.len()
-                * program
-                    .node(sg.weights[0])
-                    .tensor()
-                    .map_or(0, |t| t.shape[0]);
-            for &l in &sg.linears {
-                let shape = &program
-                    .node(l)
-                    .tensor()
-                    .ok_or_else(|| err("tuple linear"))?
-                    .shape;
-                // A column slice of the dense `[.., wide]` output: that shape's strides.
-                let mut all = shape.clone();
-                *all.last_mut().ok_or_else(|| err("a scalar linear"))? = wide;
-                let st = crate::plan::contiguous_strides(&all);
-                crate::fuse::restride(program, &mut fusion, l, &st)?;
-            }
-        }
         let mut sibling_of = HashMap::new();
         // Weight or bias node → the part of its group's buffer it is uploaded into.
         let mut part_of: HashMap<NodeId, DevTensor> = HashMap::new();
@@ -343,9 +312,8 @@ impl<'d> DeviceProgram<'d> {
             sibling_of,
             merged,
             f32_matmul: F32Matmul::Exact,
-            attention_cluster: std::env::var_os("PETITE_CUDA_ATTN_CLUSTER")
-                .is_none_or(|v| v != "0"),
-            tf32_attention: std::env::var_os("PETITE_CUDA_NO_TF32_ATTN").is_none(),
+            attention_cluster: true,
+            tf32_attention: true,
         })
     }
 }

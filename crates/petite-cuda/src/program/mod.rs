@@ -106,8 +106,9 @@ impl<'d> DeviceProgram<'d> {
     /// sm_90 and later, up to 1,024 keys and v's head dim a multiple of 128:
     /// [`crate::plan::attention_cluster`], where the device grants a block its 162 KB of shared
     /// memory: [`crate::DeviceInfo::max_shared_per_block`]) or as two (`pt_attn_logits`, `pt_attn_pv`). On by
-    /// default; `PETITE_CUDA_ATTN_CLUSTER=0` turns it off. Both give the same roundings; only
-    /// the dot products' summation orders differ.
+    /// default (pi0.5's ten steps 13.74 → 11.97 ms on the H200, session 20 of
+    /// docs/MEASUREMENTS.md); off here to compare. Both give the same roundings; only the dot
+    /// products' summation orders differ.
     pub fn set_attention_cluster(&mut self, on: bool) {
         self.attention_cluster = on;
     }
@@ -115,8 +116,9 @@ impl<'d> DeviceProgram<'d> {
     /// Whether an f32 attention without a mask (pi0.5's SigLIP), where the program's f32
     /// products run as TF32 ([`DeviceProgram::set_f32_matmul`]), runs as one launch
     /// (`pt_attn_tf32`: flash-attention's order, no logits in memory;
-    /// [`crate::plan::tf32_attention_launch`]) or as its GEMMs and a softmax. On by default;
-    /// `PETITE_CUDA_NO_TF32_ATTN=1` turns it off. Exact f32 products always take the GEMMs.
+    /// [`crate::plan::tf32_attention_launch`]) or as its GEMMs and a softmax. On by default
+    /// (a full-size chunk 25.50 → 25.02 ms on the H200, session 24 of docs/MEASUREMENTS.md);
+    /// off here to compare. Exact f32 products always take the GEMMs.
     pub fn set_tf32_attention(&mut self, on: bool) {
         self.tf32_attention = on;
     }
