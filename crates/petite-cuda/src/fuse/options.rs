@@ -18,8 +18,9 @@ pub struct Options {
     /// bakes them in as literals (one kernel a distinct set).
     pub offset_params: bool,
     /// A prologue kernel's row loops take four elements a trip ([`rows_unrolled`]) and its
-    /// statistics four loads at a time (`norm_stats4`): the same bits. Opt-in,
-    /// `PETITE_CUDA_UNROLL_ROWS=1`, until measured on a GPU.
+    /// statistics four loads at a time (`norm_stats4`): the same bits. On by default: a
+    /// full-size bf16 chunk 25.25/25.17 → 24.27/23.98 ms on the H200 (0.961×, bit-identical
+    /// actions; issue 49, docs/MEASUREMENTS.md). Off only to compare.
     pub unrolled_rows: bool,
 }
 
@@ -30,7 +31,7 @@ impl Options {
             attention_queries,
             pairs: true,
             offset_params: true,
-            unrolled_rows: false,
+            unrolled_rows: true,
         }
     }
 
@@ -41,7 +42,7 @@ impl Options {
             attention_queries,
             pairs: true,
             offset_params: !set("PETITE_CUDA_NO_OFFSETS"),
-            unrolled_rows: std::env::var_os("PETITE_CUDA_UNROLL_ROWS").is_some_and(|v| v == "1"),
+            unrolled_rows: true,
         }
     }
 }
