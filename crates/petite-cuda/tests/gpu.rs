@@ -245,7 +245,7 @@ fn fused_attention_is_as_close_to_exact_as_the_reference_executor() {
         let ins = inputs(c, 7 + i as u64);
         let cpu = petite_reference::run(&p, &NoWeights, program_inputs(c, &ins)).unwrap();
         let mut gp =
-            DeviceProgram::load_fusing_attention(&dev, &p, &NoWeights, false, 128).unwrap();
+            DeviceProgram::load_with(&dev, &p, &NoWeights, false, Options::new(128)).unwrap();
         assert_eq!(gp.fused_attentions(), 1, "case {i}: the attention is fused");
         let e = exact(c, &ins);
         let cpu = cpu["o"].float_values().unwrap().into_owned();

@@ -127,7 +127,7 @@ impl<'d> CudaPolicy<'d> {
         // Replayed as CUDA graphs (the bf16 chunk 174.9 → 106.3 ms on the H200, c2228b2; the
         // prefix's too: 30.03 → 26.91 ms, session 20), except while profiling: events cannot be
         // read back inside a graph.
-        let use_graph = std::env::var_os("PETITE_CUDA_PROFILE").is_none();
+        let use_graph = dev.settings().profile == petite_cuda::Profile::Off;
         Ok(CudaPolicy {
             prefix_fixed,
             flag,

@@ -15,6 +15,7 @@ pub mod layout;
 pub mod memory;
 pub mod report;
 pub mod runtimes;
+pub mod settings;
 pub mod venv;
 pub mod verify;
 

@@ -5,7 +5,7 @@
 //! runs the program (slots, frees, profiles), `eval` dispatches one node, `fused` launches
 //! fused groups and sibling linears, `ops` the module's elementwise, layout, norm, softmax and
 //! reduction kernels, `gemm` the cuBLAS products, `attention` the attentions. Here: the
-//! program's state, the `PETITE_CUDA_*` switches read at load, and its setters and getters.
+//! program's state, and its setters and getters.
 
 use std::collections::HashMap;
 
@@ -45,7 +45,7 @@ pub struct DeviceProgram<'d> {
     reads: Vec<Vec<NodeId>>,
     /// Seconds NVRTC spent on the fused kernels (0 when cached).
     fuse_compile_seconds: f64,
-    /// Per-node timing ([`profiling`]), read once at load, not every run.
+    /// Per-node timing ([`crate::Settings::profile`] not off), fixed at load.
     profile: bool,
     /// Linears whose GEMMs run as one strided batch ([`crate::fuse::siblings`]).
     siblings: Vec<Siblings>,
@@ -67,24 +67,6 @@ enum Slot {
     Empty,
     T(DevTensor),
     Tuple(Vec<DevTensor>),
-}
-
-/// Elementwise fusion ([`crate::fuse`]) is on unless `PETITE_CUDA_NO_FUSE` is set (to compare
-/// fused and unfused runs).
-fn fusing() -> bool {
-    std::env::var_os("PETITE_CUDA_NO_FUSE").is_none()
-}
-
-/// Per-node device timing, printed after each run, when `PETITE_CUDA_PROFILE` is set (never
-/// while capturing a graph: events cannot be read back there).
-fn profiling() -> bool {
-    std::env::var_os("PETITE_CUDA_PROFILE").is_some()
-}
-
-/// `PETITE_CUDA_PROFILE=nodes` also lists every launched node in run order with its time: the
-/// sums by op kind hide which of a layer's launches are small and back to back.
-fn profiling_nodes() -> bool {
-    std::env::var_os("PETITE_CUDA_PROFILE").is_some_and(|v| v == "nodes")
 }
 
 fn err(msg: impl Into<String>) -> Error {
