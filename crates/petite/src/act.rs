@@ -16,8 +16,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::{Error, Result};
 
-/// Environment variable naming a `tokenizer.json`.
-pub const TOKENIZER_ENV: &str = "PETITE_TOKENIZER";
+pub use crate::settings::TOKENIZER_ENV;
 /// lerobot's normalizer epsilon (`NormalizerProcessorStep.eps`).
 const EPS: f32 = 1e-8;
 

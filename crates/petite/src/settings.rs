@@ -19,6 +19,13 @@ use petite_reference::settings::{count, path};
 
 use crate::{Error, Result};
 
+/// Environment variable naming a `tokenizer.json` (`petite act`).
+pub const TOKENIZER_ENV: &str = "PETITE_TOKENIZER";
+/// Environment variable naming the Python that runs portable `.pte` files.
+pub const PYTHON_ENV: &str = "PETITE_PYTHON";
+/// Environment variable naming the Python (with onnxruntime and numpy) that runs ONNX exports.
+pub const ORT_PYTHON_ENV: &str = "PETITE_ORT_PYTHON";
+
 /// petite's own documented settings (README "Settings", `petite doctor`).
 pub const SETTINGS: &[Setting] = &[
     Setting {
@@ -30,19 +37,19 @@ pub const SETTINGS: &[Setting] = &[
                machine",
     },
     Setting {
-        name: "PETITE_TOKENIZER",
+        name: TOKENIZER_ENV,
         values: "a tokenizer.json",
         default: "--tokenizer, else the Hugging Face cache's snapshot",
         what: "the tokenizer of `petite act`",
     },
     Setting {
-        name: "PETITE_PYTHON",
+        name: PYTHON_ENV,
         values: "a Python 3.12 with executorch-numpy-runtime",
         default: "--python, else target/venv-pte",
         what: "the Python that runs portable .pte files for `petite verify`",
     },
     Setting {
-        name: "PETITE_ORT_PYTHON",
+        name: ORT_PYTHON_ENV,
         values: "a Python with onnxruntime and numpy",
         default: "--python, else target/venv-ort",
         what: "the Python that runs ONNX exports for `petite verify`",
@@ -177,9 +184,9 @@ impl Settings {
             cpu: petite_reference::settings::CpuSettings::from_vars(vars)?,
             engine: petite_engine::settings::Settings::from_vars(vars)?,
             keep_mib: count(vars, "PETITE_KEEP_MIB", 0)?,
-            tokenizer: path(vars, crate::act::TOKENIZER_ENV)?,
-            python: path(vars, crate::bundle::PYTHON_ENV)?,
-            ort_python: path(vars, crate::bundle::ORT_PYTHON_ENV)?,
+            tokenizer: path(vars, TOKENIZER_ENV)?,
+            python: path(vars, PYTHON_ENV)?,
+            ort_python: path(vars, ORT_PYTHON_ENV)?,
             hf_hub: nonempty("HF_HUB_CACHE")
                 .or_else(|| nonempty("HF_HOME").map(|h| h.join("hub")))
                 .or_else(|| nonempty("HOME").map(|h| h.join(".cache/huggingface/hub"))),
@@ -195,9 +202,9 @@ impl Settings {
     /// `PETITE_ORT_PYTHON`), if set.
     pub fn path(&self, name: &str) -> Option<&Path> {
         match name {
-            crate::act::TOKENIZER_ENV => self.tokenizer.as_deref(),
-            crate::bundle::PYTHON_ENV => self.python.as_deref(),
-            crate::bundle::ORT_PYTHON_ENV => self.ort_python.as_deref(),
+            TOKENIZER_ENV => self.tokenizer.as_deref(),
+            PYTHON_ENV => self.python.as_deref(),
+            ORT_PYTHON_ENV => self.ort_python.as_deref(),
             _ => None,
         }
     }

@@ -5,10 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::{Error, Result};
 
-/// Environment variable naming the Python that runs portable `.pte` files.
-pub const PYTHON_ENV: &str = "PETITE_PYTHON";
-/// Environment variable naming the Python (with onnxruntime and numpy) that runs ONNX exports.
-pub const ORT_PYTHON_ENV: &str = "PETITE_ORT_PYTHON";
+pub use crate::settings::{ORT_PYTHON_ENV, PYTHON_ENV};
 
 fn no_ort(detail: &str) -> Error {
     Error::Unavailable(format!(
