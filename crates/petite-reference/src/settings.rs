@@ -129,7 +129,7 @@ pub struct CpuSettings {
 pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "PETITE_CPU_AMX",
-        values: "auto, off (0)",
+        values: "auto (on, 1), off (0)",
         default: "auto: AMX-BF16 tiles where the CPU and OS grant them",
         what: "bf16 linears on AMX-BF16 tiles (0.38–0.49× the f32 path's time, session 12); \
                off for the exact f32 path and its documented summation order",
