@@ -7,8 +7,9 @@
 //!
 //! - `before`: slice starts baked in as literals and the attention kernels compiled with each
 //!   program that fuses one (petite before session 25);
-//! - `now`: the defaults (starts as kernel parameters, one attention module a process);
-//! - `rows`: `now` with the opt-in unrolled row loops (`PETITE_CUDA_UNROLL_ROWS=1`).
+//! - `now`: the defaults (starts as kernel parameters, one attention module a process, unrolled
+//!   row loops);
+//! - `rolled`: `now` with the rolled row loops (the default before issue 49).
 //!
 //! Usage: `nvrtc_bench [--arch sm_90|sm_87] [--rounds N]`.
 
@@ -25,7 +26,7 @@ use petite_pi05::{Pi05Config, Precision};
 enum Plan {
     Before,
     Now,
-    Rows,
+    Rolled,
 }
 
 impl Plan {
@@ -33,7 +34,7 @@ impl Plan {
         match self {
             Plan::Before => "before",
             Plan::Now => "now",
-            Plan::Rows => "rows",
+            Plan::Rolled => "rolled",
         }
     }
 }
@@ -47,8 +48,8 @@ fn sources(p: &Program, plan: Plan, cc: (i32, i32), out: &mut BTreeSet<String>) 
             ..base
         },
         Plan::Now => base,
-        Plan::Rows => Options {
-            unrolled_rows: true,
+        Plan::Rolled => Options {
+            unrolled_rows: false,
             ..base
         },
     };
@@ -105,7 +106,7 @@ fn main() -> Result<()> {
         }
     }
     let module = petite_cuda::source::module_source();
-    let plans = [Plan::Before, Plan::Now, Plan::Rows];
+    let plans = [Plan::Before, Plan::Now, Plan::Rolled];
     // Per set and plan: the distinct sources.
     let mut sets: Vec<(&str, Vec<Vec<String>>)> = Vec::new();
     for (name, programs) in [

@@ -3,7 +3,7 @@
 //! release `petite`, a release `xtask` and the release build of petite-cuda's GPU tests — in one
 //! folder (default `.gpu`, which git ignores) with a `run.sh` that points them at each other and
 //! at the tree. Carry the folder and run `bash .gpu/run.sh all --dtypes bf16 --rounds 3 --variant
-//! main: --variant rows:PETITE_CUDA_UNROLL_ROWS=1` from the repository root there. Why: every GPU
+//! main: --variant literal:offsets=literal` from the repository root there. Why: every GPU
 //! session so far wrote these steps by hand into untracked scripts, and once passed the
 //! variants' environment wrongly (session 20); one tested path does it the same way each time.
 
@@ -35,7 +35,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   bash .gpu/run.sh xtask ARGS...     any xtask command (e.g. bench gpu-verify) with the same setup
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-export PETITE_BIN="$here/petite" PETITE_CUDA_TESTS="$here/petite-cuda-gpu-tests" XTASK_ROOT="$PWD"
+export XTASK_PETITE_BIN="$here/petite" XTASK_CUDA_TESTS="$here/petite-cuda-gpu-tests" XTASK_ROOT="$PWD"
 head=$(git rev-parse HEAD 2>/dev/null || true)
 if [ -n "$head" ] && [ "$head" != "$(cat "$here/COMMIT")" ]; then
   echo "run.sh: this tree is at $head, the bundle was built at $(cat "$here/COMMIT")" >&2
@@ -186,7 +186,7 @@ mod tests {
 
     #[test]
     fn run_sh_exports_what_the_tier_and_the_bench_read() {
-        for v in ["PETITE_BIN=", "PETITE_CUDA_TESTS=", "XTASK_ROOT="] {
+        for v in ["XTASK_PETITE_BIN=", "XTASK_CUDA_TESTS=", "XTASK_ROOT="] {
             assert!(RUN_SH.contains(v), "{v}");
         }
         assert!(RUN_SH.contains("conformance --only gpu") && RUN_SH.contains("bench gpu"));

@@ -7,6 +7,7 @@ mod codegen;
 mod conformance;
 mod export_pi05;
 mod gpu_bundle;
+mod settings_lint;
 mod util;
 
 use anyhow::{Context, Result};
@@ -15,7 +16,13 @@ use clap::{Parser, Subcommand};
 /// petite's automation tasks.
 #[derive(Parser)]
 #[command(
-    about = "petite automation: the whole test suite, code generation, conformance, benches, the pi0.5 export"
+    about = "petite automation: the whole test suite, code generation, conformance, benches, the pi0.5 export",
+    after_help = "Environment (xtask's own; petite's settings are README \"Settings\" and `petite doctor`):\n  \
+        XTASK_ROOT        the workspace root (default: found from the current directory)\n  \
+        PETITE_PYTHON312  a Python 3.12 to build the venvs with (default: pyenv's 3.12.x, else python3.12 on PATH)\n  \
+        PETITE_MEMCAP     the memcap tool the benches run under (default: shared/tools/memcap beside the workspace)\n  \
+        XTASK_PETITE_BIN  a prebuilt petite for the gpu tier and the GPU benches (a GPU machine without a toolchain)\n  \
+        XTASK_CUDA_TESTS  a prebuilt petite-cuda GPU test binary for the gpu tier"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -24,7 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every check CI runs: rustfmt, no import circles (`circles`), clippy (-D warnings), rustdoc
+    /// Every check CI runs: rustfmt, no import circles (`circles`), the environment read only in
+    /// settings.rs (`settings`), clippy (-D warnings), rustdoc
     /// (-D warnings), all tests (doc
     /// tests included), packaging of the embeddable crates, the outside exporter
     /// (`examples/outside-exporter`), and the conformance tier against real ExecuTorch / lerobot
@@ -37,6 +45,9 @@ enum Cmd {
     Bench(bench::BenchCmd),
     /// No import circles between any crate's top-level modules (reads the sources; no build).
     Circles,
+    /// The environment is read only in each crate's settings.rs, and every PETITE_ name in
+    /// library code is registered there (reads the sources; no build).
+    Settings,
     /// Regenerate petite-pte's flatbuffers code from the vendored schema (`--check`: fail if stale).
     Codegen(codegen::Args),
     /// The whole pi0.5 export (synthesized full-size checkpoint by default), verified.
@@ -53,6 +64,7 @@ fn main() -> Result<()> {
         Cmd::Conformance(a) => conformance::run(&a),
         Cmd::Bench(b) => bench::run(b),
         Cmd::Circles => circles::run(),
+        Cmd::Settings => settings_lint::run(),
         Cmd::Codegen(a) => codegen::run(&a),
         Cmd::ExportPi05(a) => export_pi05::run(&a),
         Cmd::GpuBundle(a) => gpu_bundle::run(&a),
@@ -69,6 +81,7 @@ fn ci() -> Result<()> {
     conformance::prefetch_venvs(&conformance)?;
     util::cargo(&["fmt", "--all", "--", "--check"])?;
     circles::run()?;
+    settings_lint::run()?;
     util::cargo(&[
         "clippy",
         "--workspace",

@@ -6,8 +6,9 @@
 //! fused prelude (`fused_prelude.cu`), and for every precision (bf16, f32), program
 //! (timestep table, prefix, step) and combination of the fusion planner's [`Options`]
 //! (attention queries 64 as on sm_90, 0 as on sm_87, all; pairs on/off; slice starts as
-//! parameters/literals; rows unrolled or not) the fused source (`….cu`) and the plan that
-//! produced it (`….plan`: roles, groups, kernel names, views, masks, attentions, biases),
+//! parameters/literals; rows unrolled or not; and `-default`: what [`Options::new`] gives) the
+//! fused source (`….cu`) and the plan that produced it (`….plan`: roles, groups, kernel names,
+//! views, masks, attentions, biases),
 //! plus each program's sibling linears (`….siblings`). Prints a sha256 a file and one over
 //! them all.
 //!
@@ -76,8 +77,7 @@ fn main() -> Res<()> {
             petite_cuda::source::fused_prelude(),
         ),
     ];
-    // What the defaults fuse on each compute capability (`PETITE_CUDA_FUSED_ATTN` unset), and
-    // every attention fused.
+    // What the defaults fuse on each compute capability, and every attention fused.
     let queries = [
         ("sm90", fuse::fused_attention_queries((9, 0))),
         ("sm87", fuse::fused_attention_queries((8, 7))),
@@ -93,13 +93,14 @@ fn main() -> Res<()> {
         ] {
             let base = format!("{prec:?}-{name}").to_lowercase();
             let live = vec![true; p.len()];
-            let sib = fuse::siblings(p, &live, &|_| false);
-            let sib_cols = fuse::siblings(p, &live, &|_| true);
-            files.push((
-                format!("{base}.siblings"),
-                format!("{sib:#?}\n# every linear read in place\n{sib_cols:#?}\n"),
-            ));
+            let sib = fuse::siblings(p, &live);
+            files.push((format!("{base}.siblings"), format!("{sib:#?}\n")));
             for (qname, q) in queries {
+                // What `Options::new` plans (the defaults), beside every combination spelled out.
+                let f = fuse::plan_program(p, Options::new(q))?;
+                let set = format!("{base}-attn_{qname}-default");
+                files.push((format!("{set}.plan"), plan_text(&f)));
+                files.push((format!("{set}.cu"), f.source));
                 for pairs in [true, false] {
                     for offset_params in [true, false] {
                         for unrolled_rows in [false, true] {

@@ -6,8 +6,8 @@
 //! the one asked for (no trust in the name's hash alone) and its length fields add up. Files are
 //! written under a temporary name and renamed, so a reader never sees half of one; anything
 //! unreadable is a miss and the kernels are compiled again. The cache is where
-//! `PETITE_CUDA_CACHE` says (`off` for none), else `$XDG_CACHE_HOME/petite/cuda`, else
-//! `$HOME/.cache/petite/cuda`.
+//! [`crate::Settings::kernel_cache`] says: `PETITE_CUDA_CACHE` (`off` for none), else
+//! `$XDG_CACHE_HOME/petite/cuda`, else `$HOME/.cache/petite/cuda`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -16,31 +16,13 @@ use sha2::{Digest, Sha256};
 
 const MAGIC: &[u8; 8] = b"PTCUBIN1";
 
-/// The cache directory, or `None` when off or no home is known.
-pub(crate) fn dir() -> Option<PathBuf> {
-    match std::env::var_os("PETITE_CUDA_CACHE") {
-        Some(v) if v == "off" || v.is_empty() => None,
-        Some(v) => Some(PathBuf::from(v)),
-        None => std::env::var_os("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME")
-                    .filter(|v| !v.is_empty())
-                    .map(|h| PathBuf::from(h).join(".cache"))
-            })
-            .map(|c| c.join("petite").join("cuda")),
-    }
-}
-
 /// What the kernel cache holds: where it is (`None`: off, or no home known) and its compiled
 /// modules' count and bytes (0 where the folder does not exist yet). Why: a machine's first
 /// run of a program compiles every kernel with NVRTC (seconds); `petite doctor` says whether
 /// this one has them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelCache {
-    /// The folder: `PETITE_CUDA_CACHE`, else `$XDG_CACHE_HOME/petite/cuda`, else
-    /// `$HOME/.cache/petite/cuda`.
+    /// The folder ([`crate::Settings::kernel_cache`]).
     pub dir: Option<PathBuf>,
     /// Compiled modules (`*.cubin` files) in it.
     pub modules: usize,
@@ -48,9 +30,9 @@ pub struct KernelCache {
     pub bytes: u64,
 }
 
-/// The kernel cache of this process's environment ([`KernelCache`]).
-pub fn kernel_cache() -> KernelCache {
-    let dir = dir();
+/// The kernel cache `settings` name ([`KernelCache`]).
+pub fn kernel_cache(settings: &crate::Settings) -> KernelCache {
+    let dir = settings.kernel_cache.clone();
     let (modules, bytes) = dir.as_deref().map_or((0, 0), contents);
     KernelCache {
         dir,

@@ -6,7 +6,9 @@
 //! GPU there is an [`Error::Unavailable`] naming what is missing, before any work.
 //!
 //! - [`Device`]: device 0 — context, stream, cuBLAS handle, and the kernels, compiled by NVRTC
-//!   from [`source::module_source`] at first use and kept for the process.
+//!   from [`source::module_source`] at first use and kept for the process; opened with
+//!   [`Settings`] (the documented `PETITE_CUDA_*` variables, the only environment the crate
+//!   reads, and the A/B [`Tuning`]).
 //! - [`DeviceProgram`]: one program with its weights uploaded once in their declared dtype (the
 //!   host pages given back); runs node by node on the stream, values freed after their last
 //!   reader. GEMMs (linear, matmul, the patch convolution, attention's two products) go to
@@ -25,6 +27,7 @@ pub mod fuse;
 mod kcache;
 pub mod plan;
 mod program;
+pub mod settings;
 pub mod source;
 mod upload;
 
@@ -33,6 +36,7 @@ pub use device::{
 };
 pub use kcache::{KernelCache, kernel_cache};
 pub use program::DeviceProgram;
+pub use settings::{Profile, Settings, Tuning};
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +94,9 @@ pub enum Error {
     /// A host tensor could not be built.
     #[error(transparent)]
     Tensor(#[from] petite_reference::Error),
+    /// A `PETITE_CUDA_*` variable holds a value it does not take ([`settings`]).
+    #[error(transparent)]
+    Setting(#[from] settings::Invalid),
 }
 
 /// Result alias of this crate.

@@ -38,18 +38,18 @@ pub(crate) struct Job<'a> {
     pub whole: bool,
 }
 
-/// Reader threads: `PETITE_CUDA_UPLOAD_THREADS`, else up to 4 (the disk measured above gained
-/// nothing past 4 readers; conversion is cheap next to reading).
-fn threads() -> usize {
-    std::env::var("PETITE_CUDA_UPLOAD_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| {
+/// Reader threads: `PETITE_CUDA_UPLOAD_THREADS` ([`crate::Settings::upload_threads`]), else up
+/// to 4 (the disk measured above gained nothing past 4 readers; conversion is cheap next to
+/// reading).
+fn threads(set: Option<std::num::NonZeroUsize>) -> usize {
+    set.map_or_else(
+        || {
             std::thread::available_parallelism()
                 .map_or(1, |t| t.get())
                 .min(4)
-        })
+        },
+        |n| n.get(),
+    )
 }
 
 /// A staging buffer and the event that says its last copy up has finished.
@@ -110,7 +110,7 @@ pub(crate) fn upload(
         return Ok(());
     }
     let pieces = &pieces[..];
-    let threads = threads().min(pieces.len());
+    let threads = threads(dev.settings().upload_threads).min(pieces.len());
     let ctx = dev.context();
     let (free_tx, free_rx) = mpsc::channel::<Staging>();
     for _ in 0..2 * threads {

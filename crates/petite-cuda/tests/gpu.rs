@@ -245,7 +245,7 @@ fn fused_attention_is_as_close_to_exact_as_the_reference_executor() {
         let ins = inputs(c, 7 + i as u64);
         let cpu = petite_reference::run(&p, &NoWeights, program_inputs(c, &ins)).unwrap();
         let mut gp =
-            DeviceProgram::load_fusing_attention(&dev, &p, &NoWeights, false, 128).unwrap();
+            DeviceProgram::load_with(&dev, &p, &NoWeights, false, Options::new(128)).unwrap();
         assert_eq!(gp.fused_attentions(), 1, "case {i}: the attention is fused");
         let e = exact(c, &ins);
         let cpu = cpu["o"].float_values().unwrap().into_owned();
@@ -456,7 +456,7 @@ fn unrolled_elementwise_kernels_and_free_permutes_give_the_reference_executors_b
 /// values differ. A wrong value, or one passed in the wrong place, reads another layer's
 /// modulation: far outside the bound, which allows one bf16 rounding of the result (the
 /// norm's statistics are summed in another order than the reference executor's). The same
-/// program with unrolled row loops (`fuse::Options::unrolled_rows`) must give the default's
+/// program with rolled row loops (`fuse::Options::unrolled_rows` off) must give the default's
 /// bits: each element by the same lines, each thread's sums in the same order.
 #[test]
 #[ignore = "needs a GPU: cargo xtask conformance --only gpu"]
@@ -531,11 +531,12 @@ fn slice_offsets_passed_at_launch_read_each_layers_own_modulation() {
     let options = Options::new(0);
     let gp = DeviceProgram::load_with(&dev, &p, &NoWeights, false, options).unwrap();
     let gpu = gp.run(ins.clone()).unwrap();
-    let unrolled = Options {
-        unrolled_rows: true,
+    // Rolled row loops (the default before issue 49): the same bits.
+    let rolled = Options {
+        unrolled_rows: false,
         ..options
     };
-    let gu = DeviceProgram::load_with(&dev, &p, &NoWeights, false, unrolled).unwrap();
+    let gu = DeviceProgram::load_with(&dev, &p, &NoWeights, false, rolled).unwrap();
     let gpu_unrolled = gu.run(ins).unwrap();
     for name in (0..layers)
         .map(|l| format!("y{l}"))
@@ -551,7 +552,7 @@ fn slice_offsets_passed_at_launch_read_each_layers_own_modulation() {
             .zip(u.iter())
             .filter(|(a, b)| a.to_bits() != b.to_bits())
             .count();
-        assert_eq!(differ, 0, "{name}: unrolled rows changed {differ} values");
+        assert_eq!(differ, 0, "{name}: rolled rows changed {differ} values");
         let (c, g) = (&cpu[&name], &gpu[&name]);
         assert_eq!(c.shape(), g.shape(), "{name}");
         let (c, g) = (c.float_values().unwrap(), g.float_values().unwrap());

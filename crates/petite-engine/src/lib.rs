@@ -22,6 +22,7 @@ pub mod gpu;
 mod host;
 pub mod onnx;
 pub mod reference;
+pub mod settings;
 mod sys;
 pub mod tensorrt;
 

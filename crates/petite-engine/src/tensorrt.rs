@@ -41,10 +41,7 @@ use crate::{
 
 /// Backend id Torch-TensorRT's ExecuTorch runtime registers.
 pub const BACKEND_ID: &str = "TensorRTBackend";
-/// Environment variable naming the `trtexec` binary.
-pub const TRTEXEC_ENV: &str = "PETITE_TRTEXEC";
-/// Environment variable naming a Python with `tensorrt_rtx` installed.
-pub const TRT_PYTHON_ENV: &str = "PETITE_TRT_PYTHON";
+pub use crate::settings::{TRT_PYTHON_ENV, TRTEXEC_ENV};
 /// The TensorRT-RTX build driver, run once per engine (and once with `--probe`).
 pub const RTX_DRIVER: &str = include_str!("../python/trt_rtx_build.py");
 /// The pip requirement of the TensorRT-RTX venv (`target/venv-trt`).
@@ -328,19 +325,20 @@ impl Tool {
         if let Some(p) = &search.trtexec {
             return Tool::trtexec(p);
         }
-        if let Some(t) = from_env(TRTEXEC_ENV, Tool::trtexec) {
+        let env = crate::settings::Settings::from_env().map_err(|e| Error::Usage(e.to_string()))?;
+        if let Some(t) = from_env(TRTEXEC_ENV, env.trtexec.as_deref(), Tool::trtexec) {
             return t;
         }
         if let Some(p) = &search.trt_python {
             return Tool::rtx(p);
         }
-        if let Some(t) = from_env(TRT_PYTHON_ENV, Tool::rtx) {
+        if let Some(t) = from_env(TRT_PYTHON_ENV, env.trt_python.as_deref(), Tool::rtx) {
             return t;
         }
         if let Some(p) = search.default_python.as_ref().filter(|p| p.exists()) {
             return Tool::rtx(p);
         }
-        match trtexec_on_path() {
+        match trtexec_on_path(env.path.as_deref()) {
             Some(p) => Tool::trtexec(&p),
             None => Err(missing(format!(
                 "no --trtexec, no ${TRTEXEC_ENV}, no --trt-python, no ${TRT_PYTHON_ENV}{}, and no `trtexec` on PATH",
@@ -378,11 +376,11 @@ fn resolved(path: &Path) -> PathBuf {
     }
 }
 
-/// The tool `$var` names, probed with `probe`, if the variable is set; a failure says it came
-/// from the variable.
-fn from_env(var: &str, probe: fn(&Path) -> Result<Tool>) -> Option<Result<Tool>> {
-    let p = std::env::var_os(var)?;
-    Some(probe(Path::new(&p)).map_err(|e| match e {
+/// The tool `$var` names (its value `p`), probed with `probe`, if the variable is set; a
+/// failure says it came from the variable.
+fn from_env(var: &str, p: Option<&Path>, probe: fn(&Path) -> Result<Tool>) -> Option<Result<Tool>> {
+    let p = p?;
+    Some(probe(p).map_err(|e| match e {
         Error::TensorRt(TensorRtError::Missing { what, .. }) => missing(format!("${var}: {what}")),
         other => other,
     }))
@@ -399,10 +397,9 @@ pub fn trtexec_version(text: &str) -> Option<String> {
     Some(format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100))
 }
 
-/// `trtexec` on `PATH`, if there is one.
-fn trtexec_on_path() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
+/// `trtexec` on `PATH` (its value `path`), if there is one.
+fn trtexec_on_path(path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    std::env::split_paths(path?)
         .map(|d| d.join("trtexec"))
         .find(|c| c.is_file())
 }

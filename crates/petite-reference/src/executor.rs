@@ -248,8 +248,9 @@ impl<'a> Executor<'a> {
             });
         }
         let mut remaining = self.uses.clone();
-        // `PETITE_CPU_PROFILE`: time by op kind and the slowest nodes, printed after the run.
-        let profile = std::env::var_os("PETITE_CPU_PROFILE").is_some_and(|v| v != "0");
+        // `PETITE_CPU_PROFILE`: time by op kind and the slowest nodes, printed after the run. A
+        // malformed CPU setting fails the run here, before any kernel reads one.
+        let profile = crate::settings::current()?.profile;
         let mut slowest: Vec<(f64, NodeId)> = Vec::new();
         // Readahead: `asked` weights of `ahead` requested, the first `reached` of them read.
         let (mut asked, mut reached, mut window) = (0usize, 0usize, 0usize);

@@ -13,6 +13,7 @@ mod executor;
 pub mod kernels;
 mod memory;
 pub mod recycle;
+pub mod settings;
 mod tensor;
 
 pub use compare::{CompareError, max_abs_diff};
@@ -54,6 +55,9 @@ pub enum Error {
         /// What was expected and what was found.
         message: String,
     },
+    /// A `PETITE_CPU_*` variable holds a value it does not take ([`settings`]).
+    #[error(transparent)]
+    Setting(#[from] settings::Invalid),
 }
 
 /// Result alias of this crate.

@@ -15,7 +15,7 @@ use safetensors::{Dtype, SafeTensors};
 use crate::policy::{Array, Observation, OpenOptions, Options, Policy, Timing};
 use crate::{Error, Result};
 
-pub use crate::policy::lerobot::TOKENIZER_ENV;
+pub use crate::settings::TOKENIZER_ENV;
 
 /// Settings of one `petite act` run.
 #[derive(Debug, Clone)]

@@ -211,9 +211,11 @@ pub fn publish(watch: &Watch, files: &[(PathBuf, PathBuf)]) -> Result<()> {
 /// A test hook: when `$PETITE_TEST_STOP_AT` equals `point`, the process stops itself
 /// (`SIGSTOP`) there, so a test can change its inputs at a known point and resume it with
 /// `SIGCONT`. Points: `convert` (start of the convert stage), `engine:prefix:N` /
-/// `engine:step:N` (after engine N of that program is built or reused), `verify` (`.pte` files
-/// mapped),
-/// `convert-cli` (`petite convert`, source opened).
+/// `engine:step:N` (after engine N of that program is built or reused), `weights:TAG:G` (the
+/// portable export, after weight group G of program TAG), `verify` (`.pte` files mapped),
+/// `convert-cli` (`petite convert`, source opened). Internal, no setting
+/// ([`crate::settings::INTERNAL`]); with [`crate::settings`], the crate's only read of the
+/// environment.
 pub fn stop_point(point: &str) {
     if std::env::var_os(STOP_ENV).is_some_and(|v| v == point) {
         // SAFETY: raise takes no pointers; SIGSTOP stops the process until SIGCONT.

@@ -16,6 +16,7 @@ pub mod memory;
 pub mod policy;
 pub mod report;
 pub mod runtimes;
+pub mod settings;
 pub mod venv;
 pub mod verify;
 

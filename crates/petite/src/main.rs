@@ -8,19 +8,6 @@ mod cli;
 #[global_allocator]
 static ALLOC: petite_reference::Recycler = petite_reference::Recycler::new();
 
-/// Bytes of freed large blocks kept for reuse by commands that run programs on the reference
-/// executor (`pi05 run`, `verify`, `act`): the prefix's per-layer outputs (up to 62 MiB each,
-/// the same sizes every layer) are handed out again with their pages mapped instead of
-/// page-faulted in afresh — a full-size f32 `pi05 run` took ~950k minor faults, ~155k with
-/// this (docs/MEASUREMENTS.md). `$PETITE_KEEP_MIB` overrides it (0 keeps none). Export keeps none:
-/// its memory is the budget it is held to.
-fn keep_bytes() -> usize {
-    std::env::var("PETITE_KEEP_MIB")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .map_or(256 << 20, |m| m.saturating_mul(1 << 20))
-}
-
 /// petite: compile pi0.5 into ExecuTorch `.pte` programs in bounded memory.
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
@@ -118,11 +105,33 @@ fn exit_code(e: &anyhow::Error) -> u8 {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if matches!(
-        cli.cmd,
-        Cmd::Verify(_) | Cmd::Act(_) | Cmd::Pi05(cli::pi05::Pi05Cmd::Run(_))
-    ) {
-        ALLOC.keep_up_to(keep_bytes());
+    // The environment's settings and `--tune`, parsed once before any work (a malformed value
+    // exits 2 naming it); `doctor` names a malformed one instead of refusing it.
+    if !matches!(cli.cmd, Cmd::Doctor(_)) {
+        let mut settings = petite::settings::Settings::from_env()?;
+        let tune: &[String] = match &cli.cmd {
+            Cmd::Verify(a) => &a.tune,
+            Cmd::Pi05(cli::pi05::Pi05Cmd::Run(a)) => &a.tune,
+            _ => &[],
+        };
+        settings.cuda.tuning = petite_cuda::Tuning::parse(tune)
+            .map_err(|e| petite::Error::Usage(format!("--tune: {e}")))?;
+        for r in petite::settings::removed_in_env() {
+            eprintln!("petite: ignoring the removed {r}");
+        }
+        // Freed large blocks kept for reuse by commands that run programs on the reference
+        // executor (`pi05 run`, `verify`, `act`): the prefix's per-layer outputs (up to 62 MiB
+        // each, the same sizes every layer) are handed out again with their pages mapped
+        // instead of page-faulted in afresh — a full-size f32 `pi05 run` took ~950k minor
+        // faults, ~155k with this (docs/MEASUREMENTS.md; `PETITE_KEEP_MIB`, 0 keeps none).
+        // Export keeps none: its memory is the budget it is held to.
+        if matches!(
+            cli.cmd,
+            Cmd::Verify(_) | Cmd::Act(_) | Cmd::Pi05(cli::pi05::Pi05Cmd::Run(_))
+        ) {
+            ALLOC.keep_up_to(settings.keep_bytes());
+        }
+        let _ = petite::settings::configure(settings);
     }
     match cli.cmd {
         Cmd::Convert(a) => cli::convert::run(a),

@@ -7,14 +7,17 @@
 //! bandwidth, both measured in the same run with PyTorch on the same GPU when python3 has a
 //! CUDA torch (else the H200 datasheet's rates, said so).
 //!
-//! Run it where there is a GPU (the lent H200: a prebuilt `petite` through `PETITE_BIN`, the
-//! tree through `XTASK_ROOT`); it fails without one.
+//! Run it where there is a GPU (the lent H200: a prebuilt `petite` through `XTASK_PETITE_BIN`,
+//! the tree through `XTASK_ROOT`); it fails without one.
 //!
-//! `--variant NAME:VAR=VALUE,…` (repeatable) measures the same binary under other
-//! `PETITE_CUDA_*` switches, and `--rounds N` runs every (variant, dtype) N times, the order
-//! reversed every other round, so that switches are compared within one call, alternating, as
-//! these machines' noise needs; each variant's actions are compared with the first's (bits, or
-//! the largest difference).
+//! `--variant NAME:ITEM,…` (repeatable) measures the same binary under other options: an ITEM
+//! `key=value` is petite's hidden `--tune key=value` (`fuse=off`, `offsets=literal`,
+//! `attention_queries=N|all|off`), checked against the `"tuning"` its timing JSON records; an
+//! ITEM `PETITE_X=V` is environment, for a documented setting only (README "Settings"; a removed
+//! switch is refused, naming its measurement in docs/MEASUREMENTS.md). `--rounds N` runs every
+//! (variant, dtype) N times, the order reversed every other round, so that variants are
+//! compared within one call, alternating, as these machines' noise needs; each variant's
+//! actions are compared with the first's (bits, or the largest difference).
 
 use std::process::Command;
 
@@ -43,9 +46,10 @@ pub struct Args {
     /// and timing JSON (`RUN.json`) in this directory instead of a temporary one.
     #[arg(long)]
     pub keep: Option<std::path::PathBuf>,
-    /// A variant to measure beside the others: `NAME:VAR=VALUE,VAR=VALUE` (environment set for
-    /// its runs; `NAME:` for none). Repeatable; without any, one variant `default`. The first
-    /// is the baseline of the summary's ratios and action comparisons.
+    /// A variant to measure beside the others: `NAME:ITEM,ITEM` (`key=value`: `petite --tune
+    /// key=value`; `PETITE_X=V`: a documented setting in the environment; `NAME:` for none).
+    /// Repeatable; without any, one variant `default`. The first is the baseline of the
+    /// summary's ratios and action comparisons.
     #[arg(long = "variant", value_parser = parse_variant)]
     pub variants: Vec<Variant>,
     /// Rounds of every (variant, dtype), the order reversed every other round.
@@ -56,65 +60,159 @@ pub struct Args {
 /// One round of a (variant, dtype): its (chunk, prefix, steps) medians and its actions' file.
 type Round = ([f64; 3], std::path::PathBuf);
 
-/// `VAR=VALUE VAR=VALUE`, or `(none)`.
+/// `key=value VAR=VALUE`, or `(none)`.
 pub(crate) fn env_text(v: &Variant) -> String {
-    if v.env.is_empty() {
+    if v.env.is_empty() && v.tune.is_empty() {
         return "(none)".into();
     }
-    v.env
+    v.tune
         .iter()
+        .chain(&v.env)
         .map(|(k, x)| format!("{k}={x}"))
         .collect::<Vec<_>>()
         .join(" ")
 }
 
-/// A named set of environment variables for the `petite` runs ([`Args::variants`]).
+/// A named set of options for the `petite` runs ([`Args::variants`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Variant {
     /// Its name in the tables (letters, digits, `-`, `_`, `.`).
     pub name: String,
-    /// `(VAR, VALUE)` pairs.
+    /// `(key, value)` pairs passed as `--tune key=value`.
+    pub tune: Vec<(String, String)>,
+    /// `(VAR, VALUE)` pairs of documented settings, set in the environment.
     pub env: Vec<(String, String)>,
 }
 
-/// `variants`, or one variant `default` with no environment where none were given.
+impl Variant {
+    /// `--tune key=value` for each of [`Variant::tune`].
+    pub(crate) fn tune_args(&self) -> Vec<String> {
+        self.tune
+            .iter()
+            .flat_map(|(k, v)| ["--tune".to_string(), format!("{k}={v}")])
+            .collect()
+    }
+}
+
+/// `variants`, or one variant `default` with no options where none were given.
 pub(crate) fn or_default(variants: &[Variant]) -> Vec<Variant> {
     if variants.is_empty() {
         return vec![Variant {
             name: "default".into(),
+            tune: Vec::new(),
             env: Vec::new(),
         }];
     }
     variants.to_vec()
 }
 
-/// `NAME:VAR=VALUE,VAR=VALUE` (or `NAME:`).
+/// The names README's "Settings" table documents (its rows' first cells).
+pub(crate) fn documented_settings(readme: &str) -> Vec<String> {
+    let Some(at) = readme.find("\n## Settings\n") else {
+        return Vec::new();
+    };
+    readme[at + 1..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Where docs/MEASUREMENTS.md's "Switches decided (issue 52)" section decides `name`: its row.
+pub(crate) fn decided(measurements: &str, name: &str) -> Option<String> {
+    let at = measurements.find("## Switches decided (issue 52)")?;
+    measurements[at..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .find(|l| l.starts_with(&format!("| `{name}`")))
+        .map(|l| l.trim().to_string())
+}
+
+/// `NAME:ITEM,ITEM` (or `NAME:`), the settings and decisions read from the tree's README and
+/// docs/MEASUREMENTS.md ([`parse_variant_with`]).
 pub(crate) fn parse_variant(s: &str) -> std::result::Result<Variant, String> {
+    let root = util::root();
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_default();
+    parse_variant_with(
+        s,
+        &documented_settings(&read("README.md")),
+        &read("docs/MEASUREMENTS.md"),
+    )
+}
+
+/// `NAME:ITEM,ITEM`: an ITEM `key=value` (lower case) becomes `--tune key=value`; `PETITE_X=V`
+/// is environment when `settings` documents `PETITE_X`, else refused — naming its row of
+/// `measurements`' "Switches decided (issue 52)" when it was decided there.
+pub(crate) fn parse_variant_with(
+    s: &str,
+    settings: &[String],
+    measurements: &str,
+) -> std::result::Result<Variant, String> {
     let (name, rest) = s
         .split_once(':')
-        .ok_or_else(|| format!("{s:?}: expected NAME:VAR=VALUE,… (or NAME: for none)"))?;
+        .ok_or_else(|| format!("{s:?}: expected NAME:ITEM,… (or NAME: for none)"))?;
     let ok = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
     if name.is_empty() || !name.chars().all(ok) {
         return Err(format!(
             "{s:?}: a variant's name is letters, digits, '-', '_' or '.'"
         ));
     }
-    let mut env = Vec::new();
+    let (mut tune, mut env) = (Vec::new(), Vec::new());
     for kv in rest.split(',').filter(|kv| !kv.is_empty()) {
         let (k, v) = kv
             .split_once('=')
-            .ok_or_else(|| format!("{s:?}: {kv:?} is not VAR=VALUE"))?;
-        if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            .ok_or_else(|| format!("{s:?}: {kv:?} is not KEY=VALUE"))?;
+        let lower = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+        if k.starts_with("PETITE_") {
+            if !settings.iter().any(|n| n == k) {
+                return Err(match decided(measurements, k) {
+                    Some(row) => format!(
+                        "{s:?}: {k} is no setting any more (docs/MEASUREMENTS.md, \"Switches decided (issue 52)\": {row})"
+                    ),
+                    None => format!(
+                        "{s:?}: {k} is not a documented setting (README \"Settings\": {})",
+                        settings.join(", ")
+                    ),
+                });
+            }
+            env.push((k.to_string(), v.to_string()));
+        } else if !k.is_empty() && k.chars().all(lower) {
+            tune.push((k.to_string(), v.to_string()));
+        } else {
             return Err(format!(
-                "{s:?}: {k:?} is not an environment variable's name"
+                "{s:?}: {k:?} is neither a --tune key (fuse, offsets, attention_queries) nor a PETITE_ setting"
             ));
         }
-        env.push((k.to_string(), v.to_string()));
     }
     Ok(Variant {
         name: name.to_string(),
+        tune,
         env,
     })
+}
+
+/// Checks that a run applied `v`'s tuning: each key's value in the timing JSON's `"tuning"`
+/// (a variant that never reached the child once cost a GPU session four calls).
+pub(crate) fn check_tuning(v: &Variant, timing: &Value) -> Result<()> {
+    for (k, want) in &v.tune {
+        let got = timing["tuning"][k.as_str()].as_str().unwrap_or("(missing)");
+        let want = if k == "attention_queries" && want == "0" {
+            "off"
+        } else {
+            want.as_str()
+        };
+        if got != want {
+            bail!(
+                "variant {}: asked {k}={want}, the run recorded {k}={got}",
+                v.name
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Every (variant, dtype) of `rounds` rounds in run order: variants outermost, the whole order
@@ -308,6 +406,7 @@ pub fn run(a: &Args) -> Result<()> {
             .args(["--warmup", &a.warmup.to_string()])
             .arg("--timing-json")
             .arg(&json);
+        cmd.args(variant.tune_args());
         for (k, v) in &variant.env {
             cmd.env(k, v);
         }
@@ -316,6 +415,7 @@ pub fn run(a: &Args) -> Result<()> {
         }
         util::run(&mut cmd)?;
         let v: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+        check_tuning(variant, &v)?;
         // Each product at its own rate: f32 products (all of them in f32 mode; SigLIP in
         // lerobot's bf16 mode) at the f32 rate, or TF32's when they run as TF32, 16-bit ones at
         // the bf16 rate.
@@ -413,21 +513,91 @@ mod tests {
 
     #[test]
     fn variants_parse_and_refuse_what_is_not_one() {
-        let v = parse_variant("no-offsets:PETITE_CUDA_NO_OFFSETS=1,PETITE_CUDA_TRACE=").unwrap();
-        assert_eq!(v.name, "no-offsets");
+        let settings = ["PETITE_CUDA_TRACE".to_string()];
+        let measurements = "# m\n## Switches decided (issue 52)\n\n| `PETITE_CUDA_NO_PDL` | removed | session 15: 31.40 → 30.60 ms |\n\n## Next\n";
+        let parse = |s: &str| parse_variant_with(s, &settings, measurements);
+        let v = parse("literal:offsets=literal,attention_queries=all,PETITE_CUDA_TRACE=1").unwrap();
+        assert_eq!(v.name, "literal");
         assert_eq!(
-            v.env,
+            v.tune,
             [
-                ("PETITE_CUDA_NO_OFFSETS".to_string(), "1".to_string()),
-                ("PETITE_CUDA_TRACE".to_string(), String::new())
+                ("offsets".to_string(), "literal".to_string()),
+                ("attention_queries".to_string(), "all".to_string())
             ]
         );
-        assert_eq!(env_text(&v), "PETITE_CUDA_NO_OFFSETS=1 PETITE_CUDA_TRACE=");
-        let main = parse_variant("main:").unwrap();
-        assert!(main.env.is_empty());
+        assert_eq!(v.env, [("PETITE_CUDA_TRACE".to_string(), "1".to_string())]);
+        assert_eq!(
+            v.tune_args(),
+            [
+                "--tune",
+                "offsets=literal",
+                "--tune",
+                "attention_queries=all"
+            ]
+        );
+        assert_eq!(
+            env_text(&v),
+            "offsets=literal attention_queries=all PETITE_CUDA_TRACE=1"
+        );
+        let main = parse("main:").unwrap();
+        assert!(main.env.is_empty() && main.tune.is_empty());
         assert_eq!(env_text(&main), "(none)");
-        for bad in ["main", ":X=1", "a b:X=1", "a:X", "a:=1", "a:X-Y=1"] {
-            assert!(parse_variant(bad).is_err(), "{bad}");
+        // A removed switch names its measurement; an unknown one the documented settings.
+        let e = parse("pdl:PETITE_CUDA_NO_PDL=1").unwrap_err();
+        assert!(
+            e.contains("Switches decided (issue 52)") && e.contains("session 15"),
+            "{e}"
+        );
+        let e = parse("x:PETITE_CUDA_NO_SUCH=1").unwrap_err();
+        assert!(
+            e.contains("not a documented setting") && e.contains("PETITE_CUDA_TRACE"),
+            "{e}"
+        );
+        for bad in [
+            "main",
+            ":x=1",
+            "a b:x=1",
+            "a:x",
+            "a:=1",
+            "a:x-y=1",
+            "a:Fuse=off",
+            "a:HOME=/",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_run_that_did_not_apply_its_tuning_fails() {
+        let v = parse_variant_with("q:attention_queries=0,fuse=off", &[], "").unwrap();
+        let ok = serde_json::json!({"tuning": {"fuse": "off", "offsets": "params", "attention_queries": "off"}});
+        check_tuning(&v, &ok).unwrap();
+        let not = serde_json::json!({"tuning": {"fuse": "on", "attention_queries": "off"}});
+        assert!(check_tuning(&v, &not).is_err());
+        assert!(check_tuning(&v, &serde_json::json!({})).is_err());
+    }
+
+    #[test]
+    fn the_readme_documents_settings_and_measurements_decide_switches() {
+        // The tree's own files: what `parse_variant` reads.
+        let root = util::root();
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let settings = documented_settings(&readme);
+        assert!(
+            settings.iter().any(|s| s == "PETITE_CUDA_PROFILE"),
+            "{settings:?}"
+        );
+        assert!(
+            !settings.iter().any(|s| s == "PETITE_CUDA_NO_PDL"),
+            "{settings:?}"
+        );
+        let m = std::fs::read_to_string(root.join("docs/MEASUREMENTS.md")).unwrap();
+        for removed in [
+            "PETITE_CUDA_NO_PDL",
+            "PETITE_CUDA_UNROLL_ROWS",
+            "PETITE_CUDA_NO_FUSE",
+        ] {
+            assert!(decided(&m, removed).is_some(), "{removed}");
         }
     }
 

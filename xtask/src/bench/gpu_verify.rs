@@ -3,8 +3,9 @@
 //! against the f32 reference, both on GPU 0 — with an empty kernel cache (a fresh machine's first
 //! run: NVRTC compiles every kernel) and with a warm one, the two alternating a round at a time,
 //! the page cache dropped before each run where this process may (root), as on a machine whose
-//! disk has not just read the files. `--variant NAME:VAR=VALUE,…` (as `bench gpu`'s) measures
-//! `PETITE_CUDA_*` switches beside each other, each with its own warm cache. Run it where there
+//! disk has not just read the files. `--variant NAME:ITEM,…` (as `bench gpu`'s: `key=value` is
+//! petite's `--tune key=value`, `PETITE_X=V` a documented setting) measures variants beside each
+//! other, each with its own warm cache. Run it where there
 //! is a GPU (the lent H200: `bash .gpu/run.sh xtask bench gpu-verify`); it fails without one.
 
 use std::path::Path;
@@ -26,8 +27,8 @@ pub struct Args {
     /// every other round.
     #[arg(long, default_value_t = 2)]
     pub rounds: usize,
-    /// A variant: `NAME:VAR=VALUE,…` (environment set for its runs). Repeatable; without any,
-    /// one variant `default`.
+    /// A variant: `NAME:ITEM,…` (`key=value`: `--tune key=value`; `PETITE_X=V`: a documented
+    /// setting in the environment). Repeatable; without any, one variant `default`.
     #[arg(long = "variant", value_parser = parse_variant)]
     pub variants: Vec<Variant>,
 }
@@ -52,6 +53,7 @@ fn verify(
         .arg(dir)
         .arg("--checkpoint")
         .arg(ck)
+        .args(variant.tune_args())
         .env("PETITE_CUDA_CACHE", cache);
     for (k, v) in &variant.env {
         cmd.env(k, v);

@@ -1,8 +1,8 @@
 //! `cargo xtask bench nvrtc`: NVRTC's own time for the kernel sources a cold full-size pi0.5 run
 //! on a GPU compiles (`examples/nvrtc_bench.rs`: `pi05 run --dtype bf16`'s and a bf16 export's
-//! `verify`'s, each under the plan before session 25, today's, and today's with unrolled rows,
-//! alternating a round at a time), with the pinned libnvrtc from PyPI (the nvrtc tier's venv) —
-//! no GPU needed. What an empty kernel cache costs before a program's first launch.
+//! `verify`'s, each under the plan before session 25, today's, and today's with rolled rows
+//! (the default before issue 49), alternating a round at a time), with the pinned libnvrtc
+//! from PyPI (the nvrtc tier's venv) — no GPU needed. What an empty kernel cache costs before a program's first launch.
 
 use std::process::Command;
 

@@ -12,9 +12,9 @@
 //!    against the reference executor and the exact f64 attention; an embedding's index check
 //!    read back after a CUDA graph).
 //!
-//! `PETITE_BIN` names a prebuilt `petite` and `PETITE_CUDA_TESTS` a prebuilt test binary of
-//! `crates/petite-cuda/tests/gpu.rs` (a machine with a GPU but no Rust toolchain); otherwise the release build of
-//! this checkout is used and the tests run through cargo.
+//! `XTASK_PETITE_BIN` names a prebuilt `petite` and `XTASK_CUDA_TESTS` a prebuilt test binary
+//! of `crates/petite-cuda/tests/gpu.rs` (a machine with a GPU but no Rust toolchain); otherwise
+//! the release build of this checkout is used and the tests run through cargo.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -65,7 +65,7 @@ pub(crate) fn max_err(a: &[f32], b: &[f32]) -> Result<f32> {
 
 /// The petite binary the tier runs.
 pub(crate) fn petite_bin() -> Result<PathBuf> {
-    match std::env::var_os("PETITE_BIN") {
+    match std::env::var_os("XTASK_PETITE_BIN") {
         Some(p) => Ok(PathBuf::from(p)),
         None => util::conformance_petite(),
     }
@@ -98,7 +98,7 @@ pub fn run() -> Result<()> {
         line.contains("can run here") && !line.contains("cannot"),
         "the gpu tier needs a CUDA GPU (driver, cuBLAS, NVRTC): {line}"
     );
-    let mut tests = match std::env::var_os("PETITE_CUDA_TESTS") {
+    let mut tests = match std::env::var_os("XTASK_CUDA_TESTS") {
         Some(bin) => Command::new(bin),
         None => {
             let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));

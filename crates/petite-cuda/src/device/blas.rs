@@ -103,8 +103,8 @@ impl Device {
         loops: usize,
         steps: [i64; 3],
     ) -> Result<()> {
-        // `PETITE_CUDA_NO_PTR_BATCH=1`: one GEMM a run (to compare).
-        if loops <= 1 || g.m == 0 || g.n == 0 || !self.ptr_batch {
+        // One GEMM a run where there is nothing to batch.
+        if loops <= 1 || g.m == 0 || g.n == 0 {
             for i in 0..loops as u64 {
                 let at = |p: u64, st: i64, d: Dtype| p + i * (st as u64) * d.size() as u64;
                 self.gemm(

@@ -7,33 +7,50 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use super::trace;
+use crate::settings::Settings;
 use crate::source::module_source;
 use crate::{Error, Result};
 
 /// The kernels module for compute capability `cc`, kept for the process: NVRTC runs once.
-pub(super) fn ptx_for(cc: (i32, i32)) -> Result<(Ptx, f64)> {
-    compile_cached(cc, &module_source(), "petite_kernels.cu")
+pub(super) fn ptx_for(cc: (i32, i32), settings: &Settings) -> Result<(Ptx, f64)> {
+    compile_cached(cc, &module_source(), "petite_kernels.cu", settings)
 }
 
 /// A program's fused kernels compiled for `cc` (any thread: needs NVRTC, not the context).
-pub(crate) fn compile_fused(cc: (i32, i32), source: &str) -> Result<(Ptx, f64)> {
-    compile_cached(cc, source, "petite_fused.cu")
+pub(crate) fn compile_fused(
+    cc: (i32, i32),
+    source: &str,
+    settings: &Settings,
+) -> Result<(Ptx, f64)> {
+    compile_cached(cc, source, "petite_fused.cu", settings)
 }
 
 /// Compiles `source` for the device of compute capability `cc` with petite's arithmetic
 /// options, once per process per source (reference engines of one shape share their fused
 /// kernels). Machine code (CUBIN for `sm_XY`) when NVRTC knows the architecture, so the driver
 /// has nothing to JIT at load (a first-run cost of seconds for many fused modules); else PTX
-/// for `compute_XY`, which the driver compiles.
-fn compile_cached(cc: (i32, i32), source: &str, name: &str) -> Result<(Ptx, f64)> {
-    compile_cached_in(cc, source, name, crate::kcache::dir())
+/// for `compute_XY`, which the driver compiles. The disk cache and the trace are `settings`'.
+fn compile_cached(
+    cc: (i32, i32),
+    source: &str,
+    name: &str,
+    settings: &Settings,
+) -> Result<(Ptx, f64)> {
+    compile_cached_in(
+        cc,
+        source,
+        name,
+        settings.kernel_cache.clone(),
+        settings.trace,
+    )
 }
 
 /// Compilations run in this process through [`compile_cached_in`] (its check).
 #[cfg(test)]
 pub(super) static COMPILED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// [`compile_cached`] with the disk cache in `disk` (`None`: none). One thread compiles a
+/// [`compile_cached`] with the disk cache in `disk` (`None`: none), tracing its use when
+/// `traced`. One thread compiles a
 /// source; any other asking for it meanwhile waits for that image instead of compiling it
 /// again (`petite verify`'s two stages each open a device, and each needs the fixed module).
 /// A failure is not kept: the next request tries again.
@@ -42,6 +59,7 @@ pub(super) fn compile_cached_in(
     source: &str,
     name: &str,
     disk: Option<std::path::PathBuf>,
+    traced: bool,
 ) -> Result<(Ptx, f64)> {
     /// An image by (compute capability, source), or the compilation under way.
     type Cell = Arc<OnceLock<std::result::Result<(Ptx, f64), String>>>;
@@ -60,7 +78,7 @@ pub(super) fn compile_cached_in(
         here = true;
         #[cfg(test)]
         COMPILED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        compile_uncached(cc, source, name, disk).map_err(|e| e.to_string())
+        compile_uncached(cc, source, name, disk, traced).map_err(|e| e.to_string())
     });
     match done {
         // Seconds only for the request that compiled: the others found it compiled.
@@ -81,6 +99,7 @@ fn compile_uncached(
     source: &str,
     name: &str,
     disk: Option<std::path::PathBuf>,
+    traced: bool,
 ) -> Result<(Ptx, f64)> {
     let t0 = std::time::Instant::now();
     let opts = cubin_options(cc);
@@ -92,7 +111,10 @@ fn compile_uncached(
         .as_deref()
         .and_then(|p| crate::kcache::read(p, source))
     {
-        trace(format_args!("{name}: machine code from the disk cache"));
+        trace(
+            traced,
+            format_args!("{name}: machine code from the disk cache"),
+        );
         return Ok((Ptx::from_binary(code), 0.0));
     }
     let image = match compile_cubin(cc, source, name) {
@@ -100,7 +122,7 @@ fn compile_uncached(
             if let Some(p) = &cached
                 && let Err(e) = crate::kcache::write(p, source, &bin)
             {
-                trace(format_args!("{}: not cached: {e}", p.display()));
+                trace(traced, format_args!("{}: not cached: {e}", p.display()));
             }
             Ptx::from_binary(bin)
         }

@@ -8,12 +8,13 @@
 //! replays CUDA graphs.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use cudarc::cublas::{CudaBlas, sys as bsys};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, sys as dsys};
 use cudarc::nvrtc::Ptx;
 
+use crate::settings::Settings;
 use crate::source::KERNELS;
 use crate::{Error, Result, blas, driver};
 
@@ -33,10 +34,10 @@ use compile::ptx_for;
 pub use graph::{Graph, Mark};
 pub use memory::DevTensor;
 
-/// Where loading spends its time, on stderr, when `PETITE_CUDA_TRACE` is set.
-pub(crate) fn trace(msg: std::fmt::Arguments<'_>) {
-    static ON: OnceLock<bool> = OnceLock::new();
-    if *ON.get_or_init(|| std::env::var_os("PETITE_CUDA_TRACE").is_some()) {
+/// Where loading spends its time, on stderr, when `on` (`PETITE_CUDA_TRACE`:
+/// [`Settings::trace`]).
+pub(crate) fn trace(on: bool, msg: std::fmt::Arguments<'_>) {
+    if on {
         eprintln!("petite-cuda: {msg}");
     }
 }
@@ -52,8 +53,8 @@ pub struct Device {
     compile_seconds: f64,
     /// Whether kernels launch with programmatic dependent launch ([`Device::raw_launch`]).
     pdl: bool,
-    /// Looped GEMMs as one pointer-batched GEMM ([`Device::gemm_loops`]).
-    ptr_batch: bool,
+    /// What it was opened with.
+    settings: Settings,
     /// cuBLAS's workspace, set explicitly so that GEMMs inside a graph capture allocate nothing.
     _workspace: CudaSlice<u8>,
 }
@@ -81,9 +82,15 @@ pub enum F32Matmul {
 }
 
 impl Device {
-    /// Opens device 0: refuses in one line ([`Error::Unavailable`]) where the driver, a device,
-    /// cuBLAS or NVRTC is missing; compiles the kernels (once per process).
+    /// Opens device 0 with this process's `PETITE_CUDA_*` settings ([`Settings::from_env`]; a
+    /// malformed one is [`Error::Setting`]): [`Device::open_with`].
     pub fn open() -> Result<Self> {
+        Self::open_with(Settings::from_env()?)
+    }
+
+    /// Opens device 0 with `settings`: refuses in one line ([`Error::Unavailable`]) where the
+    /// driver, a device, cuBLAS or NVRTC is missing; compiles the kernels (once per process).
+    pub fn open_with(settings: Settings) -> Result<Self> {
         let probe = probe();
         probe.usable()?;
         let info = probe
@@ -119,11 +126,14 @@ impl Device {
             .result()
             .map_err(blas("set workspace"))?;
         }
-        let (ptx, compile_seconds) = ptx_for(info.compute_capability)?;
-        trace(format_args!(
-            "{} (sm_{}{}) opened, kernels compiled in {compile_seconds:.2} s",
-            info.name, info.compute_capability.0, info.compute_capability.1
-        ));
+        let (ptx, compile_seconds) = ptx_for(info.compute_capability, &settings)?;
+        trace(
+            settings.trace,
+            format_args!(
+                "{} (sm_{}{}) opened, kernels compiled in {compile_seconds:.2} s",
+                info.name, info.compute_capability.0, info.compute_capability.1
+            ),
+        );
         let module = ctx
             .load_module(ptx)
             .map_err(driver("load the kernels' PTX"))?;
@@ -158,9 +168,9 @@ impl Device {
         } else {
             None
         };
-        // Programmatic dependent launch needs sm_90; `PETITE_CUDA_NO_PDL=1` turns it off.
-        let pdl =
-            info.compute_capability.0 >= 9 && std::env::var_os("PETITE_CUDA_NO_PDL").is_none();
+        // Programmatic dependent launch needs sm_90 (on there: session 15's bf16 chunk 31.40 →
+        // 30.60 ms on the H200, the same bits; docs/MEASUREMENTS.md).
+        let pdl = info.compute_capability.0 >= 9;
         Ok(Device {
             ctx,
             stream,
@@ -170,7 +180,7 @@ impl Device {
             pool,
             compile_seconds,
             pdl,
-            ptr_batch: std::env::var_os("PETITE_CUDA_NO_PTR_BATCH").is_none(),
+            settings,
             _workspace: workspace,
         })
     }
@@ -178,6 +188,17 @@ impl Device {
     /// Device 0's name, compute capability and memory.
     pub fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// What it was opened with: the kernel cache, upload threads, trace, profile and tuning its
+    /// programs load and run with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Where loading spends its time, on stderr, when [`Settings::trace`].
+    pub(crate) fn trace(&self, msg: std::fmt::Arguments<'_>) {
+        trace(self.settings.trace, msg)
     }
 
     /// Seconds NVRTC took for the kernels when this device was opened (0 when the process had

@@ -38,7 +38,7 @@ fn concurrent_requests_for_one_source_compile_it_once() {
             .map(|_| {
                 s.spawn(|| {
                     start.wait();
-                    compile_cached_in((9, 0), &src, "petite_test.cu", None)
+                    compile_cached_in((9, 0), &src, "petite_test.cu", None, false)
                         .expect("compiles")
                         .1
                 })
@@ -53,12 +53,12 @@ fn concurrent_requests_for_one_source_compile_it_once() {
         "{seconds:?}"
     );
     // Asked again: the image kept, no compilation.
-    let (_, again) = compile_cached_in((9, 0), &src, "petite_test.cu", None).unwrap();
+    let (_, again) = compile_cached_in((9, 0), &src, "petite_test.cu", None, false).unwrap();
     assert_eq!((again, COMPILED.load(Ordering::SeqCst) - before), (0.0, 1));
     // A source NVRTC refuses is an error each time it is asked for, never kept.
     let bad = format!("{src}this is not CUDA {nanos}\n");
     for _ in 0..2 {
-        let e = compile_cached_in((9, 0), &bad, "petite_test.cu", None).unwrap_err();
+        let e = compile_cached_in((9, 0), &bad, "petite_test.cu", None, false).unwrap_err();
         assert!(matches!(e, Error::Compile(_)), "{e}");
     }
     assert_eq!(COMPILED.load(Ordering::SeqCst) - before, 3);
@@ -81,9 +81,9 @@ fn nvrtc_compiles_every_generated_source_for_sm90_and_sm87() {
         ),
     ];
     for (name, p) in &crate::pi05_programs() {
-        // As run by default, with every bf16 attention fused, and with unrolled rows
-        // (`PETITE_CUDA_UNROLL_ROWS=1`).
-        for (queries, rows) in [(0, false), (usize::MAX, false), (0, true)] {
+        // As run by default (unrolled rows), with every bf16 attention fused, and with rolled
+        // rows (the default before issue 49).
+        for (queries, rows) in [(0, true), (usize::MAX, true), (0, false)] {
             let o = crate::fuse::Options {
                 unrolled_rows: rows,
                 ..crate::fuse::Options::new(queries)

@@ -45,13 +45,12 @@ pub struct Attend {
 /// capability `cc`: [`DEFAULT_FUSED_ATTENTION_QUERIES`] on sm_90 and later, where it runs as one
 /// launch of thread-block clusters (`pt_attn_cl`: pi0.5's ten steps 13.71 → 11.95 ms on the
 /// H200, docs/MEASUREMENTS.md), none before (the two-launch form measured level with the
-/// three launches it replaces). `PETITE_CUDA_FUSED_ATTN` = `all`, a number or `off` overrides.
+/// three launches it replaces). [`crate::Tuning::attention_queries`] overrides it at load.
 pub fn fused_attention_queries(cc: (i32, i32)) -> usize {
-    match std::env::var("PETITE_CUDA_FUSED_ATTN").as_deref() {
-        Ok("all") => usize::MAX,
-        Ok(n) => n.parse().unwrap_or(0),
-        Err(_) if cc.0 >= 9 => DEFAULT_FUSED_ATTENTION_QUERIES,
-        Err(_) => 0,
+    if cc.0 >= 9 {
+        DEFAULT_FUSED_ATTENTION_QUERIES
+    } else {
+        0
     }
 }
 

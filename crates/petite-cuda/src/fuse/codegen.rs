@@ -133,7 +133,7 @@ pub(super) struct Gen<'a> {
     /// Non-zero slice starts read as parameters `s0…` ([`Group::offsets`]); one a value, so
     /// equal starts give equal expressions (and shared loads) as literals would.
     pub(super) offsets: Vec<i64>,
-    /// Starts as parameters; else as literals (`PETITE_CUDA_NO_OFFSETS=1`, and the check that
+    /// Starts as parameters; else as literals (`offsets=literal`, and the check that
     /// both forms are the same code).
     pub(super) offset_params: bool,
     /// The prologue's statistics by `norm_stats4` ([`Options::unrolled_rows`]).

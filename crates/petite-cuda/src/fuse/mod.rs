@@ -41,8 +41,8 @@ pub use options::Options;
 pub use planner::{moves_only_unit_dims, plan, plan_opts, plan_program, plan_with};
 pub use rewrite::{UNROLL, UNROLL_FROM, beside, rows_unrolled, unrolled, with_first};
 pub use rows::Folded;
-pub use siblings::{Siblings, read_in_place_by_attentions, siblings};
-pub use views::{reshape_strides, restride};
+pub use siblings::{Siblings, siblings};
+pub use views::reshape_strides;
 
 /// How one node runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,8 +1,10 @@
-//! The fusion planner's switches ([`Options`]), and the `PETITE_CUDA_*` variables that set
-//! them at load.
+//! The fusion planner's switches ([`Options`]): the measured defaults, each kept to compare
+//! against (tests, `examples/nvrtc_bench.rs`, [`crate::Tuning`]).
 
+use super::fused_attention_queries;
 #[cfg(doc)]
 use super::{Attend, Group, plan_opts, rows_unrolled};
+use crate::Tuning;
 
 /// How [`plan_opts`] fuses: the defaults, each switch there to compare against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,14 +13,16 @@ pub struct Options {
     /// ([`Attend`]; 0: none, as on GPUs without bf16 tensor-core `mma`, before sm_80).
     pub attention_queries: usize,
     /// Two independent groups with only products between them share a launch
-    /// ([`Group::with`]); `PETITE_CUDA_NO_PAIR=1` turns it off at load.
+    /// ([`Group::with`]): a full-size bf16 chunk 24.96 → 24.78 ms on the H200, the same bits
+    /// (session 23 of docs/MEASUREMENTS.md). Off only in tests.
     pub pairs: bool,
-    /// Slice starts are kernel parameters ([`Group::offsets`]); `PETITE_CUDA_NO_OFFSETS=1`
-    /// bakes them in as literals (one kernel a distinct set).
+    /// Slice starts are kernel parameters ([`Group::offsets`]); off bakes them in as literals
+    /// (one kernel a distinct set: [`Tuning::offset_params`]).
     pub offset_params: bool,
     /// A prologue kernel's row loops take four elements a trip ([`rows_unrolled`]) and its
-    /// statistics four loads at a time (`norm_stats4`): the same bits. Opt-in,
-    /// `PETITE_CUDA_UNROLL_ROWS=1`, until measured on a GPU.
+    /// statistics four loads at a time (`norm_stats4`): the same bits. On by default: a
+    /// full-size bf16 chunk 25.25/25.17 → 24.27/23.98 ms on the H200 (0.961×, bit-identical
+    /// actions; issue 49, docs/MEASUREMENTS.md). Off only to compare.
     pub unrolled_rows: bool,
 }
 
@@ -29,18 +33,21 @@ impl Options {
             attention_queries,
             pairs: true,
             offset_params: true,
-            unrolled_rows: false,
+            unrolled_rows: true,
         }
     }
 
-    /// [`Options::new`] with the `PETITE_CUDA_*` switches of this process applied.
-    pub fn from_env(attention_queries: usize) -> Self {
-        let set = |v: &str| std::env::var_os(v).is_some();
+    /// What a device of compute capability `cc` plans with `tuning`: its attention query
+    /// limit ([`fused_attention_queries`], unless `tuning` sets one) and slice starts as
+    /// `tuning` says.
+    pub fn for_device(cc: (i32, i32), tuning: &Tuning) -> Self {
         Options {
-            attention_queries,
-            pairs: !set("PETITE_CUDA_NO_PAIR"),
-            offset_params: !set("PETITE_CUDA_NO_OFFSETS"),
-            unrolled_rows: std::env::var_os("PETITE_CUDA_UNROLL_ROWS").is_some_and(|v| v == "1"),
+            offset_params: tuning.offset_params,
+            ..Options::new(
+                tuning
+                    .attention_queries
+                    .unwrap_or_else(|| fused_attention_queries(cc)),
+            )
         }
     }
 }

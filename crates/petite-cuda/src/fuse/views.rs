@@ -1,14 +1,9 @@
 //! Operands read in place through strides: a matmul's or attention's operand followed back
-//! through reshapes, permutes and expands ([`reshape_strides`]), and views recomputed for a
-//! restrided base ([`restride`]).
+//! through reshapes, permutes and expands ([`reshape_strides`]).
 
 use petite_graph::{NodeId, Op, Program};
 
-#[cfg(doc)]
-use super::Siblings;
-use super::codegen::gen_err;
-use super::{Fusion, StridedView};
-use crate::Result;
+use super::StridedView;
 use crate::plan::contiguous_strides;
 
 /// Element strides of a `shape` view of a tensor with `old` dims and element strides `st`, or
@@ -121,34 +116,6 @@ fn compose(
         }
     }
     Some((shape, strides))
-}
-
-/// Every view of `base` ([`Fusion::views`]) recomputed for a buffer laid out with element
-/// `strides` instead of densely (a [`Siblings::columns`] member: a column slice of one GEMM's
-/// output). An error names the consumer whose view the layout does not allow.
-pub fn restride(p: &Program, fusion: &mut Fusion, base: NodeId, strides: &[i64]) -> Result<()> {
-    let shape = p
-        .node(base)
-        .tensor()
-        .ok_or_else(|| gen_err(base, p, "tuple value"))?
-        .shape
-        .clone();
-    for (&(c, j), view) in fusion.views.iter_mut() {
-        if view.base != base {
-            continue;
-        }
-        let mut chain = Vec::new();
-        let mut x = p.node(c).inputs[j];
-        while x != base {
-            chain.push(x);
-            x = p.node(x).inputs[0];
-        }
-        let (sh, st) = compose(p, shape.clone(), strides.to_vec(), &chain)
-            .ok_or_else(|| gen_err(c, p, "a column slice its view cannot read"))?;
-        view.shape = sh;
-        view.strides = st;
-    }
-    Ok(())
 }
 
 /// `v` read whole (its own shape, contiguous).

@@ -28,32 +28,6 @@ impl<'d> DeviceProgram<'d> {
         let (parts, n, k) = (wm.shape()[0], wm.shape()[1], wm.shape()[2]);
         let rows = x.numel() / k.max(1);
         let dt = out_ty.dtype;
-        if sg.columns {
-            // One GEMM over the stacked weights ([parts · n, k]); each value a column slice.
-            let wide = parts * n;
-            let out = dev.alloc(dt, &[rows, wide])?;
-            if k == 0 {
-                dev.memset_zero(&out)?;
-            } else {
-                let gm = Gemm::linear(rows, k, wide)?;
-                dev.gemm(
-                    &gm,
-                    dev.ptr(wm),
-                    dev.ptr(x),
-                    x.dtype(),
-                    dev.ptr(&out),
-                    dt,
-                    self.f32_matmul,
-                )?;
-            }
-            if let Some(b) = bm {
-                let bw = b.view(0, &[wide]);
-                self.bias(&out, Some(&bw), rows, wide, &out)?;
-            }
-            return Ok((0..parts)
-                .map(|i| out.view(i * n * dt.size(), &out_ty.shape))
-                .collect());
-        }
         let mut all = vec![parts];
         all.extend_from_slice(&out_ty.shape);
         let out = dev.alloc(dt, &all)?;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use petite_graph::{Dtype, NodeId, Op, Program, ShapeDisplay};
 use petite_weights::WeightSource;
 
-use super::{DeviceProgram, err, fusing, profiling};
+use super::{DeviceProgram, err};
 use crate::Result;
 use crate::device::{DevTensor, Device, F32Matmul};
 use crate::fuse::{Fusion, Role};
@@ -14,40 +14,22 @@ use crate::fuse::{Fusion, Role};
 impl<'d> DeviceProgram<'d> {
     /// Validates `program`, orders it, and uploads every weight it reads from `weights` (in
     /// the declared dtype, rows only for a row range) and every constant. With `release`, each
-    /// weight's host pages are given back once it is on the device. bf16 attentions of few
-    /// queries are fused on sm_90 and later ([`crate::fuse::fused_attention_queries`];
-    /// `PETITE_CUDA_FUSED_ATTN` overrides).
+    /// weight's host pages are given back once it is on the device. Fuses as the device's
+    /// [`crate::Tuning`] says ([`crate::fuse::Options::for_device`]: bf16 attentions of few
+    /// queries fused on sm_90 and later).
     pub fn load(
         dev: &'d Device,
         program: &Program,
         weights: &dyn WeightSource,
         release: bool,
     ) -> Result<Self> {
-        Self::load_fusing_attention(
-            dev,
-            program,
-            weights,
-            release,
-            crate::fuse::fused_attention_queries(dev.info().compute_capability),
-        )
-    }
-
-    /// [`DeviceProgram::load`], running bf16 attentions of up to `attention_queries` queries
-    /// as the fused attention kernels ([`crate::fuse::Attend`]; 0: none; never before sm_80).
-    pub fn load_fusing_attention(
-        dev: &'d Device,
-        program: &Program,
-        weights: &dyn WeightSource,
-        release: bool,
-        attention_queries: usize,
-    ) -> Result<Self> {
-        let options = crate::fuse::Options::from_env(attention_queries);
+        let options =
+            crate::fuse::Options::for_device(dev.info().compute_capability, &dev.settings().tuning);
         Self::load_with(dev, program, weights, release, options)
     }
 
-    /// [`DeviceProgram::load`] fusing as `options` say: the fusion planner's switches
-    /// (`PETITE_CUDA_FUSED_ATTN`, `_NO_PAIR`, `_NO_OFFSETS`, `_UNROLL_ROWS`) are not read; the
-    /// others are, as by [`DeviceProgram::load`] (`PETITE_CUDA_NO_FUSE` still turns fusion off).
+    /// [`DeviceProgram::load`] planning fusion with `options` (whether to fuse at all is still
+    /// the device's [`crate::Tuning::fuse`]).
     pub fn load_with(
         dev: &'d Device,
         program: &Program,
@@ -64,7 +46,8 @@ impl<'d> DeviceProgram<'d> {
         for o in &program.outputs {
             is_output[o.value.index()] = true;
         }
-        let fusion = if fusing() {
+        let fusing = dev.settings().tuning.fuse;
+        let fusion = if fusing {
             // The fused attention's products are bf16 `mma.sync`, sm_80 and later.
             let attention = if dev.info().compute_capability.0 >= 8 {
                 options.attention_queries
@@ -160,42 +143,11 @@ impl<'d> DeviceProgram<'d> {
         }
         let mut sources: Vec<Option<DevTensor>> = vec![None; program.len()];
         let mut weight_bytes = 0u64;
-        let siblings = if fusing() {
-            let consumers = program.consumers();
-            // Opt-in (`PETITE_CUDA_COLUMNS=1`): on the H200 the wide TF32 GEMM gave full-size
-            // pi0.5 the same bits and 0.16 ms a chunk, but moved the two_cams_mqa golden's bf16
-            // actions from 1.09e-2 to 2.21e-2 of lerobot's f32 (lerobot's own bf16: 9.6e-3).
-            let columns = std::env::var_os("PETITE_CUDA_COLUMNS").is_some_and(|v| v == "1");
-            let in_place = |l: NodeId| {
-                columns
-                    && crate::fuse::read_in_place_by_attentions(
-                        program, &fusion, &consumers, &live, &is_output, l,
-                    )
-            };
-            crate::fuse::siblings(program, &live, &in_place)
+        let siblings = if fusing {
+            crate::fuse::siblings(program, &live)
         } else {
             Vec::new()
         };
-        let mut fusion = fusion;
-        for sg in siblings.iter().filter(|sg| sg.columns) {
-            let wide = sg.linears.len()
-                * program
-                    .node(sg.weights[0])
-                    .tensor()
-                    .map_or(0, |t| t.shape[0]);
-            for &l in &sg.linears {
-                let shape = &program
-                    .node(l)
-                    .tensor()
-                    .ok_or_else(|| err("tuple linear"))?
-                    .shape;
-                // A column slice of the dense `[.., wide]` output: that shape's strides.
-                let mut all = shape.clone();
-                *all.last_mut().ok_or_else(|| err("a scalar linear"))? = wide;
-                let st = crate::plan::contiguous_strides(&all);
-                crate::fuse::restride(program, &mut fusion, l, &st)?;
-            }
-        }
         let mut sibling_of = HashMap::new();
         // Weight or bias node → the part of its group's buffer it is uploaded into.
         let mut part_of: HashMap<NodeId, DevTensor> = HashMap::new();
@@ -269,6 +221,7 @@ impl<'d> DeviceProgram<'d> {
         // The fused kernels, and the attention kernels' own module where attentions are fused,
         // compile (NVRTC, on the host, a thread each) while the weights go up.
         let cc = dev.info().compute_capability;
+        let settings = dev.settings();
         let t_up = std::time::Instant::now();
         let attention_at = fusion
             .attention_kernels
@@ -277,10 +230,10 @@ impl<'d> DeviceProgram<'d> {
         let attention_source = (!attention.is_empty()).then(crate::source::attention_module_source);
         let (compiled, compiled_attention) = std::thread::scope(|s| -> Result<_> {
             let compiling = (!own.is_empty())
-                .then(|| s.spawn(|| crate::device::compile_fused(cc, &fusion.source)));
+                .then(|| s.spawn(|| crate::device::compile_fused(cc, &fusion.source, settings)));
             let compiling_attention = attention_source
                 .as_deref()
-                .map(|src| s.spawn(move || crate::device::compile_fused(cc, src)));
+                .map(|src| s.spawn(move || crate::device::compile_fused(cc, src, settings)));
             let up = crate::upload::upload(dev, &jobs, weights, release);
             let join = |h: Option<std::thread::ScopedJoinHandle<'_, Result<_>>>| match h {
                 Some(h) => h
@@ -296,7 +249,7 @@ impl<'d> DeviceProgram<'d> {
         })?;
         let fuse_compile_seconds = compiled.as_ref().map_or(0.0, |c| c.1)
             + compiled_attention.as_ref().map_or(0.0, |c| c.1);
-        crate::device::trace(format_args!(
+        dev.trace(format_args!(
             "{} weights, {:.2} GiB up in {:.2} s ({} fused kernels, {:.2} s compiling beside)",
             jobs.len(),
             weight_bytes as f64 / (1u64 << 30) as f64,
@@ -319,7 +272,7 @@ impl<'d> DeviceProgram<'d> {
                 sources[i] = Some(dev.upload_bytes(t.dtype, &t.shape, data)?);
             }
         }
-        crate::device::trace(format_args!(
+        dev.trace(format_args!(
             "program of {} nodes loaded in {:.2} s ({} attentions fused)",
             program.len(),
             t0.elapsed().as_secs_f64(),
@@ -338,14 +291,13 @@ impl<'d> DeviceProgram<'d> {
             fused,
             reads,
             fuse_compile_seconds,
-            profile: profiling(),
+            profile: dev.settings().profile != crate::Profile::Off,
             siblings,
             sibling_of,
             merged,
             f32_matmul: F32Matmul::Exact,
-            attention_cluster: std::env::var_os("PETITE_CUDA_ATTN_CLUSTER")
-                .is_none_or(|v| v != "0"),
-            tf32_attention: std::env::var_os("PETITE_CUDA_NO_TF32_ATTN").is_none(),
+            attention_cluster: true,
+            tf32_attention: true,
         })
     }
 }

@@ -5,7 +5,7 @@
 //! runs the program (slots, frees, profiles), `eval` dispatches one node, `fused` launches
 //! fused groups and sibling linears, `ops` the module's elementwise, layout, norm, softmax and
 //! reduction kernels, `gemm` the cuBLAS products, `attention` the attentions. Here: the
-//! program's state, the `PETITE_CUDA_*` switches read at load, and its setters and getters.
+//! program's state, and its setters and getters.
 
 use std::collections::HashMap;
 
@@ -45,7 +45,7 @@ pub struct DeviceProgram<'d> {
     reads: Vec<Vec<NodeId>>,
     /// Seconds NVRTC spent on the fused kernels (0 when cached).
     fuse_compile_seconds: f64,
-    /// Per-node timing ([`profiling`]), read once at load, not every run.
+    /// Per-node timing ([`crate::Settings::profile`] not off), fixed at load.
     profile: bool,
     /// Linears whose GEMMs run as one strided batch ([`crate::fuse::siblings`]).
     siblings: Vec<Siblings>,
@@ -69,24 +69,6 @@ enum Slot {
     Tuple(Vec<DevTensor>),
 }
 
-/// Elementwise fusion ([`crate::fuse`]) is on unless `PETITE_CUDA_NO_FUSE` is set (to compare
-/// fused and unfused runs).
-fn fusing() -> bool {
-    std::env::var_os("PETITE_CUDA_NO_FUSE").is_none()
-}
-
-/// Per-node device timing, printed after each run, when `PETITE_CUDA_PROFILE` is set (never
-/// while capturing a graph: events cannot be read back there).
-fn profiling() -> bool {
-    std::env::var_os("PETITE_CUDA_PROFILE").is_some()
-}
-
-/// `PETITE_CUDA_PROFILE=nodes` also lists every launched node in run order with its time: the
-/// sums by op kind hide which of a layer's launches are small and back to back.
-fn profiling_nodes() -> bool {
-    std::env::var_os("PETITE_CUDA_PROFILE").is_some_and(|v| v == "nodes")
-}
-
 fn err(msg: impl Into<String>) -> Error {
     Error::Plan(msg.into())
 }
@@ -106,8 +88,9 @@ impl<'d> DeviceProgram<'d> {
     /// sm_90 and later, up to 1,024 keys and v's head dim a multiple of 128:
     /// [`crate::plan::attention_cluster`], where the device grants a block its 162 KB of shared
     /// memory: [`crate::DeviceInfo::max_shared_per_block`]) or as two (`pt_attn_logits`, `pt_attn_pv`). On by
-    /// default; `PETITE_CUDA_ATTN_CLUSTER=0` turns it off. Both give the same roundings; only
-    /// the dot products' summation orders differ.
+    /// default (pi0.5's ten steps 13.74 → 11.97 ms on the H200, session 20 of
+    /// docs/MEASUREMENTS.md); off here to compare. Both give the same roundings; only the dot
+    /// products' summation orders differ.
     pub fn set_attention_cluster(&mut self, on: bool) {
         self.attention_cluster = on;
     }
@@ -115,8 +98,9 @@ impl<'d> DeviceProgram<'d> {
     /// Whether an f32 attention without a mask (pi0.5's SigLIP), where the program's f32
     /// products run as TF32 ([`DeviceProgram::set_f32_matmul`]), runs as one launch
     /// (`pt_attn_tf32`: flash-attention's order, no logits in memory;
-    /// [`crate::plan::tf32_attention_launch`]) or as its GEMMs and a softmax. On by default;
-    /// `PETITE_CUDA_NO_TF32_ATTN=1` turns it off. Exact f32 products always take the GEMMs.
+    /// [`crate::plan::tf32_attention_launch`]) or as its GEMMs and a softmax. On by default
+    /// (a full-size chunk 25.50 → 25.02 ms on the H200, session 24 of docs/MEASUREMENTS.md);
+    /// off here to compare. Exact f32 products always take the GEMMs.
     pub fn set_tf32_attention(&mut self, on: bool) {
         self.tf32_attention = on;
     }

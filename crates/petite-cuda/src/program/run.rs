@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use petite_graph::{Dtype, NodeId, Op, ShapeDisplay, ValueType};
 use petite_reference::Tensor;
 
-use super::{DeviceProgram, Slot, err, profiling_nodes};
+use super::{DeviceProgram, Slot, err};
 use crate::device::DevTensor;
 use crate::fuse::Role;
 use crate::{Error, Result};
@@ -243,7 +243,7 @@ impl<'d> DeviceProgram<'d> {
                 100.0 * ms / total.max(1e-9)
             );
         }
-        if profiling_nodes() {
+        if self.dev.settings().profile == crate::Profile::Nodes {
             for (ms, id) in &nodes {
                 let node = self.program.node(*id);
                 if matches!(

@@ -34,11 +34,13 @@ const TILE: usize = 256;
 
 /// Whether this CPU and OS run AMX-BF16 (checked once: CPUID, then the Linux permission to use
 /// the tile data state, which a process must ask for). `PETITE_CPU_AMX=off` (or `0`) turns it off,
-/// for measuring against the f32 path.
+/// for measuring against the f32 path ([`crate::settings`]; a malformed value has already failed
+/// the run in [`crate::Executor::run`]).
 pub(super) fn available() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
-        if std::env::var("PETITE_CPU_AMX").is_ok_and(|v| v == "off" || v == "0") {
+        let unit = crate::settings::current().unwrap_or_default().amx;
+        if unit == crate::settings::Unit::Off {
             return false;
         }
         cpu_has_amx_bf16() && os_grants_tiles()

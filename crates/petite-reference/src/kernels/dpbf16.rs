@@ -41,16 +41,18 @@ const TASK_BLOCKS: usize = 8;
 const TASK_BLOCKS_SHORT: usize = 4;
 
 /// Whether [`linear`] runs here: AVX512-BF16 (with AVX512-F and -BW) present, and the CPU an
-/// AMD one or `PETITE_CPU_DPBF16=on`; `PETITE_CPU_DPBF16=off` (or `0`) turns it off. Checked once.
+/// AMD one or `PETITE_CPU_DPBF16=on`; `PETITE_CPU_DPBF16=off` (or `0`) turns it off
+/// ([`crate::settings`]). Checked once.
 pub(super) fn available() -> bool {
+    use crate::settings::Unit;
     static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        let setting = std::env::var("PETITE_CPU_DPBF16").unwrap_or_default();
-        if setting == "off" || setting == "0" {
-            return false;
-        }
-        has_instructions() && (setting == "on" || setting == "1" || is_amd())
-    })
+    *OK.get_or_init(
+        || match crate::settings::current().unwrap_or_default().dpbf16 {
+            Unit::Off => false,
+            Unit::On => has_instructions(),
+            Unit::Auto => has_instructions() && is_amd(),
+        },
+    )
 }
 
 /// Whether this CPU has the instructions [`linear`] uses (whatever its vendor).

@@ -5,10 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::{Error, Result};
 
-/// Environment variable naming the Python that runs portable `.pte` files.
-pub const PYTHON_ENV: &str = "PETITE_PYTHON";
-/// Environment variable naming the Python (with onnxruntime and numpy) that runs ONNX exports.
-pub const ORT_PYTHON_ENV: &str = "PETITE_ORT_PYTHON";
+pub use crate::settings::{ORT_PYTHON_ENV, PYTHON_ENV};
 
 fn no_ort(detail: &str) -> Error {
     Error::Unavailable(format!(
@@ -55,9 +52,10 @@ const ET_RUNTIME: PyRuntime = PyRuntime {
 
 /// `explicit`, else `$env`, else the workspace venv if present; checked by importing.
 fn find_runtime_python(explicit: Option<&Path>, rt: &PyRuntime) -> Result<PathBuf> {
-    let python = match (explicit, std::env::var_os(rt.env)) {
+    let settings = crate::settings::current()?;
+    let python = match (explicit, settings.path(rt.env)) {
         (Some(p), _) => p.to_path_buf(),
-        (None, Some(p)) => PathBuf::from(p),
+        (None, Some(p)) => p.to_path_buf(),
         (None, None) => crate::venv::workspace_venv_python(rt.venv)
             .ok_or_else(|| (rt.missing)("no Python given"))?,
     };

@@ -1,6 +1,6 @@
 //! `petite doctor`: what this machine offers the export — architecture and OS page size, the GPU
 //! the CUDA driver reports (if any) and which TensorRT builder `--backend tensorrt` would use,
-//! found the same way.
+//! found the same way, and every documented `PETITE_*` setting with its value here.
 use std::path::PathBuf;
 
 use clap::Args;
@@ -80,7 +80,8 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<()> {
     );
     // Where compiled kernels are kept between runs: without them a program's first load runs
     // NVRTC over all of its kernels (seconds on a fresh machine).
-    let kc = petite_cuda::kernel_cache();
+    // A malformed `PETITE_CUDA_*` value is named in the settings block below.
+    let kc = petite_cuda::kernel_cache(&petite_cuda::Settings::from_env().unwrap_or_default());
     match &kc.dir {
         Some(d) => println!(
             "cuda kernel cache: {} ({} compiled modules, {:.1} MiB; a program whose kernels are not there is compiled by NVRTC when it loads; PETITE_CUDA_CACHE=DIR moves it, =off turns it off)",
@@ -105,6 +106,10 @@ pub fn run(a: DoctorArgs) -> anyhow::Result<()> {
             }
         }
         Err(e) => println!("tensorrt builder: none: {e}"),
+    }
+    // Every documented setting with its value here; a malformed one is named, not fatal.
+    for line in petite::settings::doctor_lines_here() {
+        println!("{line}");
     }
     Ok(())
 }

@@ -130,6 +130,11 @@ pub struct RunArgs {
     /// bound), `exact` for `--dtype f32` (the parity mode).
     #[arg(long, value_enum)]
     f32_matmul: Option<F32MatmulArg>,
+    /// A/B only (`cargo xtask bench gpu --variant`), with `--device cuda`: KEY=VALUE of
+    /// petite-cuda's tuning (fuse=on|off, offsets=params|literal, attention_queries=N|all|off),
+    /// recorded in `--timing-json` as "tuning".
+    #[arg(long = "tune", value_name = "KEY=VALUE", hide = true)]
+    pub(crate) tune: Vec<String>,
 }
 
 /// `--f32-matmul`.
@@ -155,9 +160,10 @@ fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
     if a.device == petite::runtimes::Device::Cuda {
         return run_cuda(a);
     }
-    if a.repeat > 0 || a.timing_json.is_some() || a.f32_matmul.is_some() {
+    if a.repeat > 0 || a.timing_json.is_some() || a.f32_matmul.is_some() || !a.tune.is_empty() {
         return Err(petite::Error::Usage(
-            "--repeat, --timing-json and --f32-matmul are for the GPU path: add --device cuda"
+            "--repeat, --timing-json, --f32-matmul and --tune are for the GPU path: add --device \
+             cuda"
                 .into(),
         )
         .into());
@@ -245,6 +251,14 @@ fn run_cuda(a: RunArgs) -> anyhow::Result<()> {
         "step_flops_f32": policy.flops_f32[1],
         "prefix_weight_bytes": policy.program_weight_bytes()[0],
         "step_weight_bytes": policy.program_weight_bytes()[1],
+        // What `--tune` applied, so a bench can check its variant reached this process.
+        "tuning": dev
+            .settings()
+            .tuning
+            .describe()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(v)))
+            .collect::<serde_json::Map<_, _>>(),
     });
     if a.repeat > 0 {
         for _ in 0..a.warmup {

@@ -49,11 +49,20 @@ pub struct VerifyArgs {
     /// memory is given back before the reference takes its own); `concurrent` always at once.
     #[arg(long, value_enum, default_value = "auto")]
     pub stages: petite::verify::Stages,
+    /// A/B only (`cargo xtask bench gpu-verify --variant`), with `--device cuda`: KEY=VALUE of
+    /// petite-cuda's tuning (fuse=on|off, offsets=params|literal, attention_queries=N|all|off).
+    #[arg(long = "tune", value_name = "KEY=VALUE", hide = true)]
+    pub tune: Vec<String>,
 }
 
 /// Runs `petite verify`.
 pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     // One line, before anything is read.
+    if !a.tune.is_empty() && a.device != petite::runtimes::Device::Cuda {
+        return Err(
+            petite::Error::Usage("--tune is for the GPU path: add --device cuda".into()).into(),
+        );
+    }
     petite::runtimes::check_device(a.device)?;
     let r = verify(&VerifyOptions {
         dir: a.dir.clone(),

@@ -10,8 +10,7 @@ use petite_pi05::policy::Norm;
 
 use crate::{Error, Result};
 
-/// Environment variable naming a `tokenizer.json`.
-pub const TOKENIZER_ENV: &str = "PETITE_TOKENIZER";
+pub use crate::settings::TOKENIZER_ENV;
 /// lerobot's normalizer epsilon (`NormalizerProcessorStep.eps`).
 const EPS: f32 = 1e-8;
 
@@ -169,23 +168,15 @@ pub fn find_tokenizer(explicit: Option<&Path>, id: &str) -> Result<PathBuf> {
     if let Some(p) = explicit {
         return Ok(p.to_path_buf());
     }
-    if let Ok(p) = std::env::var(TOKENIZER_ENV) {
-        return Ok(PathBuf::from(p));
+    let settings = crate::settings::current()?;
+    if let Some(p) = settings.tokenizer {
+        return Ok(p);
     }
     let local = Path::new(id).join("tokenizer.json");
     if local.is_file() {
         return Ok(local);
     }
-    let hub = std::env::var("HF_HUB_CACHE")
-        .map(PathBuf::from)
-        .or_else(|_| {
-            std::env::var("HF_HOME")
-                .map(|h| PathBuf::from(h).join("hub"))
-                .or_else(|_| {
-                    std::env::var("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface/hub"))
-                })
-        });
-    if let Ok(hub) = hub {
+    if let Some(hub) = settings.hf_hub {
         let snaps = hub
             .join(format!("models--{}", id.replace('/', "--")))
             .join("snapshots");

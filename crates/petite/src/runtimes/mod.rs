@@ -38,10 +38,12 @@ impl Device {
     }
 }
 
-/// Opens CUDA device 0 for `--device cuda`, or refuses in one line (what is missing) before any
-/// work is done.
+/// Opens CUDA device 0 for `--device cuda` with this process's settings
+/// ([`crate::settings::current`]: the environment's, and `--tune`), or refuses in one line (what
+/// is missing) before any work is done.
 pub fn open_cuda() -> Result<petite_cuda::Device> {
-    petite_cuda::Device::open().map_err(Error::cuda("--device cuda"))
+    let settings = crate::settings::current()?.cuda;
+    petite_cuda::Device::open_with(settings).map_err(Error::cuda("--device cuda"))
 }
 
 /// Refuses `device` in one line where it cannot run here (for `cuda`: no driver, cuBLAS,

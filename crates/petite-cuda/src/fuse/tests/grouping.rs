@@ -189,7 +189,7 @@ fn linears_of_one_input_and_weight_shape_are_siblings() {
     let p = b.finish().unwrap();
     let roots: Vec<NodeId> = p.outputs.iter().map(|o| o.value).collect();
     let live = p.ancestors(&roots);
-    let groups = siblings(&p, &live, &|_| false);
+    let groups = siblings(&p, &live);
     assert_eq!(groups.len(), 1, "{groups:?}");
     let names: Vec<String> = groups[0]
         .weights
@@ -204,9 +204,10 @@ fn linears_of_one_input_and_weight_shape_are_siblings() {
 }
 
 #[test]
-fn f32_projections_read_only_by_an_attention_are_column_siblings_restrided() {
+fn f32_projections_into_one_attention_are_not_siblings() {
     // SigLIP's shape of it: q/k/v f32 linears with biases, each reshaped to heads and
-    // permuted into one attention, its result merged back.
+    // permuted into one attention. Stacking them as one wide TF32 GEMM doubled a golden's bf16
+    // error (docs/MEASUREMENTS.md, session 23), so f32 linears are never siblings.
     let (b_, t, heads, hd) = (2, 4, 2, 4);
     let d = heads * hd;
     let mut b = Builder::new();
@@ -217,50 +218,14 @@ fn f32_projections_read_only_by_an_attention_are_column_siblings_restrided() {
         let bias = b.weight(&format!("{name}.b"), Dtype::F32, &[d]).unwrap();
         let l = b.linear(x, w, Some(bias)).unwrap();
         let r = b.reshape(l, &[b_, t, heads, hd]).unwrap();
-        proj.push((l, b.permute(r, &[0, 2, 1, 3]).unwrap()));
+        proj.push(b.permute(r, &[0, 2, 1, 3]).unwrap());
     }
-    let a = b
-        .attention(proj[0].1, proj[1].1, proj[2].1, None, 0.5)
-        .unwrap();
+    let a = b.attention(proj[0], proj[1], proj[2], None, 0.5).unwrap();
     let m = b.permute(a, &[0, 2, 1, 3]).unwrap();
     b.output("o", m).unwrap();
     let p = b.finish().unwrap();
-    let roots: Vec<_> = p.outputs.iter().map(|o| o.value).collect();
-    let live = p.ancestors(&roots);
-    let mut is_output = vec![false; p.len()];
-    is_output[roots[0].index()] = true;
-    let mut f = plan_with(&p, &live, &is_output, 0).unwrap();
-    let consumers = p.consumers();
-    let in_place =
-        |l: NodeId| read_in_place_by_attentions(&p, &f, &consumers, &live, &is_output, l);
-    let sg = siblings(&p, &live, &in_place);
-    assert_eq!(sg.len(), 1);
-    assert!(sg[0].columns && sg[0].biases.is_some());
-    assert_eq!(sg[0].linears, proj.iter().map(|x| x.0).collect::<Vec<_>>());
-    // k's view before and after: rows 3·d apart instead of d.
-    let key = |f: &Fusion| {
-        f.views
-            .iter()
-            .find(|(_, v)| v.base == proj[1].0)
-            .map(|(k, v)| (*k, v.clone()))
-            .unwrap()
-    };
-    let (k0, v0) = key(&f);
-    assert_eq!(v0.strides, vec![(t * d) as i64, hd as i64, d as i64, 1]);
-    let wide = 3 * d;
-    restride(&p, &mut f, proj[1].0, &[(t * wide) as i64, wide as i64, 1]).unwrap();
-    let (k1, v1) = key(&f);
-    assert_eq!((k0, v1.shape.clone()), (k1, v0.shape));
-    assert_eq!(
-        v1.strides,
-        vec![(t * wide) as i64, hd as i64, wide as i64, 1]
-    );
-    // Read by anything but a view into an attention (here: also an output), no columns.
-    let mut is_output2 = is_output.clone();
-    is_output2[proj[2].0.index()] = true;
-    let in_place2 =
-        |l: NodeId| read_in_place_by_attentions(&p, &f, &consumers, &live, &is_output2, l);
-    assert!(!in_place2(proj[2].0) && in_place2(proj[0].0));
+    let live = vec![true; p.len()];
+    assert!(siblings(&p, &live).is_empty());
 }
 
 /// adaRMS as pi0.5's step writes it: `cast_bf16(rms(cast_f32(x)) · (1 + scale) + shift)`.

@@ -38,11 +38,13 @@ fn plan_all(p: &Program) -> Fusion {
     plan_queries(p, fused_attention_queries((9, 0)))
 }
 
+/// Unpaired launches and rolled row loops: the kernel texts these tests spell out.
 fn plan_queries(p: &Program, queries: usize) -> Fusion {
     plan_o(
         p,
         Options {
             pairs: false,
+            unrolled_rows: false,
             ..Options::new(queries)
         },
     )
