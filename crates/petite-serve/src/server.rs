@@ -38,6 +38,7 @@ impl Default for Options {
 }
 
 /// A running server: its task on the current tokio runtime, and the handle that stops it.
+/// Dropping it stops the server too, gracefully, without waiting for the stop.
 pub struct Server {
     addr: SocketAddr,
     serving: Arc<AtomicBool>,

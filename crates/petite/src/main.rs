@@ -48,6 +48,10 @@ enum Cmd {
     Verify(cli::verify::VerifyArgs),
     /// Run an export from a raw lerobot observation (lerobot's pre- and post-processing).
     Act(cli::act::ActArgs),
+    /// Serve an export over gRPC (proto/petite/v1/policy.proto) until SIGTERM: Act, Info,
+    /// Health; loopback by default.
+    #[cfg(feature = "serve")]
+    Serve(cli::serve::ServeArgs),
     /// What this machine offers: the GPU the CUDA driver reports, the TensorRT builder found.
     Doctor(cli::doctor::DoctorArgs),
 }
@@ -118,10 +122,13 @@ fn exit_code(e: &anyhow::Error) -> u8 {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if matches!(
-        cli.cmd,
-        Cmd::Verify(_) | Cmd::Act(_) | Cmd::Pi05(cli::pi05::Pi05Cmd::Run(_))
-    ) {
+    let runs_programs = match &cli.cmd {
+        Cmd::Verify(_) | Cmd::Act(_) | Cmd::Pi05(cli::pi05::Pi05Cmd::Run(_)) => true,
+        #[cfg(feature = "serve")]
+        Cmd::Serve(_) => true,
+        _ => false,
+    };
+    if runs_programs {
         ALLOC.keep_up_to(keep_bytes());
     }
     match cli.cmd {
@@ -134,6 +141,8 @@ fn run() -> anyhow::Result<()> {
         Cmd::Lower(a) => cli::lower::run(a),
         Cmd::Doctor(a) => cli::doctor::run(a),
         Cmd::Act(a) => cli::act::run(a),
+        #[cfg(feature = "serve")]
+        Cmd::Serve(a) => cli::serve::run(a),
     }
 }
 
