@@ -129,7 +129,7 @@ impl Case {
     /// Variant `v`: 8 observations (two tasks), seeds, and every fifth one explicit noise
     /// instead of a seed.
     fn new(v: usize) -> Case {
-        let task = if v % 2 == 0 { "pick" } else { "place" };
+        let task = if v.is_multiple_of(2) { "pick" } else { "place" };
         let opts = if v % 5 == 4 {
             Options {
                 noise: Some(
