@@ -16,6 +16,8 @@ pub mod memory;
 pub mod policy;
 pub mod report;
 pub mod runtimes;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod settings;
 pub mod venv;
 pub mod verify;

@@ -35,6 +35,10 @@ enum Cmd {
     Verify(cli::verify::VerifyArgs),
     /// Run an export from a raw lerobot observation (lerobot's pre- and post-processing).
     Act(cli::act::ActArgs),
+    /// Serve an export over gRPC (proto/petite/v1/policy.proto) until SIGTERM: Act, Info,
+    /// Health; loopback by default.
+    #[cfg(feature = "serve")]
+    Serve(cli::serve::ServeArgs),
     /// What this machine offers: the GPU the CUDA driver reports, the TensorRT builder found.
     Doctor(cli::doctor::DoctorArgs),
 }
@@ -125,10 +129,13 @@ fn run() -> anyhow::Result<()> {
         // instead of page-faulted in afresh — a full-size f32 `pi05 run` took ~950k minor
         // faults, ~155k with this (docs/MEASUREMENTS.md; `PETITE_KEEP_MIB`, 0 keeps none).
         // Export keeps none: its memory is the budget it is held to.
-        if matches!(
-            cli.cmd,
-            Cmd::Verify(_) | Cmd::Act(_) | Cmd::Pi05(cli::pi05::Pi05Cmd::Run(_))
-        ) {
+        let runs_programs = match &cli.cmd {
+            Cmd::Verify(_) | Cmd::Act(_) | Cmd::Pi05(cli::pi05::Pi05Cmd::Run(_)) => true,
+            #[cfg(feature = "serve")]
+            Cmd::Serve(_) => true,
+            _ => false,
+        };
+        if runs_programs {
             ALLOC.keep_up_to(settings.keep_bytes());
         }
         let _ = petite::settings::configure(settings);
@@ -143,6 +150,8 @@ fn run() -> anyhow::Result<()> {
         Cmd::Lower(a) => cli::lower::run(a),
         Cmd::Doctor(a) => cli::doctor::run(a),
         Cmd::Act(a) => cli::act::run(a),
+        #[cfg(feature = "serve")]
+        Cmd::Serve(a) => cli::serve::run(a),
     }
 }
 

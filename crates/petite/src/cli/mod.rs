@@ -7,6 +7,8 @@ pub mod inspect;
 pub mod lower;
 pub mod pi05;
 pub mod plan;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod verify;
 
 /// The numeric mode of the pi0.5 programs, as every command spells it (`--dtype`); `convert`
