@@ -66,14 +66,16 @@ fn asarray<'py>(py: Python<'py>) -> PyResult<&'py Bound<'py, PyAny>> {
 }
 
 /// A numpy array's values in row-major order (a copy; strided arrays walked in order).
-fn values<T: numpy::Element + Copy>(a: &Bound<'_, PyArrayDyn<T>>) -> (Vec<usize>, Vec<T>) {
-    let ro = a.readonly();
+fn values<T: numpy::Element + Copy>(
+    a: &Bound<'_, PyArrayDyn<T>>,
+) -> PyResult<(Vec<usize>, Vec<T>)> {
+    let ro = a.try_readonly()?;
     let shape = ro.shape().to_vec();
     let data = match ro.as_slice() {
         Ok(s) => s.to_vec(),
         Err(_) => ro.as_array().iter().copied().collect(),
     };
-    (shape, data)
+    Ok((shape, data))
 }
 
 /// Which values an entry may hold.
@@ -89,13 +91,13 @@ enum Want {
 /// as petite's [`Array`].
 fn to_array(key: &str, v: &Bound<'_, PyAny>, want: Want) -> PyResult<Array> {
     if let Ok(a) = v.cast::<PyArrayDyn<f32>>() {
-        let (shape, data) = values(a);
+        let (shape, data) = values(a)?;
         return Ok(Array::F32 { shape, data });
     }
     if want == Want::Image
         && let Ok(a) = v.cast::<PyArrayDyn<u8>>()
     {
-        let (shape, data) = values(a);
+        let (shape, data) = values(a)?;
         return Ok(Array::U8 { shape, data });
     }
     let py = v.py();
@@ -123,13 +125,13 @@ fn to_array(key: &str, v: &Bound<'_, PyAny>, want: Want) -> PyResult<Array> {
     }
     if kind == b'u' && want == Want::Image {
         let a = arr.cast::<PyArrayDyn<u8>>()?;
-        let (shape, data) = values(a);
+        let (shape, data) = values(a)?;
         return Ok(Array::U8 { shape, data });
     }
     let kw = PyDict::new(py);
     kw.set_item("dtype", "float32")?;
     let f = asarray(py)?.call((arr,), Some(&kw))?;
-    let (shape, data) = values(f.cast::<PyArrayDyn<f32>>()?);
+    let (shape, data) = values(f.cast::<PyArrayDyn<f32>>()?)?;
     Ok(Array::F32 { shape, data })
 }
 

@@ -48,12 +48,17 @@ pub fn run() -> Result<()> {
     let petite = util::conformance_petite()?;
     let out = util::target_dir().join("conformance-policy");
     let result = (|| -> Result<()> {
+        let start = Instant::now();
         util::run(
             Command::new(&python)
                 .arg(root.join(SCRIPT))
                 .arg("--out")
                 .arg(&out),
         )?;
+        eprintln!(
+            "xtask: policy: lerobot wrote the folders and its outputs in {:.0} s",
+            start.elapsed().as_secs_f64()
+        );
         for case in CASES {
             let dir = out.join(case);
             for backend in ["reference", "portable", "onnx"] {
@@ -147,13 +152,19 @@ fn python_package(python: &Path, out: &Path) -> Result<()> {
         "xtask: policy: built {} in {built:.0} s and installed it in the lerobot venv",
         wheel.file_name().unwrap_or_default().to_string_lossy()
     );
+    let start = Instant::now();
     util::run(
         Command::new(python)
             .arg(root.join(PYTHON_TEST))
             .arg("--out")
             .arg(out)
             .args(CASES),
-    )
+    )?;
+    eprintln!(
+        "xtask: policy: the Python package's test took {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// maturin arguments that build with the test profile's settings. maturin builds through `cargo
