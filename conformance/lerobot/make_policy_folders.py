@@ -17,7 +17,13 @@ For each case below this script
      at another size, float CHW and uint8 HWC, a camera left out);
   5. writes, per case: the folder (`policy/`), `petite.json` (the model sizes in petite's schema,
      since lerobot's config can only name the real variants), `observation.safetensors` (lerobot's
-     keys, the noise, metadata `task`) and `expected.safetensors` (`action`, tokens, mask).
+     keys, the noise, metadata `task`) and `expected.safetensors` (`action`, tokens, mask);
+  6. runs the same pipeline on a loop of LOOP further observations (tasks, images, states and
+     noise all varying; some with a leading batch dimension of 1, some images uint8 where the
+     first was float) and writes `loop.safetensors`: per observation `NN/<lerobot key>`,
+     `NN/noise`, lerobot's `NN/action` (postprocessed), `NN/model` (`predict_action_chunk`'s
+     output) and `NN/tokens`, `NN/token_mask`; metadata `tasks` (a JSON list). The Python
+     package's test (`python_policy.py`) calls one `petite.Policy` over them.
 
 Usage: make_policy_folders.py --out DIR
 """
@@ -45,6 +51,8 @@ from lerobot.policies.pi05.configuration_pi05 import PI05Config  # noqa: E402
 from lerobot.policies.pi05.modeling_pi05 import PI05Policy  # noqa: E402
 
 VOCAB = 320  # model rows; the tokenizer uses fewer
+LOOP = 24  # observations of the loop (step 6)
+TASKS = ["pick up the red cube", "open the drawer", "stack blocks", "put the bowl on the plate\n", "close blue drawer"]
 
 
 @dataclass(frozen=True)
@@ -291,10 +299,58 @@ def make_case(case: Case, out: Path, tokdir: Path) -> None:
     save_np({"action": a, "tokens": tokens, "token_mask": mask}, str(out / "expected.safetensors"))
     petite = g.petite_config(sz, policy)
     (out / "petite.json").write_text(json.dumps(petite, indent=2))
+    make_loop(case, policy, pre, post, dataset_stats, out)
     print(
         f"{case.name}: tokens {int(mask.sum())}/{case.tokens}, actions {a.shape}, max |a| {np.abs(a).max():.3f}",
         flush=True,
     )
+
+
+def make_loop(case: Case, policy, pre, post, dataset_stats, out: Path) -> None:
+    """Step 6: LOOP observations through lerobot's pipeline, one at a time as a robot sends them."""
+    rng = np.random.Generator(np.random.PCG64(case.seed + 1))
+    tensors = {}
+    tasks = []
+    for i in range(LOOP):
+        p = f"{i:02d}/"
+        obs_torch = {}
+        batched = i % 4 == 3  # a leading batch dimension of 1 in the numpy arrays too
+        for j, (k, (h, w), kind) in enumerate(case.cameras):
+            key = f"observation.images.{k}"
+            if kind is None:
+                continue
+            # Alternate float CHW and uint8 HWC per observation and camera.
+            if (i + j) % 2 == 0:
+                img = rng.uniform(0.0, 1.0, size=(3, h, w)).astype(np.float32)
+                t = torch.from_numpy(img)
+            else:
+                img = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+                t = torch.from_numpy(img).permute(2, 0, 1).float() / 255.0
+            tensors[p + key] = img[None] if batched else img
+            obs_torch[key] = t[None]
+        state = (
+            dataset_stats["observation.state"]["mean"].numpy() + rng.uniform(-1.5, 1.5, size=case.state_dim)
+        ).astype(np.float32)
+        tensors[p + "observation.state"] = state[None] if batched else state
+        obs_torch["observation.state"] = torch.from_numpy(state)[None]
+        noise = rng.standard_normal((case.chunk, case.max_action_dim), dtype=np.float32)
+        tensors[p + "noise"] = noise
+        task = TASKS[i % len(TASKS)]
+        tasks.append(task)
+        obs_torch["task"] = [task]
+        with torch.no_grad():
+            batch = pre(obs_torch)
+            model = policy.predict_action_chunk(batch, noise=torch.from_numpy(noise)[None].clone())
+            actions = post(model.clone())
+        a = actions[0].numpy().astype(np.float32)
+        m = model[0].numpy().astype(np.float32)
+        assert a.shape == m.shape == (case.chunk, case.action_dim) and np.isfinite(a).all()
+        tensors[p + "action"] = a
+        tensors[p + "model"] = m
+        tensors[p + "tokens"] = batch["observation.language.tokens"][0].numpy().astype(np.int64)
+        tensors[p + "token_mask"] = batch["observation.language.attention_mask"][0].numpy().astype(np.uint8)
+    save_np(tensors, str(out / "loop.safetensors"), metadata={"tasks": json.dumps(tasks)})
+    print(f"{case.name}: a loop of {LOOP} observations through lerobot's pipeline", flush=True)
 
 
 def main() -> None:

@@ -63,6 +63,12 @@ pub fn conformance_from_test_build() -> Result<()> {
     Ok(())
 }
 
+/// Whether the conformance tiers run the test-profile build ([`conformance_from_test_build`]):
+/// what they build themselves (the Python package's wheel) then uses the same profile.
+pub fn conformance_uses_test_build() -> bool {
+    CONFORMANCE_BUILD.get().is_some()
+}
+
 /// The `petite` binary the conformance tiers run: the test-profile build after
 /// [`conformance_from_test_build`], else the release build (built here).
 pub fn conformance_petite() -> Result<PathBuf> {

@@ -8,9 +8,18 @@
 //! `petite export --checkpoint <folder> --config petite.json` and `petite act` on the same raw
 //! observation must give lerobot's actions within 1e-4 × max(1, |action|) each, and its prompt
 //! tokens and attention mask exactly. A NaN, a length mismatch or a missing tensor fails.
+//!
+//! Then the Python package: its wheel built with maturin (in the profile of the `petite` the tier
+//! runs, in the workspace's target directory), installed into the lerobot venv, and
+//! `conformance/lerobot/python_policy.py` opens one `petite.Policy` per case (the reference
+//! export) and calls it over the case's loop of observations (`loop.safetensors`, lerobot's
+//! pipeline on each, written by the generator): `act` and `predict_action_chunk` within the same
+//! bound, tokens identical, bad observations refused by key, the GIL released while a chunk
+//! runs, and the per-call overhead over `Policy::act` in Rust measured.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
 use safetensors::{Dtype, SafeTensors};
@@ -23,6 +32,12 @@ const SCRIPT: &str = "conformance/lerobot/make_policy_folders.py";
 const CASES: [&str; 2] = ["libero_like_mean_std", "hub_quantiles"];
 /// Per action: |petite − lerobot| ≤ this × max(1, |lerobot|).
 const BOUND: f32 = 1e-4;
+/// The Python package's crate (its `pyproject.toml` beside), relative to the workspace root.
+const PYTHON_CRATE: &str = "crates/petite-python/Cargo.toml";
+/// The package's test, run in the lerobot venv.
+const PYTHON_TEST: &str = "conformance/lerobot/python_policy.py";
+/// The venv that builds the wheel ([`super::Venv::Maturin`]).
+pub(super) const MATURIN_REQUIREMENTS: &[&str] = &["maturin==1.16.0"];
 
 /// Runs the tier.
 pub fn run() -> Result<()> {
@@ -33,12 +48,17 @@ pub fn run() -> Result<()> {
     let petite = util::conformance_petite()?;
     let out = util::target_dir().join("conformance-policy");
     let result = (|| -> Result<()> {
+        let start = Instant::now();
         util::run(
             Command::new(&python)
                 .arg(root.join(SCRIPT))
                 .arg("--out")
                 .arg(&out),
         )?;
+        eprintln!(
+            "xtask: policy: lerobot wrote the folders and its outputs in {:.0} s",
+            start.elapsed().as_secs_f64()
+        );
         for case in CASES {
             let dir = out.join(case);
             for backend in ["reference", "portable", "onnx"] {
@@ -79,10 +99,139 @@ pub fn run() -> Result<()> {
                 );
             }
         }
-        Ok(())
+        python_package(&python, &out)
     })();
     let _ = std::fs::remove_dir_all(&out);
     result
+}
+
+/// The Python package: the wheel built and installed into the lerobot venv (`python`), then its
+/// test over every case's loop (the reference exports under `out`).
+fn python_package(python: &Path, out: &Path) -> Result<()> {
+    let root = util::root();
+    let maturin = super::Venv::Maturin.python()?.with_file_name("maturin");
+    let wheels = util::target_dir().join("python-wheel");
+    let _ = std::fs::remove_dir_all(&wheels);
+    // The profile of the petite the tier runs. In CI that is the test build `cargo test
+    // --workspace` made: the wheel is built with the same settings, so only pyo3, numpy and the
+    // module itself are compiled here.
+    let profile: Vec<String> = if util::conformance_uses_test_build() {
+        test_profile_as_dev(&root)?
+    } else {
+        vec!["--release".into()]
+    };
+    let start = Instant::now();
+    util::run(
+        Command::new(&maturin)
+            .arg("build")
+            .args(&profile)
+            .arg("--manifest-path")
+            .arg(root.join(PYTHON_CRATE))
+            .arg("--interpreter")
+            .arg(python)
+            .arg("--out")
+            .arg(&wheels)
+            .env("CARGO_TARGET_DIR", util::target_dir())
+            .current_dir(&root),
+    )?;
+    let built = start.elapsed().as_secs_f64();
+    let wheel = wheel_in(&wheels)?;
+    util::run(
+        Command::new(python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--force-reinstall",
+            ])
+            .arg(&wheel),
+    )?;
+    eprintln!(
+        "xtask: policy: built {} in {built:.0} s and installed it in the lerobot venv",
+        wheel.file_name().unwrap_or_default().to_string_lossy()
+    );
+    let start = Instant::now();
+    util::run(
+        Command::new(python)
+            .arg(root.join(PYTHON_TEST))
+            .arg("--out")
+            .arg(out)
+            .args(CASES),
+    )?;
+    eprintln!(
+        "xtask: policy: the Python package's test took {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// maturin arguments that build with the test profile's settings. maturin builds through `cargo
+/// rustc`, where `--profile test` means test mode (a test harness, not the module), so the dev
+/// profile is named and given the test profile's settings from the workspace's Cargo.toml
+/// (`--config profile.dev.opt-level=2`, …): cargo keys artifacts by settings, not by the
+/// profile's name, and both profiles build into `target/debug`, so `cargo test --workspace`'s
+/// artifacts are reused.
+fn test_profile_as_dev(root: &Path) -> Result<Vec<String>> {
+    let path = root.join("Cargo.toml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut args = vec!["--profile".to_string(), "dev".to_string()];
+    args.extend(
+        profile_overrides(&text, "test", "dev")
+            .into_iter()
+            .flat_map(|kv| ["--config".to_string(), kv]),
+    );
+    ensure!(
+        args.len() > 2,
+        "{}: no [profile.test] settings found",
+        path.display()
+    );
+    Ok(args)
+}
+
+/// The `key = value` lines of `[profile.<from>]` and its `[profile.<from>.package.…]` tables as
+/// cargo `--config` overrides of profile `to` (`profile.dev.package."*".opt-level=3`).
+fn profile_overrides(cargo_toml: &str, from: &str, to: &str) -> Vec<String> {
+    let head = format!("[profile.{from}");
+    let mut table: Option<String> = None;
+    let mut out = Vec::new();
+    for line in cargo_toml.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            table = line
+                .strip_prefix(&head)
+                .and_then(|rest| rest.strip_suffix(']'))
+                .filter(|rest| rest.is_empty() || rest.starts_with('.'))
+                .map(|rest| format!("profile.{to}{rest}"));
+            continue;
+        }
+        let (Some(t), Some((k, v))) = (&table, line.split_once('=')) else {
+            continue;
+        };
+        if !line.starts_with('#') {
+            out.push(format!("{t}.{}={}", k.trim(), v.trim()));
+        }
+    }
+    out
+}
+
+/// The one wheel maturin wrote into `dir`.
+fn wheel_in(dir: &Path) -> Result<PathBuf> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "whl") {
+            found.push(p);
+        }
+    }
+    ensure!(
+        found.len() == 1,
+        "{}: expected one wheel, found {found:?}",
+        dir.display()
+    );
+    Ok(found.remove(0))
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {
@@ -158,4 +307,35 @@ fn compare(expected: &Path, acted: &Path) -> Result<f64> {
         );
     }
     Ok(worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::profile_overrides;
+
+    #[test]
+    fn the_test_profile_becomes_dev_overrides() {
+        let toml = r#"
+[profile.release]
+debug = "line-tables-only"
+
+[profile.test.package."*"]
+opt-level = 3
+[profile.test]
+# a comment
+opt-level = 2
+debug = "line-tables-only"
+
+[profile.tests-other]
+opt-level = 1
+"#;
+        assert_eq!(
+            profile_overrides(toml, "test", "dev"),
+            [
+                r#"profile.dev.package."*".opt-level=3"#,
+                "profile.dev.opt-level=2",
+                r#"profile.dev.debug="line-tables-only""#,
+            ]
+        );
+    }
 }

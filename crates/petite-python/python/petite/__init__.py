@@ -1,0 +1,23 @@
+"""petite: an exported pi0.5 policy (lerobot's PI05), opened once and run in a loop.
+
+    import numpy as np
+    import petite
+
+    policy = petite.Policy("bundle/", device="cpu")      # what `petite export` wrote
+    obs = {
+        "observation.images.image": np.zeros((224, 224, 3), np.uint8),  # HWC uint8 or CHW float
+        "observation.state": np.zeros(policy.info["state_dim"], np.float32),
+        "task": "pick up the cube",
+    }
+    actions = policy.act(obs)                   # float32 [chunk, action_dim], post-processed
+    model = policy.predict_action_chunk(obs)    # float32 [1, chunk, action_dim], model space
+
+The observation's keys are lerobot's; other keys are skipped. One policy may be shared by
+threads: chunks run one at a time in arrival order, with the GIL released meanwhile. A bad
+observation raises ValueError naming the key; `wait=False` raises `petite.Busy` when the
+policy's queue is full; anything else is a RuntimeError.
+"""
+
+from ._petite import ActionChunk, Busy, Policy, __version__
+
+__all__ = ["ActionChunk", "Busy", "Policy", "__version__"]
