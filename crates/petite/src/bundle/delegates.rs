@@ -93,11 +93,13 @@ impl<'m> Loaded<'m> {
     /// Opens every engine of `pte`. `read_ahead`: each engine's segment is asked of the disk
     /// (`POSIX_FADV_WILLNEED`) while the one before it is opened — for runtimes that read the
     /// whole engine at open (a GPU's upload), so the disk never waits between engines.
+    /// `whole`: let a runtime with a device open the method whole ([`Runtime::open_method`]).
     fn new(
         pte: &'m PteFile,
         release: bool,
         runtimes: &'m Runtimes,
         read_ahead: bool,
+        whole: bool,
     ) -> Result<Self> {
         let plan = method(pte, METHOD)?;
         let mut engines = HashMap::new();
@@ -130,7 +132,7 @@ impl<'m> Loaded<'m> {
             Some(id) if ids.len() == 1 => runtimes.get(*id).map(|r| r.as_ref()),
             _ => None,
         };
-        if let Some(rt) = runtime {
+        if let (Some(rt), true) = (runtime, whole) {
             let spec = method_spec(pte, plan)?;
             if let Some(m) = rt.open_method(&spec) {
                 advise(1);
@@ -585,8 +587,10 @@ pub fn run_pte(
     // The prefix runs once: its weights go after their last read. The step runs every
     // Euler step: its weights stay.
     let read_ahead = device == Device::Cuda;
-    let prefix = Loaded::new(&ptes.prefix, true, &runtimes, read_ahead)?;
-    let step = Loaded::new(&ptes.step, false, &runtimes, read_ahead)?;
+    // Engine by engine, values through host memory: the path the gpu tier has checked. The
+    // device-resident one (`with_resident`, a policy's) takes over once measured on a GPU.
+    let prefix = Loaded::new(&ptes.prefix, true, &runtimes, read_ahead, false)?;
+    let step = Loaded::new(&ptes.step, false, &runtimes, read_ahead, false)?;
     // Tests truncate a `.pte` here, while its engines are mapped.
     crate::guard::stop_point("verify");
     let steps = Steps::new(cfg, &ptes.step, &step)?;
@@ -621,8 +625,8 @@ pub fn with_resident<T>(
     let ptes = Ptes::open(pte_dir)?;
     let runtimes = open_runtimes(&[&ptes.prefix, &ptes.step], device)?;
     let read_ahead = device == Device::Cuda;
-    let prefix = Loaded::new(&ptes.prefix, false, &runtimes, read_ahead)?;
-    let step = Loaded::new(&ptes.step, false, &runtimes, read_ahead)?;
+    let prefix = Loaded::new(&ptes.prefix, false, &runtimes, read_ahead, true)?;
+    let step = Loaded::new(&ptes.step, false, &runtimes, read_ahead, true)?;
     let steps = Steps::new(cfg, &ptes.step, &step)?;
     let pprog = build_prefix(cfg, Precision::F32)?;
     let mut chunk = |inputs: &Inputs| -> Result<Vec<f32>> {
