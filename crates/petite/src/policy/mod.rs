@@ -250,6 +250,34 @@ pub struct Timing {
 }
 
 /// An exported pi0.5 policy, open: see the module's documentation.
+///
+/// ```no_run
+/// use std::path::Path;
+/// use petite::policy::{Array, Observation, OpenOptions, Options, Policy};
+///
+/// # fn main() -> petite::Result<()> {
+/// // Once: the bundle checked, the tokenizer loaded, the programs opened (and kept).
+/// let policy = Policy::open(Path::new("mine/"), &OpenOptions::default())?;
+/// let (h, w) = (480, 640);
+/// loop {
+///     let mut obs = Observation {
+///         task: "pick up the cube".into(),
+///         ..Default::default()
+///     };
+///     obs.images.insert(
+///         "observation.images.front".into(),
+///         Array::u8(&[h, w, 3], vec![0; h * w * 3]), // the camera's frame
+///     );
+///     obs.state = Some(Array::f32(&[6], vec![0.0; 6])); // the robot's state
+///     let chunk = policy.act(&obs, &Options::default())?;
+///     // Execute the first `chunk.n_action_steps` rows of `chunk.actions`
+///     // ([chunk, action_dim]), then observe again.
+///     # let _ = chunk;
+///     # break;
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub struct Policy {
     dir: PathBuf,
     queue: usize,
