@@ -244,43 +244,34 @@ impl<'m> Loaded<'m> {
             }
             values.insert(vi, t);
         }
-        for chain in &plan.chains {
-            for ins in &chain.instructions {
-                let Instruction::DelegateCall {
-                    delegate_index,
-                    args,
-                } = ins
-                else {
-                    return Err(bad(path, "only delegate calls are expected"));
-                };
-                let d = &plan.delegates[*delegate_index as usize];
-                let e = &self.engines[&(d.processed.index as usize)];
-                let n_in = e.inputs().len();
-                if args.len() != n_in + e.outputs().len() {
-                    return Err(bad(
-                        path,
-                        format!(
-                            "delegate {delegate_index}: {} args for an engine with {} inputs and {} outputs",
-                            args.len(),
-                            n_in,
-                            e.outputs().len()
-                        ),
-                    ));
-                }
-                let mut ins = BTreeMap::new();
-                for (b, a) in e.inputs().iter().zip(&args[..n_in]) {
-                    let t = values.get(a).cloned().ok_or_else(|| {
-                        bad(path, format!("value {a} is read before it is written"))
-                    })?;
-                    ins.insert(b.name.clone(), t);
-                }
-                let mut outs = e.run(ins)?;
-                for (o, a) in e.outputs().iter().zip(&args[n_in..]) {
-                    let t = outs.remove(&o.name).ok_or_else(|| {
-                        bad(path, format!("engine produced no output `{}`", o.name))
-                    })?;
-                    values.insert(*a, t);
-                }
+        for (delegate_index, d, args) in delegate_calls(self.pte, plan)? {
+            let e = &self.engines[&(d.processed.index as usize)];
+            let n_in = e.inputs().len();
+            if args.len() != n_in + e.outputs().len() {
+                return Err(bad(
+                    path,
+                    format!(
+                        "delegate {delegate_index}: {} args for an engine with {} inputs and {} outputs",
+                        args.len(),
+                        n_in,
+                        e.outputs().len()
+                    ),
+                ));
+            }
+            let mut ins = BTreeMap::new();
+            for (b, a) in e.inputs().iter().zip(&args[..n_in]) {
+                let t = values
+                    .get(a)
+                    .cloned()
+                    .ok_or_else(|| bad(path, format!("value {a} is read before it is written")))?;
+                ins.insert(b.name.clone(), t);
+            }
+            let mut outs = e.run(ins)?;
+            for (o, a) in e.outputs().iter().zip(&args[n_in..]) {
+                let t = outs
+                    .remove(&o.name)
+                    .ok_or_else(|| bad(path, format!("engine produced no output `{}`", o.name)))?;
+                values.insert(*a, t);
             }
         }
         plan.outputs
@@ -306,6 +297,38 @@ pub(super) fn method<'a>(
         .ok_or_else(|| bad(pte.path(), format!("no method `{name}`")))
 }
 
+/// Each delegate call of `plan`'s chains, in order: the delegate's index, the delegate (its
+/// engine in a segment: checked) and the call's arguments; anything but a delegate call is
+/// refused naming the file.
+fn delegate_calls<'p>(
+    pte: &PteFile,
+    plan: &'p petite_pte::model::ExecutionPlan,
+) -> Result<Vec<(u32, &'p petite_pte::model::BackendDelegate, &'p [i32])>> {
+    let path = pte.path();
+    let mut out = Vec::new();
+    for ins in plan.chains.iter().flat_map(|c| &c.instructions) {
+        let Instruction::DelegateCall {
+            delegate_index,
+            args,
+        } = ins
+        else {
+            return Err(bad(path, "only delegate calls are expected"));
+        };
+        let d = plan
+            .delegates
+            .get(*delegate_index as usize)
+            .ok_or_else(|| bad(path, format!("no delegate {delegate_index}")))?;
+        if d.processed.location != DataLocation::SEGMENT {
+            return Err(bad(
+                path,
+                format!("delegate {delegate_index}: engine not in a segment"),
+            ));
+        }
+        out.push((*delegate_index as u32, d, args.as_slice()));
+    }
+    Ok(out)
+}
+
 /// `plan` described for a runtime that opens a method whole: its engines' segments in
 /// first-use order, the calls, the inputs' and outputs' declared dtypes and shapes.
 fn method_spec<'a>(
@@ -323,32 +346,13 @@ fn method_spec<'a>(
     };
     let mut engines: Vec<(usize, u64, u64)> = Vec::new();
     let mut calls = Vec::new();
-    for chain in &plan.chains {
-        for ins in &chain.instructions {
-            let Instruction::DelegateCall {
-                delegate_index,
-                args,
-            } = ins
-            else {
-                return Err(bad(path, "only delegate calls are expected"));
-            };
-            let d = plan
-                .delegates
-                .get(*delegate_index as usize)
-                .ok_or_else(|| bad(path, format!("no delegate {delegate_index}")))?;
-            if d.processed.location != DataLocation::SEGMENT {
-                return Err(bad(
-                    path,
-                    format!("delegate {delegate_index}: engine not in a segment"),
-                ));
-            }
-            let seg = d.processed.index as usize;
-            if !engines.iter().any(|(s, _, _)| *s == seg) {
-                let (start, len) = pte.segment_range(seg)?;
-                engines.push((seg, start, len));
-            }
-            calls.push((seg, args.clone()));
+    for (_, d, args) in delegate_calls(pte, plan)? {
+        let seg = d.processed.index as usize;
+        if !engines.iter().any(|(s, _, _)| *s == seg) {
+            let (start, len) = pte.segment_range(seg)?;
+            engines.push((seg, start, len));
         }
+        calls.push((seg, args.to_vec()));
     }
     Ok(MethodSpec {
         path,
@@ -584,13 +588,7 @@ pub fn run_pte(
 ) -> Result<PteRun> {
     let ptes = Ptes::open(pte_dir)?;
     let runtimes = open_runtimes(&[&ptes.prefix, &ptes.step], device)?;
-    // The prefix runs once: its weights go after their last read. The step runs every
-    // Euler step: its weights stay.
-    let read_ahead = device == Device::Cuda;
-    // Engine by engine, values through host memory: the path the gpu tier has checked. The
-    // device-resident one (`with_resident`, a policy's) takes over once measured on a GPU.
-    let prefix = Loaded::new(&ptes.prefix, true, &runtimes, read_ahead, false)?;
-    let step = Loaded::new(&ptes.step, false, &runtimes, read_ahead, false)?;
+    let (prefix, step) = open_pair(&ptes, &runtimes, device, false)?;
     // Tests truncate a `.pte` here, while its engines are mapped.
     crate::guard::stop_point("verify");
     let steps = Steps::new(cfg, &ptes.step, &step)?;
@@ -605,6 +603,24 @@ pub fn run_pte(
         actions: x,
         runtimes: runtime_names(&runtimes),
     })
+}
+
+/// Both programs' engines opened. `resident` (a policy's): every weight kept, and each method
+/// opened whole by a runtime that keeps values on its device. Otherwise (verify's one chunk):
+/// the prefix's weights go after their last read, the step's stay (it runs every Euler step),
+/// and values pass engine by engine through host memory — the path the gpu tier has checked;
+/// the device-resident one takes over there once measured on a GPU.
+fn open_pair<'m>(
+    ptes: &'m Ptes,
+    runtimes: &'m Runtimes,
+    device: Device,
+    resident: bool,
+) -> Result<(Loaded<'m>, Loaded<'m>)> {
+    let read_ahead = device == Device::Cuda;
+    Ok((
+        Loaded::new(&ptes.prefix, !resident, runtimes, read_ahead, resident)?,
+        Loaded::new(&ptes.step, false, runtimes, read_ahead, resident)?,
+    ))
 }
 
 /// One chunk of a resident export: the model inputs in, the actions (f32 `[chunk,
@@ -624,9 +640,7 @@ pub fn with_resident<T>(
 ) -> Result<T> {
     let ptes = Ptes::open(pte_dir)?;
     let runtimes = open_runtimes(&[&ptes.prefix, &ptes.step], device)?;
-    let read_ahead = device == Device::Cuda;
-    let prefix = Loaded::new(&ptes.prefix, false, &runtimes, read_ahead, true)?;
-    let step = Loaded::new(&ptes.step, false, &runtimes, read_ahead, true)?;
+    let (prefix, step) = open_pair(&ptes, &runtimes, device, true)?;
     let steps = Steps::new(cfg, &ptes.step, &step)?;
     let pprog = build_prefix(cfg, Precision::F32)?;
     let mut chunk = |inputs: &Inputs| -> Result<Vec<f32>> {
