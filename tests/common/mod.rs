@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod policy;
 mod tool;
 #[allow(unused_imports)] // not every test file runs a stand-in tool
 pub use tool::write_tool;
