@@ -47,8 +47,6 @@ pub(crate) enum Venv {
     Trt,
     /// NVIDIA's runtime compiler (no GPU).
     Nvrtc,
-    /// maturin, which builds the Python package's wheel (the lerobot-policy tier).
-    Maturin,
 }
 
 impl Venv {
@@ -62,7 +60,6 @@ impl Venv {
             Venv::Ort => "ort",
             Venv::Trt => "trt",
             Venv::Nvrtc => "nvrtc",
-            Venv::Maturin => "maturin",
         }
     }
 
@@ -76,7 +73,6 @@ impl Venv {
             Venv::Ort => onnx::REQUIREMENTS,
             Venv::Trt => &[petite_engine::tensorrt::RTX_REQUIREMENT],
             Venv::Nvrtc => nvrtc::REQUIREMENTS,
-            Venv::Maturin => policy::MATURIN_REQUIREMENTS,
         };
         Ok(fixed.iter().map(|r| r.to_string()).collect())
     }
@@ -126,7 +122,8 @@ pub enum Tier {
     Portable,
     /// Real lerobot 0.6.1 policy folders exported and run by `petite act` against lerobot's
     /// whole pipeline (preprocessor → predict_action_chunk → postprocessor); and by the Python
-    /// package (`petite.Policy`, a wheel built with maturin) over a loop of observations.
+    /// package (`petite.Policy`, `pip install crates/petite-python` as a user runs it) over a loop
+    /// of observations.
     LerobotPolicy,
     /// TensorRT-RTX parses and builds every golden's engines.
     Tensorrt,
@@ -157,7 +154,6 @@ pub fn prefetch_venvs(args: &Args) -> Result<()> {
         (Venv::Trt, on(Tier::Tensorrt)),
         (Venv::PteFull, on(Tier::Tensorrt) || args.full),
         (Venv::Nvrtc, on(Tier::Nvrtc)),
-        (Venv::Maturin, on(Tier::LerobotPolicy)),
     ];
     let mut venvs = Vec::new();
     for (v, needed) in wanted {

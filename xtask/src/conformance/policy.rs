@@ -9,15 +9,16 @@
 //! observation must give lerobot's actions within 1e-4 × max(1, |action|) each, and its prompt
 //! tokens and attention mask exactly. A NaN, a length mismatch or a missing tensor fails.
 //!
-//! Then the Python package: its wheel built with maturin (in the profile of the `petite` the tier
-//! runs, in the workspace's target directory), installed into the lerobot venv, and
+//! Then the Python package, installed into the lerobot venv as a user installs it (`pip install
+//! crates/petite-python`: pip runs its `pyproject.toml`'s maturin build, in the profile of the
+//! `petite` the tier runs, in the workspace's target directory), and
 //! `conformance/lerobot/python_policy.py` opens one `petite.Policy` per case (the reference
 //! export) and calls it over the case's loop of observations (`loop.safetensors`, lerobot's
 //! pipeline on each, written by the generator): `act` and `predict_action_chunk` within the same
 //! bound, tokens identical, bad observations refused by key, the GIL released while a chunk
 //! runs, and the per-call overhead over `Policy::act` in Rust measured.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -36,8 +37,8 @@ const BOUND: f32 = 1e-4;
 const PYTHON_CRATE: &str = "crates/petite-python/Cargo.toml";
 /// The package's test, run in the lerobot venv.
 const PYTHON_TEST: &str = "conformance/lerobot/python_policy.py";
-/// The venv that builds the wheel ([`super::Venv::Maturin`]).
-pub(super) const MATURIN_REQUIREMENTS: &[&str] = &["maturin==1.16.0"];
+/// The maturin the package's PEP 517 build uses, installed into the lerobot venv.
+const MATURIN_REQUIREMENTS: &[&str] = &["maturin==1.16.0"];
 
 /// Runs the tier.
 pub fn run() -> Result<()> {
@@ -105,37 +106,42 @@ pub fn run() -> Result<()> {
     result
 }
 
-/// The Python package: the wheel built and installed into the lerobot venv (`python`), then its
-/// test over every case's loop (the reference exports under `out`).
+/// The Python package, installed into the lerobot venv (`python`) as a user installs it —
+/// `pip install crates/petite-python`, pip running the package's own PEP 517 build
+/// (`pyproject.toml` → maturin) — then its test over every case's loop (the reference exports
+/// under `out`).
 fn python_package(python: &Path, out: &Path) -> Result<()> {
     let root = util::root();
-    let maturin = super::Venv::Maturin.python()?.with_file_name("maturin");
-    let wheels = util::target_dir().join("python-wheel");
-    let _ = std::fs::remove_dir_all(&wheels);
+    // The pinned maturin in the venv itself, so the build uses it (`--no-build-isolation`)
+    // rather than whatever version pip would fetch for an isolated build.
+    util::run(
+        Command::new(python)
+            .args(["-m", "pip", "install", "--quiet"])
+            .args(MATURIN_REQUIREMENTS),
+    )?;
     // The profile of the petite the tier runs. In CI that is the test build `cargo test
-    // --workspace` made: the wheel is built with the same settings, so only pyo3, numpy and the
-    // module itself are compiled here.
+    // --workspace` made: the package is built with the same settings, so only pyo3, numpy and
+    // the module itself are compiled here. maturin's PEP 517 backend reads its build options
+    // from MATURIN_PEP517_ARGS (split as a shell would).
     let profile: Vec<String> = if util::conformance_uses_test_build() {
         test_profile_as_dev(&root)?
     } else {
         vec!["--release".into()]
     };
+    let quoted: Vec<String> = profile
+        .iter()
+        .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+        .collect();
+    let bin = python.parent().context("the venv's python has no folder")?;
+    let venv_path = match std::env::var_os("PATH") {
+        Some(p) => std::env::join_paths(
+            std::iter::once(bin.to_path_buf()).chain(std::env::split_paths(&p)),
+        )?,
+        None => bin.as_os_str().to_owned(),
+    };
+    let package = root.join(PYTHON_CRATE);
+    let package = package.parent().context("the Python crate has no folder")?;
     let start = Instant::now();
-    util::run(
-        Command::new(&maturin)
-            .arg("build")
-            .args(&profile)
-            .arg("--manifest-path")
-            .arg(root.join(PYTHON_CRATE))
-            .arg("--interpreter")
-            .arg(python)
-            .arg("--out")
-            .arg(&wheels)
-            .env("CARGO_TARGET_DIR", util::target_dir())
-            .current_dir(&root),
-    )?;
-    let built = start.elapsed().as_secs_f64();
-    let wheel = wheel_in(&wheels)?;
     util::run(
         Command::new(python)
             .args([
@@ -144,13 +150,20 @@ fn python_package(python: &Path, out: &Path) -> Result<()> {
                 "install",
                 "--quiet",
                 "--no-deps",
+                "--no-build-isolation",
                 "--force-reinstall",
             ])
-            .arg(&wheel),
+            .arg(package)
+            .env("MATURIN_PEP517_ARGS", quoted.join(" "))
+            // The backend runs the `maturin` executable the venv's pip installed beside it.
+            .env("PATH", venv_path)
+            .env("CARGO_TARGET_DIR", util::target_dir())
+            .current_dir(&root),
     )?;
     eprintln!(
-        "xtask: policy: built {} in {built:.0} s and installed it in the lerobot venv",
-        wheel.file_name().unwrap_or_default().to_string_lossy()
+        "xtask: policy: pip installed {} (its PEP 517 build, maturin) in the lerobot venv in {:.0} s",
+        package.display(),
+        start.elapsed().as_secs_f64()
     );
     let start = Instant::now();
     util::run(
@@ -215,23 +228,6 @@ fn profile_overrides(cargo_toml: &str, from: &str, to: &str) -> Vec<String> {
         }
     }
     out
-}
-
-/// The one wheel maturin wrote into `dir`.
-fn wheel_in(dir: &Path) -> Result<PathBuf> {
-    let mut found = Vec::new();
-    for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let p = e?.path();
-        if p.extension().is_some_and(|x| x == "whl") {
-            found.push(p);
-        }
-    }
-    ensure!(
-        found.len() == 1,
-        "{}: expected one wheel, found {found:?}",
-        dir.display()
-    );
-    Ok(found.remove(0))
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {
