@@ -411,9 +411,17 @@ impl Policy {
         let t0 = std::time::Instant::now();
         let pre = self.preprocess(obs, opts)?;
         let t1 = std::time::Instant::now();
-        let (raw, chunk) = self.run(pre.inputs.clone(), no_wait)?;
+        // The model inputs go to the owner thread (no copy of the images); what the chunk's
+        // postprocessing and report need stays here.
+        let Prepared {
+            inputs,
+            state,
+            prompt,
+        } = pre;
+        let prompt_ids = (inputs.tokens.clone(), inputs.token_mask.clone());
+        let (raw, chunk) = self.run(inputs, no_wait)?;
         let t2 = std::time::Instant::now();
-        let c = self.postprocess(pre, &raw)?;
+        let c = self.postprocess(&state, prompt, prompt_ids, &raw)?;
         let t3 = std::time::Instant::now();
         let s = |a: std::time::Instant, b: std::time::Instant| (b - a).as_secs_f64();
         Ok((
@@ -507,7 +515,13 @@ impl Policy {
         Ok((0..n).map(|_| rng.normal()).collect())
     }
 
-    fn postprocess(&self, pre: Prepared, raw: &[f32]) -> Result<ActionChunk> {
+    fn postprocess(
+        &self,
+        state: &[f32],
+        prompt: String,
+        (tokens, token_mask): (Vec<i64>, Vec<u8>),
+        raw: &[f32],
+    ) -> Result<ActionChunk> {
         let (cfg, r) = (&self.cfg, &self.runner);
         if raw.len() != cfg.chunk * cfg.action_dim {
             return Err(Error::Internal(format!(
@@ -533,8 +547,8 @@ impl Policy {
             let mut a = lerobot::unnormalize(m, &r.action_norm);
             if let Some(mask) = &r.relative_action_mask {
                 for (i, on) in mask.iter().enumerate() {
-                    if *on && i < pre.state.len() {
-                        a[i] += pre.state[i];
+                    if *on && i < state.len() {
+                        a[i] += state[i];
                     }
                 }
             }
@@ -546,9 +560,9 @@ impl Policy {
             chunk: cfg.chunk,
             action_dim: r.action_dim,
             n_action_steps: r.n_action_steps,
-            prompt: pre.prompt,
-            tokens: pre.inputs.tokens,
-            token_mask: pre.inputs.token_mask,
+            prompt,
+            tokens,
+            token_mask,
         })
     }
 }
