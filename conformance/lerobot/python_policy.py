@@ -15,17 +15,24 @@ observations (`loop.safetensors`) with lerobot's noise:
     waiting call gets its own right answer;
   - the per-call overhead over `Policy::act` in Rust (the call's wall time minus the time
     `Policy::act` took inside it, `ActionChunk.seconds`) is measured: median and p90 in µs.
+Then `petite.Client` against `petite serve` (the binary given with --petite) serving the same
+export on loopback: every answer over the loop equal bit for bit to the in-process Policy's, a
+bad observation a ValueError naming the key, four threads sharing one client each answered
+right, the round trip's overhead over the server's own time measured, and after SIGTERM the
+server exits 0 and the client raises ConnectionError.
 Prints one line per case and a JSON summary line (`petite-python: {...}`); exits non-zero on
 any mismatch.
 
-Usage: python_policy.py --out DIR CASE [CASE ...]
+Usage: python_policy.py --out DIR --petite PETITE CASE [CASE ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -275,12 +282,120 @@ def run_case(out: Path, case: str) -> dict:
     return r
 
 
+def serve_case(out: Path, case: str, petite_bin: Path) -> dict:
+    """`petite.Client` against `petite serve` of the case's reference export."""
+    d = out / case
+    loop = observations(d / "loop.safetensors")
+    local = petite.Policy(str(d / "reference"), device="cpu", seed=0)
+    server = subprocess.Popen(
+        [str(petite_bin), "serve", "--dir", str(d / "reference"), "--listen", "127.0.0.1:0", "--seed", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = server.stdout.readline()
+        if "listening on " not in line:
+            raise AssertionError(f"petite serve did not start: {line!r}")
+        addr = line.split("listening on ", 1)[1].split()[0]
+        client = petite.Client(addr, timeout=60.0)
+        assert client.healthy()
+        info = client.info
+        for k, v in local.info.items():
+            assert info[k] == v, f"Client.info[{k!r}] = {info[k]!r}, the Policy's {v!r}"
+        assert info["queue"] >= 1 and info["max_message_bytes"] > 0, info
+
+        rounds, server_ms, worst_act = [], [], 0.0
+        for rep in range(REPEATS):
+            for obs, want in loop:
+                noise = want["noise"]
+                t0 = time.perf_counter()
+                c = client.act_chunk(obs, noise=noise)
+                wall = time.perf_counter() - t0
+                rounds.append(wall)
+                server_ms.append(c.server_ms)
+                if rep == 0:
+                    mine = local.act_chunk(obs, noise=noise)
+                    for what in ("actions", "model", "tokens", "token_mask"):
+                        if not np.array_equal(getattr(c, what), getattr(mine, what)):
+                            raise AssertionError(f"Client.{what} differs from the in-process Policy's")
+                    worst_act = max(worst_act, worst(c.actions, want["action"], "Client.act_chunk"))
+                    m = client.predict_action_chunk(obs, noise=noise)
+                    worst(m, want["model"][None], "Client.predict_action_chunk")
+        obs0, want0 = loop[0]
+        state_key = "observation.state"
+        try:
+            client.act({**obs0, state_key: np.zeros(info["state_dim"] + 1, np.float32)}, noise=want0["noise"])
+        except ValueError as e:
+            assert f"`{state_key}`" in str(e), e
+        else:
+            raise AssertionError("the server accepted a state of the wrong width")
+
+        errors, counts = [], [0] * 4
+
+        def caller(k: int):
+            try:
+                for i in range(10):
+                    obs, want = loop[(k + i) % len(loop)]
+                    a = client.act(obs, noise=want["noise"])
+                    if not np.array_equal(a, local.act(obs, noise=want["noise"])):
+                        raise AssertionError(f"thread {k}, call {i}: another observation's answer")
+                    counts[k] += 1
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise AssertionError(f"concurrent clients: {errors[0]}")
+        server.send_signal(signal.SIGTERM)
+        rc = server.wait(timeout=60)
+        if rc != 0:
+            raise AssertionError(f"petite serve exited {rc} after SIGTERM")
+        try:
+            client.act(obs0, noise=want0["noise"])
+        except ConnectionError:
+            pass
+        else:
+            raise AssertionError("a call to a stopped server succeeded")
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        local.close()
+    over = [w - s / 1e3 for w, s in zip(rounds, server_ms)]
+    r = {
+        "case": case,
+        "calls_timed": len(rounds),
+        "median_round_trip_us": statistics.median(rounds) * 1e6,
+        "median_server_us": statistics.median(server_ms) * 1e3,
+        "median_transport_us": statistics.median(over) * 1e6,
+        "p90_transport_us": float(np.percentile(over, 90) * 1e6),
+        "concurrent_calls_checked": sum(counts),
+        "worst_act": worst_act,
+    }
+    print(
+        f"petite-python: {case}: petite.Client over petite serve (loopback): {len(rounds)} calls equal to the "
+        f"in-process Policy's bit for bit (lerobot within {worst_act:.2e}); a bad state refused by key; "
+        f"{sum(counts)} calls of 4 threads on one client each answered right; round trip median "
+        f"{r['median_round_trip_us']:.0f} µs of which the server's {r['median_server_us']:.0f} µs: transport "
+        f"median {r['median_transport_us']:.0f} µs, p90 {r['p90_transport_us']:.0f} µs; SIGTERM: exit 0, "
+        f"then ConnectionError",
+        flush=True,
+    )
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--petite", required=True, type=Path, help="the petite binary (for petite serve)")
     ap.add_argument("cases", nargs="+")
     args = ap.parse_args()
     results = [run_case(args.out, c) for c in args.cases]
+    results += [serve_case(args.out, c, args.petite) for c in args.cases]
     print("petite-python: " + json.dumps({"petite": petite.__version__, "cases": results}), flush=True)
 
 

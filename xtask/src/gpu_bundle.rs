@@ -1,6 +1,8 @@
 //! `cargo xtask gpu-bundle`: what a GPU machine without a Rust toolchain (the lent H200, which
 //! reaches no package registry) needs to run the gpu tier and `bench gpu` on this checkout — the
-//! release `petite`, a release `xtask` and the release build of petite-cuda's GPU tests — in one
+//! release `petite`, a release `xtask`, the release build of petite-cuda's GPU tests and the
+//! Python package (`python/petite`, unpacked from its release wheel: the device has no pip
+//! registry, so `run.sh` puts it on `PYTHONPATH`) — in one
 //! folder (default `.gpu`, which git ignores) with a `run.sh` that points them at each other and
 //! at the tree. Carry the folder and run `bash .gpu/run.sh all --dtypes bf16 --rounds 3 --variant
 //! main: --variant literal:offsets=literal` from the repository root there. Why: every GPU
@@ -36,6 +38,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export XTASK_PETITE_BIN="$here/petite" XTASK_CUDA_TESTS="$here/petite-cuda-gpu-tests" XTASK_ROOT="$PWD"
+# The Python package (`import petite`), for `bench policy --python python3`.
+export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
 head=$(git rev-parse HEAD 2>/dev/null || true)
 if [ -n "$head" ] && [ "$head" != "$(cat "$here/COMMIT")" ]; then
   echo "run.sh: this tree is at $head, the bundle was built at $(cat "$here/COMMIT")" >&2
@@ -96,6 +100,50 @@ fn copy(from: &Path, to: &Path) -> Result<u64> {
     Ok(std::fs::metadata(to)?.len())
 }
 
+/// The Python package's release wheel (maturin, in `target/venv-maturin`), unpacked into
+/// `into` (`into/petite/…`) with its extension's debug information stripped. Its size.
+fn python_package(into: &Path) -> Result<u64> {
+    let root = util::root();
+    let python = util::venv("maturin", crate::conformance::policy::MATURIN_REQUIREMENTS)?;
+    let maturin = python.with_file_name("maturin");
+    let wheels = tempfile::tempdir()?;
+    util::run(
+        Command::new(&maturin)
+            .args([
+                "build",
+                "--release",
+                "--quiet",
+                "--auditwheel",
+                "skip",
+                "-m",
+            ])
+            .arg(root.join("crates/petite-python/Cargo.toml"))
+            .arg("--out")
+            .arg(wheels.path())
+            .env("CARGO_TARGET_DIR", util::target_dir())
+            .current_dir(&root),
+    )?;
+    let wheel = std::fs::read_dir(wheels.path())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .context("maturin wrote no wheel")?;
+    util::run(
+        Command::new(&python)
+            .args(["-m", "zipfile", "-e"])
+            .arg(&wheel)
+            .arg(into),
+    )?;
+    let mut bytes = 0;
+    for e in std::fs::read_dir(into.join("petite"))? {
+        let p = e?.path();
+        if p.extension().is_some_and(|e| e == "so") {
+            util::run(Command::new("strip").arg("--strip-debug").arg(&p))?;
+        }
+        bytes += std::fs::metadata(&p)?.len();
+    }
+    Ok(bytes)
+}
+
 /// Builds the bundle.
 pub fn run(a: &Args) -> Result<()> {
     let root = util::root();
@@ -135,6 +183,7 @@ pub fn run(a: &Args) -> Result<()> {
     ] {
         bytes += copy(from, &out.join(name))?;
     }
+    bytes += python_package(&out.join("python"))?;
     std::fs::write(out.join("run.sh"), RUN_SH)?;
     std::fs::write(out.join("COMMIT"), format!("{commit}\n"))?;
     let dirty = Command::new("git")
@@ -151,7 +200,7 @@ pub fn run(a: &Args) -> Result<()> {
         );
     }
     println!(
-        "gpu-bundle: {} ({:.1} MiB: petite, xtask, petite-cuda-gpu-tests, run.sh) of {commit}{}",
+        "gpu-bundle: {} ({:.1} MiB: petite, xtask, petite-cuda-gpu-tests, python/petite, run.sh) of {commit}{}",
         out.display(),
         bytes as f64 / (1u64 << 20) as f64,
         if dirty {

@@ -9,6 +9,8 @@
 
 #![deny(missing_docs)]
 
+mod client;
+
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -201,7 +203,7 @@ fn to_observation(obs: &Bound<'_, PyAny>) -> PyResult<Observation> {
 
 /// The call's options: explicit noise (`[chunk, max_action_dim]`, or with a leading 1) and seed.
 fn to_options(
-    info: &policy::Info,
+    (chunk, max_action_dim): (usize, usize),
     noise: Option<&Bound<'_, PyAny>>,
     seed: Option<u64>,
 ) -> PyResult<Options> {
@@ -210,7 +212,7 @@ fn to_options(
         Some(n) if n.is_none() => None,
         Some(n) => match to_array("noise", n, Want::Float)? {
             Array::F32 { shape, data } => {
-                let (c, m) = (info.chunk, info.max_action_dim);
+                let (c, m) = (chunk, max_action_dim);
                 if shape != [c, m] && shape != [1, c, m] {
                     return Err(bad(
                         "noise",
@@ -255,7 +257,7 @@ impl Policy {
     ) -> PyResult<(policy::ActionChunk, f64)> {
         let p = self.policy()?;
         let observation = to_observation(obs)?;
-        let options = to_options(&self.info, noise, seed)?;
+        let options = to_options((self.info.chunk, self.info.max_action_dim), noise, seed)?;
         let (r, secs) = py.detach(move || {
             let t = Instant::now();
             let r = if wait {
@@ -379,7 +381,11 @@ impl Policy {
         wait: bool,
     ) -> PyResult<ActionChunk> {
         let (c, seconds) = self.chunk(py, obs, noise, seed, wait)?;
-        Ok(ActionChunk { c, seconds })
+        Ok(ActionChunk {
+            c,
+            seconds,
+            server_ms: None,
+        })
     }
 
     /// Closes the policy: its programs are released once a call in flight returns; later calls
@@ -428,6 +434,7 @@ fn matrix(py: Python<'_>, v: Vec<f32>, rows: usize, cols: usize) -> Bound<'_, Py
 struct ActionChunk {
     c: policy::ActionChunk,
     seconds: f64,
+    server_ms: Option<f64>,
 }
 
 #[pymethods]
@@ -481,10 +488,17 @@ impl ActionChunk {
         m.into_pyarray(py)
     }
 
-    /// Seconds `Policy::act` took inside the call.
+    /// Seconds `Policy::act` took inside the call (a `Client`'s: the whole round trip).
     #[getter]
     fn seconds(&self) -> f64 {
         self.seconds
+    }
+
+    /// A `Client`'s call: the server's time for it in milliseconds (the round trip less this
+    /// is the transport's); `None` for an in-process `Policy`.
+    #[getter]
+    fn server_ms(&self) -> Option<f64> {
+        self.server_ms
     }
 
     fn __repr__(&self) -> String {
@@ -500,6 +514,7 @@ impl ActionChunk {
 fn _petite(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Policy>()?;
     m.add_class::<ActionChunk>()?;
+    m.add_class::<client::Client>()?;
     m.add("Busy", m.py().get_type::<Busy>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -10,6 +10,9 @@
 //! `petite` crate), so the exporter's crates never link a network stack and the server's
 //! behaviour (limits, queue, deadlines, shutdown) is tested here without a model.
 //!
+//! [`Client`] is the other end: blocking calls over the same stubs, for robot loops and the
+//! Python package's `petite.Client`.
+//!
 //! What a server does with a call ([`Server::start`]):
 //! - a request above the message limit is refused by tonic's decoder before any handler runs
 //!   (`OUT_OF_RANGE`, "decoded message length too large"), other calls unaffected;
@@ -25,11 +28,13 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod client;
 mod server;
 mod service;
 mod tensor;
 
 pub use backend::{Backend, Call, Camera, Chunk, PolicyInfo, Refusal};
+pub use client::{Client, Reply, ServerInfo};
 pub use server::{Options, Server, termination};
 pub use tensor::Array;
 
@@ -61,6 +66,27 @@ pub enum Error {
     /// Waiting for SIGTERM or SIGINT could not be set up.
     #[error("cannot wait for SIGTERM/SIGINT: {0}")]
     Signal(#[source] std::io::Error),
+    /// A client could not reach the server (nothing listening, a bad address, the connect
+    /// timeout passed).
+    #[error("cannot connect to {target}: {reason}")]
+    Connect {
+        /// The address as given (`http://host:port`).
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// The server answered a call with a status other than OK (its code and message: see the
+    /// `.proto` for what each code means).
+    #[error("the server refused the call ({code:?}): {message}")]
+    Status {
+        /// The gRPC status code.
+        code: tonic::Code,
+        /// The server's message.
+        message: String,
+    },
+    /// A client's runtime (its I/O thread) could not start.
+    #[error("cannot start the client's I/O thread: {0}")]
+    Runtime(#[source] std::io::Error),
     /// A tensor is not what its dtype and shape say (names the key, expected vs found).
     #[error("`{key}`: {reason}")]
     Tensor {

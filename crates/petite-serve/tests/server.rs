@@ -294,3 +294,98 @@ async fn shutdown_finishes_the_calls_in_flight_and_takes_no_new_connection() {
         .unwrap()
         .unwrap();
 }
+
+/// The blocking [`petite_serve::Client`] against a real server: `Info`, `Health`, chunks from
+/// several threads sharing one client, refusals as status codes, a call's deadline, and a
+/// connection to nothing as one error naming the address.
+#[test]
+fn the_blocking_client_shares_one_connection_between_threads() {
+    use petite_serve::{Client, Error};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let held = Arc::new(Held::default());
+    held.open(true);
+    let server = rt
+        .block_on(Server::start(
+            held.clone(),
+            &Options {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                max_message_bytes: 1 << 20,
+                queue: 8,
+            },
+        ))
+        .unwrap();
+    let addr = server.local_addr().to_string();
+    let client = Arc::new(Client::connect(&addr, Duration::from_secs(5), None).unwrap());
+    let info = client.info().unwrap();
+    assert_eq!((info.queue, info.max_message_bytes), (8, 1 << 20));
+    assert_eq!(info.policy.cameras[0].key, "observation.images.front");
+    assert_eq!((info.policy.chunk, info.policy.action_dim), (1, 1));
+    assert!(client.healthy().unwrap());
+
+    let call = |x: f32, seed: u64| Call {
+        observation: [(
+            "observation.state".to_string(),
+            Array::F32 {
+                shape: vec![1],
+                data: vec![x],
+            },
+        )]
+        .into(),
+        task: format!("task {x}"),
+        seed: Some(seed),
+        ..Call::default()
+    };
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                for i in 0..25u64 {
+                    let x = (t * 100) as f32 + i as f32;
+                    let r = client.act(&call(x, i)).unwrap();
+                    assert_eq!(r.chunk.actions, [x + i as f32]);
+                    assert_eq!(r.chunk.model, [-(x + i as f32)]);
+                    assert_eq!(r.chunk.prompt, format!("task {x}"));
+                    assert_eq!((r.chunk.chunk, r.chunk.action_dim), (1, 1));
+                    assert!(r.server_ms >= 0.0 && r.server_ms.is_finite());
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+
+    let mut bad = call(1.0, 0);
+    bad.observation.clear();
+    match client.act(&bad).unwrap_err() {
+        Error::Status { code, message } => {
+            assert_eq!(code, Code::InvalidArgument);
+            assert!(message.contains("observation.state"), "{message}");
+        }
+        e => panic!("{e}"),
+    }
+    // The call's deadline travels to the server: a held call ends with it.
+    held.open(false);
+    let quick = Client::connect(
+        &addr,
+        Duration::from_secs(5),
+        Some(Duration::from_millis(200)),
+    )
+    .unwrap();
+    match quick.act(&call(1.0, 0)).unwrap_err() {
+        Error::Status { code, .. } => {
+            assert!(
+                matches!(code, Code::Cancelled | Code::DeadlineExceeded),
+                "{code:?}"
+            )
+        }
+        e => panic!("{e}"),
+    }
+    held.open(true);
+    assert_eq!(client.act(&call(2.0, 1)).unwrap().chunk.actions, [3.0]);
+    rt.block_on(server.shutdown()).unwrap();
+
+    let e = Client::connect(&addr, Duration::from_secs(2), None).unwrap_err();
+    assert!(matches!(e, Error::Connect { .. }), "{e}");
+    assert!(e.to_string().contains(&addr), "{e}");
+}

@@ -41,7 +41,16 @@ pub struct Args {
     /// dtype's bound of them (1e-4 for f32, 5e-2 for bf16; NaN, length mismatch fail).
     #[arg(long)]
     pub check_cpu: bool,
+    /// A Python that imports `petite` (the package: `pip install crates/petite-python`) and
+    /// numpy: adds the rows of `petite.Policy` (in-process) and `petite.Client` against `petite
+    /// serve` on loopback, each checked equal to the Rust row's actions. Without it those rows
+    /// are not measured (said in the output).
+    #[arg(long)]
+    pub python: Option<PathBuf>,
 }
+
+/// The Python rows' script (`policy_faces.py` beside this file).
+const FACES_PY: &str = include_str!("policy_faces.py");
 
 fn actions(path: &Path) -> Result<Vec<f32>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
@@ -104,6 +113,80 @@ fn write_observation(
     let meta = [("task".to_string(), "pick up the cube".to_string())].into();
     std::fs::write(path, safetensors::serialize(views, Some(meta))?)
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// What the Python rows run on.
+struct PythonRun<'a> {
+    petite: &'a Path,
+    dir: &'a Path,
+    export: &'a Path,
+    device: &'a str,
+    tokenizer: &'a Path,
+    cameras: &'a [&'a str],
+    hw: (usize, usize),
+    state: usize,
+    repeat: usize,
+}
+
+/// One Python face's calls.
+struct Row {
+    open_s: f64,
+    first_call_s: f64,
+    walls: Vec<f64>,
+    insides: Vec<f64>,
+    actions: Vec<f32>,
+}
+
+/// `policy_faces.py` under `python`: the rows of `petite.Policy` and of `petite.Client` over
+/// `petite serve`.
+fn python_rows(python: &Path, r: &PythonRun<'_>) -> Result<Vec<(&'static str, Row)>> {
+    let script = r.dir.join("policy_faces.py");
+    std::fs::write(&script, FACES_PY)?;
+    let json = r.dir.join("faces.json");
+    util::run(
+        Command::new(python)
+            .arg(&script)
+            .arg("--export")
+            .arg(r.export)
+            .args(["--device", r.device, "--tokenizer"])
+            .arg(r.tokenizer)
+            .arg("--petite")
+            .arg(r.petite)
+            .args(["--cameras", &r.cameras.join(",")])
+            .args(["--hw", &format!("{},{}", r.hw.0, r.hw.1)])
+            .args(["--state", &r.state.to_string()])
+            .args(["--repeat", &r.repeat.to_string()])
+            .arg("--json")
+            .arg(&json),
+    )?;
+    let v: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+    let floats = |x: &Value| -> Vec<f64> {
+        x.as_array()
+            .map(|a| a.iter().filter_map(Value::as_f64).collect())
+            .unwrap_or_default()
+    };
+    let mut rows = Vec::new();
+    for face in ["python", "serve"] {
+        let f = &v[face];
+        let row = Row {
+            open_s: f["open_s"].as_f64().unwrap_or(f64::NAN),
+            first_call_s: f["first_call_s"].as_f64().unwrap_or(f64::NAN),
+            walls: floats(&f["walls"]),
+            insides: floats(&f["insides"]),
+            actions: floats(&f["actions"])
+                .into_iter()
+                .map(|x| x as f32)
+                .collect(),
+        };
+        anyhow::ensure!(
+            row.walls.len() == r.repeat && row.insides.len() == r.repeat,
+            "{face}: {} calls timed, expected {}",
+            row.walls.len(),
+            r.repeat
+        );
+        rows.push((face, row));
+    }
+    Ok(rows)
 }
 
 fn median_p99(v: &mut [f64]) -> (f64, f64) {
@@ -260,6 +343,23 @@ pub fn run(a: &Args) -> Result<()> {
     let (tm, tp) = median_p99(&mut total);
     let (cm, cp) = median_p99(&mut chunk);
     let (om, op) = median_p99(&mut over);
+    let rows = match &a.python {
+        Some(py) => Some(python_rows(
+            py,
+            &PythonRun {
+                petite: &petite,
+                dir: &dir,
+                export: &out,
+                device: &a.device,
+                tokenizer: &tok,
+                cameras: &cameras,
+                hw: (h, w),
+                state,
+                repeat: a.repeat,
+            },
+        )?),
+        None => None,
+    };
     println!(
         "policy bench ({}, {}, {} calls): a call {tm:.3} ms (p99 {tp:.3}); the chunk alone {cm:.3} ms (p99 {cp:.3}); overhead {om:.3} ms (p99 {op:.3}); open {:.3} s, first call {:.1} ms; runtime {}",
         a.device,
@@ -273,6 +373,49 @@ pub fn run(a: &Args) -> Result<()> {
         t["first_call_s"].as_f64().unwrap_or(f64::NAN) * 1e3,
         t["runtime"].as_str().unwrap_or("?"),
     );
+    let rust_actions = actions(&dir.join("actions.safetensors"))?;
+    match rows {
+        None => println!(
+            "policy bench: the Python and serve rows were not measured (give --python: a Python with the petite package and numpy)"
+        ),
+        Some(rows) => {
+            for (face, r) in rows {
+                let same = r.actions == rust_actions;
+                let err = crate::conformance::gpu::max_err(&r.actions, &rust_actions)?;
+                anyhow::ensure!(
+                    same || (cuda && err <= 5e-2),
+                    "{face}: the actions are {err:e} from the Rust row's (same seed, same export)"
+                );
+                let mut walls: Vec<f64> = r.walls.iter().map(|s| s * 1e3).collect();
+                let mut own: Vec<f64> = r
+                    .walls
+                    .iter()
+                    .zip(&r.insides)
+                    .map(|(w, i)| (w - i) * 1e3)
+                    .collect();
+                let mut vs_chunk: Vec<f64> = walls.iter().map(|w| w - cm).collect();
+                let (wm, wp) = median_p99(&mut walls);
+                let (xm, xp) = median_p99(&mut own);
+                let (vm, vp) = median_p99(&mut vs_chunk);
+                println!(
+                    "policy bench: {face} ({} calls): a call {wm:.3} ms (p99 {wp:.3}); over the chunk alone ({cm:.3} ms) {vm:.3} ms (p99 {vp:.3}); of which {} {xm:.3} ms (p99 {xp:.3}); open {:.3} s, first call {:.1} ms; actions {}",
+                    walls.len(),
+                    if face == "python" {
+                        "Python's (the call less Policy::act)"
+                    } else {
+                        "the transport's (the round trip less the server's time)"
+                    },
+                    r.open_s,
+                    r.first_call_s * 1e3,
+                    if same {
+                        "equal to the Rust row's".to_string()
+                    } else {
+                        format!("within {err:.2e} of the Rust row's")
+                    }
+                );
+            }
+        }
+    }
     if let (true, Some(ck)) = (cuda, ck) {
         let inputs = dir.join("inputs.safetensors");
         super::pi05_run::write_inputs(&inputs)?;

@@ -14,7 +14,7 @@ pub(crate) use gpu::petite_bin;
 mod lerobot;
 pub(crate) mod nvrtc;
 mod onnx;
-mod policy;
+pub(crate) mod policy;
 mod portable;
 mod pte;
 mod tensorrt;

@@ -16,7 +16,9 @@
 //! export) and calls it over the case's loop of observations (`loop.safetensors`, lerobot's
 //! pipeline on each, written by the generator): `act` and `predict_action_chunk` within the same
 //! bound, tokens identical, bad observations refused by key, the GIL released while a chunk
-//! runs, and the per-call overhead over `Policy::act` in Rust measured.
+//! runs, and the per-call overhead over `Policy::act` in Rust measured; then `petite.Client`
+//! against `petite serve` of the same export: answers equal to the in-process policy's, bad
+//! input refused by key, four threads on one client, the transport's time measured, SIGTERM.
 
 use std::path::Path;
 use std::process::Command;
@@ -38,7 +40,7 @@ const PYTHON_CRATE: &str = "crates/petite-python/Cargo.toml";
 /// The package's test, run in the lerobot venv.
 const PYTHON_TEST: &str = "conformance/lerobot/python_policy.py";
 /// The maturin the package's PEP 517 build uses, installed into the lerobot venv.
-const MATURIN_REQUIREMENTS: &[&str] = &["maturin==1.16.0"];
+pub(crate) const MATURIN_REQUIREMENTS: &[&str] = &["maturin==1.16.0"];
 
 /// Runs the tier.
 pub fn run() -> Result<()> {
@@ -100,7 +102,7 @@ pub fn run() -> Result<()> {
                 );
             }
         }
-        python_package(&python, &out)
+        python_package(&python, &out, &petite)
     })();
     let _ = std::fs::remove_dir_all(&out);
     result
@@ -109,8 +111,8 @@ pub fn run() -> Result<()> {
 /// The Python package, installed into the lerobot venv (`python`) as a user installs it —
 /// `pip install crates/petite-python`, pip running the package's own PEP 517 build
 /// (`pyproject.toml` → maturin) — then its test over every case's loop (the reference exports
-/// under `out`).
-fn python_package(python: &Path, out: &Path) -> Result<()> {
+/// under `out`), with `petite` serving them to `petite.Client`.
+fn python_package(python: &Path, out: &Path, petite: &Path) -> Result<()> {
     let root = util::root();
     // The pinned maturin in the venv itself, so the build uses it (`--no-build-isolation`)
     // rather than whatever version pip would fetch for an isolated build.
@@ -126,7 +128,7 @@ fn python_package(python: &Path, out: &Path) -> Result<()> {
     let profile: Vec<String> = if util::conformance_uses_test_build() {
         test_profile_as_dev(&root)?
     } else {
-        vec!["--release".into()]
+        vec!["--profile".into(), "release".into()]
     };
     let quoted: Vec<String> = profile
         .iter()
@@ -171,6 +173,8 @@ fn python_package(python: &Path, out: &Path) -> Result<()> {
             .arg(root.join(PYTHON_TEST))
             .arg("--out")
             .arg(out)
+            .arg("--petite")
+            .arg(petite)
             .args(CASES),
     )?;
     eprintln!(

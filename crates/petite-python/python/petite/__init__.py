@@ -12,12 +12,19 @@
     actions = policy.act(obs)                   # float32 [chunk, action_dim], post-processed
     model = policy.predict_action_chunk(obs)    # float32 [1, chunk, action_dim], model space
 
+A policy served by `petite serve` (on this machine or another) is called the same way:
+
+    client = petite.Client("127.0.0.1:50051")   # petite serve --dir bundle/
+    actions = client.act(obs)
+
 The observation's keys are lerobot's; other keys are skipped. One policy may be shared by
 threads: chunks run one at a time in arrival order, with the GIL released meanwhile. A bad
 observation raises ValueError naming the key; `wait=False` raises `petite.Busy` when the
-policy's queue is full; anything else is a RuntimeError.
+policy's queue is full; anything else is a RuntimeError. A Client also raises
+ConnectionError when the server cannot be reached, TimeoutError past its `timeout`, and
+`petite.Busy` when the server's queue is full.
 """
 
-from ._petite import ActionChunk, Busy, Policy, __version__
+from ._petite import ActionChunk, Busy, Client, Policy, __version__
 
-__all__ = ["ActionChunk", "Busy", "Policy", "__version__"]
+__all__ = ["ActionChunk", "Busy", "Client", "Policy", "__version__"]
