@@ -375,7 +375,7 @@ fn act_refuses_bad_observations_naming_the_key() {
                     ("observation.images.back", U8, vec![2, 2, 3], vec![0; 12]),
                 ],
             ),
-            "`observation.images.back`: expected one of observation.state, noise, observation.images.front, observation.images.empty_camera_0, found an unknown key",
+            "`observation.images.back`: expected one of observation.state, noise, rtc.prev_chunk_left_over, observation.images.front, observation.images.empty_camera_0, found an unknown key",
         ),
         (
             write("nostate.safetensors", vec![img.clone()]),

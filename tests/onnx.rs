@@ -47,7 +47,8 @@ fn onnx_export_writes_one_model_with_each_weight_once() {
             assert!(cached.is_empty(), "{cached:?}");
             assert!(s.0.join("pi05.onnx.data.seal").exists());
 
-            // The interface: exactly the golden inputs' names, dtypes and shapes, in order.
+            // The interface: exactly the golden inputs' names, dtypes and shapes, in order, then
+            // real-time chunking's guidance.
             let spec = json(&s.0.join("pi05.onnx.json"));
             assert_eq!(spec["opset"], 17);
             assert_eq!(spec["ir_version"], 8);
@@ -63,9 +64,30 @@ fn onnx_export_writes_one_model_with_each_weight_once() {
                 .collect();
             assert_eq!(
                 names,
-                ["images", "image_masks", "tokens", "token_mask", "noise"]
+                [
+                    "images",
+                    "image_masks",
+                    "tokens",
+                    "token_mask",
+                    "noise",
+                    "rtc_prev",
+                    "rtc_weights",
+                    "rtc_steps"
+                ]
             );
-            for i in spec["inputs"].as_array().unwrap() {
+            let cfg = petite_pi05::Pi05Config::from_json_file(c.join("config.json")).unwrap();
+            for (i, shape) in spec["inputs"].as_array().unwrap()[5..].iter().zip([
+                vec![cfg.chunk, cfg.action_dim],
+                vec![cfg.chunk, 1],
+                vec![cfg.steps, 2],
+            ]) {
+                assert_eq!(i["dtype"], "f32", "{i}");
+                assert_eq!(
+                    serde_json::from_value::<Vec<usize>>(i["shape"].clone()).unwrap(),
+                    shape
+                );
+            }
+            for i in &spec["inputs"].as_array().unwrap()[..5] {
                 let info = golden.info(i["name"].as_str().unwrap()).unwrap();
                 let shape: Vec<usize> = serde_json::from_value(i["shape"].clone()).unwrap();
                 assert_eq!(shape, info.shape, "{i}");

@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 
 use common::{Scratch, ok, petite};
-use petite::policy::{ActionChunk, Array, Observation, OpenOptions, Options, Policy};
+use petite::policy::{ActionChunk, Array, Observation, OpenOptions, Options, Policy, Rtc};
 
 use common::policy::{FRONT, STATE, exported, observation};
 
@@ -28,6 +28,20 @@ fn seeded(seed: u64) -> Options {
     Options {
         seed: Some(seed),
         ..Options::default()
+    }
+}
+
+/// Seeded noise, with real-time chunking toward `prev` (model space).
+fn rtc(prev: Array, inference_delay: usize, max_guidance_weight: Option<f32>) -> Options {
+    Options {
+        rtc: Some(Rtc {
+            prev_chunk_left_over: prev,
+            inference_delay,
+            execution_horizon: None,
+            schedule: None,
+            max_guidance_weight,
+        }),
+        ..seeded(5)
     }
 }
 
@@ -196,7 +210,7 @@ fn bad_observations_are_refused_by_key_and_the_policy_stays_usable() {
             observation(3, "pick"),
             Options {
                 noise: Some(vec![0.0; 47]),
-                seed: None,
+                ..Options::default()
             },
             "`noise`: expected f32 [6, 8] (48 values), found 47 values",
         ),
@@ -204,9 +218,40 @@ fn bad_observations_are_refused_by_key_and_the_policy_stays_usable() {
             observation(3, "pick"),
             Options {
                 noise: Some(vec![f32::INFINITY; 48]),
-                seed: None,
+                ..Options::default()
             },
             "`noise`: expected finite values, found inf at 0",
+        ),
+        // Real-time chunking: a leftover wider than the action space (4), longer than the
+        // chunk (6), not finite, batched; a guidance weight that is not positive.
+        (
+            observation(3, "pick"),
+            rtc(Array::f32(&[2, 5], vec![0.0; 10]), 1, None),
+            "`rtc.prev_chunk_left_over`: expected f32 [rows ≤ 6, columns ≤ 4] (model space), found F32 [2, 5]",
+        ),
+        (
+            observation(3, "pick"),
+            rtc(Array::f32(&[7, 4], vec![0.0; 28]), 1, None),
+            "`rtc.prev_chunk_left_over`: expected f32 [rows ≤ 6",
+        ),
+        (
+            observation(3, "pick"),
+            rtc(
+                Array::f32(&[2, 4], vec![0.0, 1.0, f32::NAN, 0.0, 0.0, 0.0, 0.0, 0.0]),
+                1,
+                None,
+            ),
+            "`rtc.prev_chunk_left_over`: expected finite values, found NaN at index 2",
+        ),
+        (
+            observation(3, "pick"),
+            rtc(Array::f32(&[2, 2, 4], vec![0.0; 16]), 1, None),
+            "a batch of 2 observations",
+        ),
+        (
+            observation(3, "pick"),
+            rtc(Array::f32(&[2, 4], vec![0.0; 8]), 1, Some(-1.0)),
+            "`rtc.max_guidance_weight`: expected a finite number > 0, found -1",
         ),
     ];
     for (o, opts, want) in cases {
@@ -281,7 +326,7 @@ fn noise_is_fresh_each_call_unless_given_or_seeded() {
     let noise: Vec<f32> = (0..48).map(|i| ((i % 7) as f32 - 3.0) / 3.0).collect();
     let given = Options {
         noise: Some(noise.clone()),
-        seed: None,
+        ..Options::default()
     };
     let c = p.act(&o, &given).unwrap();
     assert_eq!(c, p.act(&o, &given).unwrap());
@@ -303,4 +348,61 @@ fn noise_is_fresh_each_call_unless_given_or_seeded() {
         q1.act(&o, &Options::default()).unwrap(),
         q2.act(&o, &Options::default()).unwrap()
     );
+}
+
+/// Real-time chunking through the policy: a guided chunk moves toward the leftover (its first,
+/// fully weighted rows much closer than the plain chunk's), a schedule that weights no row
+/// (ZEROS, delay 0) is the plain chunk bit for bit, the call's settings override the export's
+/// defaults (lerobot's LINEAR, 10, 10 here), and a guided call repeats exactly. The comparison
+/// with lerobot's own RTC is the lerobot-policy tier's.
+#[test]
+fn real_time_chunking_guides_the_chunk_toward_the_leftover() {
+    use petite::policy::Schedule;
+    let s = Scratch::new("rtc");
+    let (dir, tok) = exported(&s);
+    let p = open(&dir, &tok);
+    let d = &p.info().rtc;
+    assert_eq!(
+        (d.schedule, d.max_guidance_weight, d.execution_horizon),
+        (Schedule::Linear, 10.0, 10)
+    );
+    let o = observation(2, "pick");
+    let plain = p.act(&o, &seeded(5)).unwrap();
+    // The leftover: 5 rows of 4, far from the plain chunk.
+    let prev: Vec<f32> = (0..20).map(|i| 3.0 + (i % 4) as f32).collect();
+    let guided = p
+        .act(&o, &rtc(Array::f32(&[5, 4], prev.clone()), 2, None))
+        .unwrap();
+    finite(&guided);
+    let dist = |c: &ActionChunk, row: usize| -> f32 {
+        (0..4)
+            .map(|j| (c.model[row * 4 + j] - prev[row * 4 + j]).abs())
+            .fold(0.0, f32::max)
+    };
+    for row in 0..2 {
+        assert!(
+            dist(&guided, row) < 0.5 * dist(&plain, row),
+            "row {row}: guided {} vs plain {} from the leftover",
+            dist(&guided, row),
+            dist(&plain, row)
+        );
+    }
+    assert_eq!(
+        guided,
+        p.act(&o, &rtc(Array::f32(&[5, 4], prev.clone()), 2, None))
+            .unwrap()
+    );
+    let mut zeros = rtc(Array::f32(&[1, 5, 4], prev.clone()), 0, None);
+    if let Some(r) = zeros.rtc.as_mut() {
+        r.schedule = Some(Schedule::Zeros);
+    }
+    assert_eq!(p.act(&o, &zeros).unwrap(), plain);
+    // Another weight and horizon give another chunk.
+    let mut other = rtc(Array::f32(&[5, 4], prev.clone()), 2, Some(2.0));
+    if let Some(r) = other.rtc.as_mut() {
+        r.execution_horizon = Some(3);
+    }
+    let o2 = p.act(&o, &other).unwrap();
+    assert_ne!(o2.model, guided.model);
+    assert_ne!(o2.model, plain.model);
 }

@@ -56,12 +56,23 @@ impl Case {
                         .map(|i| ((i * 3 + v) % 11) as f32 / 5.0 - 1.0)
                         .collect(),
                 ),
-                seed: None,
+                ..Options::default()
             }
         } else {
             Options {
-                noise: None,
                 seed: Some(1000 + v as u64),
+                // Every third one guided by a leftover (real-time chunking over the wire).
+                rtc: (v % 3 == 1).then(|| petite::policy::Rtc {
+                    prev_chunk_left_over: Array::F32 {
+                        shape: vec![4, 4],
+                        data: (0..16).map(|i| ((i + v) % 5) as f32 * 0.4 - 0.8).collect(),
+                    },
+                    inference_delay: v % 4,
+                    execution_horizon: Some(3),
+                    schedule: Some(petite::policy::Schedule::Exp),
+                    max_guidance_weight: Some(5.0),
+                }),
+                ..Options::default()
             }
         };
         Case {
@@ -91,7 +102,13 @@ impl Case {
                 .as_ref()
                 .map(|n| Tensor::from_f32(&[6, 8], n)),
             seed: self.opts.seed,
-            rtc: None,
+            rtc: self.opts.rtc.as_ref().map(|r| pb::Rtc {
+                prev_chunk_left_over: Some(wire(&r.prev_chunk_left_over)),
+                inference_delay: Some(r.inference_delay as u32),
+                execution_horizon: r.execution_horizon.map(|h| h as u32),
+                prefix_attention_schedule: pb::PrefixAttentionSchedule::Exp as i32,
+                max_guidance_weight: r.max_guidance_weight,
+            }),
         }
     }
 }
@@ -172,10 +189,15 @@ fn bad(n: usize) -> (pb::ActRequest, Code, &'static str) {
         }
         5 => {
             r.rtc = Some(pb::Rtc {
-                execution_horizon: Some(4),
+                prev_chunk_left_over: Some(Tensor::from_f32(&[2, 9], &[0.0; 18])),
+                inference_delay: Some(1),
                 ..Default::default()
             });
-            (r, Code::Unimplemented, "`rtc`: ")
+            (
+                r,
+                Code::InvalidArgument,
+                "`rtc.prev_chunk_left_over`: expected",
+            )
         }
         _ => {
             r.noise = Some(Tensor::from_f32(&[8, 6], &[0.0; 48]));

@@ -6,7 +6,8 @@ Usage: run_pi05_portable.py PTE_DIR --inputs INPUTS.safetensors [--expected EXPE
 PTE_DIR is either what `petite export --backend portable` writes (prefix.pte; step.pte with
 methods forward and timestep_table) or what `petite lower` writes (timesteps.pte, prefix.pte,
 step.pte); each .pte has a .pte.json naming its methods' inputs and outputs (dtypes, shapes, call
-order). INPUTS holds images, image_masks, tokens, token_mask, noise (testdata/pi05/README.md).
+order). INPUTS holds images, image_masks, tokens, token_mask, noise (testdata/pi05/README.md), and
+optionally rtc_prev, rtc_weights, rtc_steps (real-time chunking; zeros when absent).
 With --expected (a golden case's expected.safetensors) it checks max |actions - golden[key]| <= tol
 and the prefix K/V against lerobot's intermediates. Prints one JSON line (with the actions, flat
 f32, under --print-actions: `petite verify` embeds this script and reads them).
@@ -112,10 +113,19 @@ def main():
     prefix = methods(et, pte_dir, "prefix")["forward"](inputs)
     x = Value(inputs["noise"].astype(np.float32), "f32")
     steps = table.shape[0]
+    # Real-time chunking's guidance (petite-policy/2 step programs): from the inputs file, or
+    # zeros (the plain chunk).
+    chunk = inputs["noise"].shape[0]
+    rtc_prev = inputs.get("rtc_prev", np.zeros_like(inputs["noise"], np.float32))
+    rtc_weights = inputs.get("rtc_weights", np.zeros(chunk, np.float32)).reshape(chunk, 1)
+    rtc_steps = inputs.get("rtc_steps", np.zeros((steps, 2), np.float32))
     for k in range(steps):
         feed = dict(prefix)
         feed["x_t"] = x
         feed["time_row"] = Value(table[k], "f32")
+        feed["rtc_prev"] = Value(rtc_prev.astype(np.float32), "f32")
+        feed["rtc_weights"] = Value(rtc_weights.astype(np.float32), "f32")
+        feed["rtc_step"] = Value(rtc_steps[k].astype(np.float32), "f32")
         x = step["forward"](feed)["x_next"]
     actions = x.f32()
     res = {"runtime": et, "steps": steps, "pte_dir": pte_dir,

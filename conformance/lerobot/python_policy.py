@@ -13,6 +13,9 @@ observations (`loop.safetensors`) with lerobot's noise:
   - a second Python thread makes progress while a chunk runs (the GIL is released);
   - with a queue of one and four threads calling, `wait=False` raises petite.Busy, and every
     waiting call gets its own right answer;
+  - lerobot's real-time chunking (make_rtc_goldens.py: every schedule, several delays, a
+    leftover shorter than the chunk) through lerobot's keywords within the same bound, a guided
+    chunk far from the plain one, bad RTC input refused by key;
   - the per-call overhead over `Policy::act` in Rust (the call's wall time minus the time
     `Policy::act` took inside it, `ActionChunk.seconds`) is measured: median and p90 in µs.
 Then `petite.Client` against `petite serve` (the binary given with --petite) serving the same
@@ -76,6 +79,71 @@ def observations(path: Path):
         want = {k: t[p + k] for k in ("noise", "action", "model", "tokens", "token_mask")}
         out.append((obs, want))
     return out
+
+
+def rtc_goldens(d: Path, loop) -> list:
+    """The case's real-time-chunking goldens (make_rtc_goldens.py): (observation, settings,
+    tensors) each."""
+    path = d / "rtc.safetensors"
+    t = load_file(str(path))
+    with safe_open(str(path), "np") as f:
+        meta = json.loads(f.metadata()["rtc"])
+    out = []
+    for j, m in enumerate(meta):
+        p = f"{j:02d}/"
+        out.append((loop[m["obs"]][0], m, {k: t[p + k] for k in ("noise", "prev_chunk_left_over", "model", "action",
+                                                                  "plain_model")}))
+    return out
+
+
+def check_rtc(face, goldens, what: str) -> tuple[float, int]:
+    """Every RTC golden through `face` (a petite.Policy or petite.Client) with lerobot's
+    keywords: the model chunk and the actions within BOUND of lerobot's; a guided golden moved
+    far from the plain chunk, an unweighted one equal to it. Then bad RTC input is refused by
+    key and the face still answers. Returns (worst error, goldens)."""
+    from lerobot.configs import RTCAttentionSchedule
+
+    worst_err = 0.0
+    for j, (obs, m, t) in enumerate(goldens):
+        kw = dict(prev_chunk_left_over=t["prev_chunk_left_over"], inference_delay=m["inference_delay"],
+                  execution_horizon=m["execution_horizon"], max_guidance_weight=m["max_guidance_weight"],
+                  # lerobot's enum on some calls, its name on others
+                  prefix_attention_schedule=RTCAttentionSchedule[m["schedule"]] if j % 2 else m["schedule"])
+        model = face.predict_action_chunk(obs, noise=t["noise"], **kw)
+        worst_err = max(worst_err, worst(model, t["model"][None], f"{what} RTC golden {j} model"))
+        worst_err = max(worst_err, worst(face.act(obs, noise=t["noise"], **kw), t["action"], f"{what} RTC golden {j}"))
+        moved = float(np.abs(model[0] - t["plain_model"]).max())
+        if m["differs"] and moved <= 100 * BOUND:
+            raise AssertionError(f"{what} RTC golden {j}: the guided chunk is the plain one (moved {moved:.2e})")
+    obs, m, t = goldens[0]
+    prev = t["prev_chunk_left_over"]
+    bad = [
+        (dict(prev_chunk_left_over=prev, inference_delay=-1), "rtc.inference_delay"),
+        (dict(prev_chunk_left_over=prev), "rtc.inference_delay"),
+        (dict(prev_chunk_left_over=np.zeros((prev.shape[0], prev.shape[1] + 1), np.float32), inference_delay=1),
+         "rtc.prev_chunk_left_over"),
+        (dict(prev_chunk_left_over=np.full_like(prev, np.nan), inference_delay=1), "rtc.prev_chunk_left_over"),
+        (dict(prev_chunk_left_over=prev, inference_delay=1, prefix_attention_schedule="COSINE"),
+         "rtc.prefix_attention_schedule"),
+    ]
+    for kw, key in bad:
+        try:
+            face.act(obs, noise=t["noise"], **kw)
+        except ValueError as e:
+            if f"`{key}`" not in str(e):
+                raise AssertionError(f"{what}: the error for a bad `{key}` does not name it: {e}")
+        else:
+            raise AssertionError(f"{what}: a bad `{key}` was accepted: {sorted(kw)}")
+    try:
+        face.act(obs, noise=t["noise"], prev_chunk_left_over=prev, inference_delay=1, execution_horizont=3)
+    except TypeError as e:
+        assert "execution_horizont" in str(e), e
+    else:
+        raise AssertionError(f"{what}: a misspelt RTC keyword was accepted")
+    # Still usable, and no leftover is a plain chunk whatever else is given (as lerobot).
+    worst(face.predict_action_chunk(obs, noise=t["noise"], prev_chunk_left_over=None, inference_delay=3),
+          t["plain_model"][None], f"{what}: after the refusals")
+    return worst_err, len(goldens)
 
 
 def gil_released(policy: petite.Policy, obs: dict, noise: np.ndarray) -> tuple[float, float]:
@@ -237,6 +305,7 @@ def run_case(out: Path, case: str) -> dict:
     for o in likes:
         if not np.array_equal(policy.act(o, noise=want0["noise"][None]), same):
             raise AssertionError(f"an equivalent observation gave another chunk: {sorted(o)}")
+    rtc_err, n_rtc = check_rtc(policy, rtc_goldens(d, loop), "petite.Policy")
     n_refused = refusals(policy, obs0, want0["noise"], want0["action"])
     queued = busy(d / "reference", obs0, want0["noise"], want0["action"])
     gap, secs = gil_released(policy, obs0, want0["noise"])
@@ -264,6 +333,8 @@ def run_case(out: Path, case: str) -> dict:
         "median_overhead_us": us(over),
         "p90_overhead_us": float(np.percentile(over, 90) * 1e6),
         "refusals": n_refused,
+        "rtc_goldens": n_rtc,
+        "worst_rtc": rtc_err,
         "queued_calls_checked": queued,
         "gil_longest_pause_ms": gap * 1e3,
         "gil_rust_ms": secs * 1e3,
@@ -271,7 +342,8 @@ def run_case(out: Path, case: str) -> dict:
     print(
         f"petite-python: {case}: {len(loop)} observations through one petite.Policy: act within "
         f"{worst_act:.2e} × max(1, |a|) of lerobot's pipeline, predict_action_chunk within {worst_model:.2e} "
-        f"(bound {BOUND:g}); tokens and masks identical; {n_refused} bad calls refused by key; "
+        f"(bound {BOUND:g}); tokens and masks identical; {n_rtc} RTC goldens of lerobot's within {rtc_err:.2e}; "
+        f"{n_refused} bad calls refused by key; "
         f"petite.Busy with a full queue, {queued} calls of 4 threads each answered right; "
         f"per call {r['median_call_us']:.0f} µs of which Policy::act {r['median_rust_act_us']:.0f} µs: "
         f"overhead median {r['median_overhead_us']:.1f} µs, p90 {r['p90_overhead_us']:.1f} µs "
@@ -321,6 +393,7 @@ def serve_case(out: Path, case: str, petite_bin: Path) -> dict:
                     worst_act = max(worst_act, worst(c.actions, want["action"], "Client.act_chunk"))
                     m = client.predict_action_chunk(obs, noise=noise)
                     worst(m, want["model"][None], "Client.predict_action_chunk")
+        rtc_err, n_rtc = check_rtc(client, rtc_goldens(d, loop), "petite.Client")
         obs0, want0 = loop[0]
         state_key = "observation.state"
         try:
@@ -374,11 +447,14 @@ def serve_case(out: Path, case: str, petite_bin: Path) -> dict:
         "median_transport_us": statistics.median(over) * 1e6,
         "p90_transport_us": float(np.percentile(over, 90) * 1e6),
         "concurrent_calls_checked": sum(counts),
+        "rtc_goldens": n_rtc,
+        "worst_rtc": rtc_err,
         "worst_act": worst_act,
     }
     print(
         f"petite-python: {case}: petite.Client over petite serve (loopback): {len(rounds)} calls equal to the "
-        f"in-process Policy's bit for bit (lerobot within {worst_act:.2e}); a bad state refused by key; "
+        f"in-process Policy's bit for bit (lerobot within {worst_act:.2e}); {n_rtc} RTC goldens within "
+        f"{rtc_err:.2e}; a bad state refused by key; "
         f"{sum(counts)} calls of 4 threads on one client each answered right; round trip median "
         f"{r['median_round_trip_us']:.0f} µs of which the server's {r['median_server_us']:.0f} µs: transport "
         f"median {r['median_transport_us']:.0f} µs, p90 {r['p90_transport_us']:.0f} µs; SIGTERM: exit 0, "

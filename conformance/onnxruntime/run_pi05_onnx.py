@@ -6,7 +6,8 @@ Usage: run_pi05_onnx.py DIR --inputs INPUTS.safetensors [--expected EXPECTED.saf
            [--print-actions]
 DIR holds pi05.onnx, pi05.onnx.data and pi05.onnx.json (the interface, checked against the
 inputs file first: a name, dtype or shape the model does not take is one line naming it).
-INPUTS holds images, image_masks, tokens, token_mask, noise (testdata/pi05/README.md).
+INPUTS holds images, image_masks, tokens, token_mask, noise (testdata/pi05/README.md), and
+optionally rtc_prev, rtc_weights, rtc_steps (real-time chunking; zeros when absent).
 --check: onnx.checker.check_model(full_check=True) first (needs the onnx package).
 --probe-bf16: for a bf16 model, after --check, confirm ONNX Runtime's CPU provider refuses it
 (NOT_IMPLEMENTED; exit 0), which is what `petite verify`'s refusal states (exit 1 if it ran).
@@ -111,6 +112,11 @@ def main():
     feeds = {}
     for i in spec["inputs"]:
         name, shape, want = i["name"], list(i["shape"]), PETITE[i["dtype"]]
+        if name.startswith("rtc_") and name not in ins:
+            # Real-time chunking's guidance left out: zeros, the plain chunk.
+            ins[name] = np.zeros(shape, want)
+        if name == "rtc_weights" and name in ins and ins[name].size == int(np.prod(shape)):
+            ins[name] = ins[name].reshape(shape)
         if name not in ins:
             fail(f"{inputs_path}: no tensor `{name}` ({i['dtype']} {shape}), which the model takes")
         v = ins[name]

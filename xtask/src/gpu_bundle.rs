@@ -40,6 +40,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 export XTASK_PETITE_BIN="$here/petite" XTASK_CUDA_TESTS="$here/petite-cuda-gpu-tests" XTASK_ROOT="$PWD"
 # The Python package (`import petite`), for `bench policy --python python3`.
 export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
+# lerobot's policy folders and RTC goldens (made here, where lerobot is), for the gpu tier.
+if [ -d "$here/policy-goldens" ]; then export XTASK_POLICY_GOLDENS="$here/policy-goldens"; fi
 head=$(git rev-parse HEAD 2>/dev/null || true)
 if [ -n "$head" ] && [ "$head" != "$(cat "$here/COMMIT")" ]; then
   echo "run.sh: this tree is at $head, the bundle was built at $(cat "$here/COMMIT")" >&2
@@ -144,6 +146,40 @@ fn python_package(into: &Path) -> Result<u64> {
     Ok(bytes)
 }
 
+/// lerobot's policy folders and real-time-chunking goldens (the lerobot-policy tier's
+/// generators, in the lerobot venv) written into `into`, for the gpu tier on a machine without
+/// lerobot. Their size.
+fn policy_goldens(into: &Path) -> Result<u64> {
+    use crate::conformance::policy::{CASES, RTC_SCRIPT, SCRIPT};
+    let root = util::root();
+    let python = crate::conformance::Venv::Lerobot.python()?;
+    util::run(
+        Command::new(&python)
+            .arg(root.join(SCRIPT))
+            .arg("--out")
+            .arg(into),
+    )?;
+    util::run(
+        Command::new(&python)
+            .arg(root.join(RTC_SCRIPT))
+            .arg("--out")
+            .arg(into)
+            .args(CASES),
+    )?;
+    fn size(p: &Path) -> Result<u64> {
+        let m = std::fs::symlink_metadata(p)?;
+        if !m.is_dir() {
+            return Ok(m.len());
+        }
+        let mut n = 0;
+        for e in std::fs::read_dir(p)? {
+            n += size(&e?.path())?;
+        }
+        Ok(n)
+    }
+    size(into)
+}
+
 /// Builds the bundle.
 pub fn run(a: &Args) -> Result<()> {
     let root = util::root();
@@ -184,6 +220,7 @@ pub fn run(a: &Args) -> Result<()> {
         bytes += copy(from, &out.join(name))?;
     }
     bytes += python_package(&out.join("python"))?;
+    bytes += policy_goldens(&out.join("policy-goldens"))?;
     std::fs::write(out.join("run.sh"), RUN_SH)?;
     std::fs::write(out.join("COMMIT"), format!("{commit}\n"))?;
     let dirty = Command::new("git")
@@ -200,7 +237,7 @@ pub fn run(a: &Args) -> Result<()> {
         );
     }
     println!(
-        "gpu-bundle: {} ({:.1} MiB: petite, xtask, petite-cuda-gpu-tests, python/petite, run.sh) of {commit}{}",
+        "gpu-bundle: {} ({:.1} MiB: petite, xtask, petite-cuda-gpu-tests, python/petite, policy-goldens, run.sh) of {commit}{}",
         out.display(),
         bytes as f64 / (1u64 << 20) as f64,
         if dirty {

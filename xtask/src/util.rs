@@ -126,6 +126,21 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Runs a command without echoing it or its output unless it fails (then both are in the
+/// error): for loops of many short runs whose lines would drown the log.
+pub fn run_quiet(cmd: &mut Command) -> Result<()> {
+    let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
 /// A Python virtual environment under `target/venv-<name>`, created with python3.12 (pyenv) and
 /// the given pip requirements. A stamp file records the requirements, so a venv is rebuilt when
 /// they change and reused otherwise. Returns the venv's `python` path.

@@ -36,6 +36,24 @@ fn step_inputs(
         io::TIME_ROW.into(),
         Tensor::f32(&[r], t[..r].to_vec()).unwrap(),
     );
+    // Real-time chunking's guidance, not zero, so its operations are exercised too.
+    let rows = cfg.chunk - 1;
+    let g = petite_pi05::rtc::Guidance::new(
+        cfg,
+        &petite_pi05::rtc::Rtc {
+            prev_chunk_left_over: (0..rows * 3).map(|i| (i % 5) as f32 * 0.25).collect(),
+            rows,
+            cols: 3,
+            inference_delay: 1,
+            execution_horizon: rows,
+            schedule: petite_pi05::rtc::Schedule::Linear,
+            max_guidance_weight: 10.0,
+        },
+    )
+    .unwrap();
+    for (n, t) in g.step_tensors(cfg, 1).unwrap() {
+        m.insert(n.into(), t);
+    }
     m
 }
 

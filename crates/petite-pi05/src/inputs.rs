@@ -11,6 +11,7 @@ use petite_weights::{Checkpoint, Dtype, KeyMap, MappedSafetensors, Remapped, Wei
 
 use crate::config::Pi05Config;
 use crate::names::{self, Layout};
+use crate::rtc::Guidance;
 use crate::{Error, Result};
 
 /// The inputs of one inference call, validated against a config.
@@ -26,6 +27,8 @@ pub struct Inputs {
     pub token_mask: Vec<u8>,
     /// f32 `[chunk, action_dim]`: x at t = 1.
     pub noise: Vec<f32>,
+    /// Real-time chunking's inputs of the steps ([`Guidance::none`] for a plain chunk).
+    pub guidance: Guidance,
 }
 
 fn bad(file: &str, tensor: &str, expected: String, found: String) -> Error {
@@ -116,12 +119,57 @@ impl Inputs {
             &[Dtype::F32],
             &[cfg.chunk, cfg.action_dim],
         )?);
+        let rtc = ["rtc_prev", "rtc_weights", "rtc_steps"];
+        let present: Vec<&str> = rtc
+            .iter()
+            .copied()
+            .filter(|n| src.info(n).is_ok())
+            .collect();
+        let guidance = match present.len() {
+            0 => Guidance::none(cfg),
+            3 => Guidance {
+                prev: f32s(read_raw(
+                    &src,
+                    &file,
+                    "rtc_prev",
+                    &[Dtype::F32],
+                    &[cfg.chunk, cfg.action_dim],
+                )?),
+                weights: f32s(read_raw(
+                    &src,
+                    &file,
+                    "rtc_weights",
+                    &[Dtype::F32],
+                    &[cfg.chunk],
+                )?),
+                steps: f32s(read_raw(
+                    &src,
+                    &file,
+                    "rtc_steps",
+                    &[Dtype::F32],
+                    &[cfg.steps, 2],
+                )?),
+            },
+            _ => {
+                let missing = rtc
+                    .iter()
+                    .find(|n| !present.contains(n))
+                    .expect("one missing");
+                return Err(bad(
+                    &file,
+                    missing,
+                    "present beside rtc_prev, rtc_weights and rtc_steps (all three or none)".into(),
+                    "no such tensor".into(),
+                ));
+            }
+        };
         let inputs = Inputs {
             images,
             image_masks,
             tokens,
             token_mask,
             noise,
+            guidance,
         };
         inputs.validate_values(&file, cfg)?;
         Ok(inputs)
@@ -156,7 +204,13 @@ impl Inputs {
                 format!("{t} at index {i}"),
             ));
         }
-        for (name, x) in [("images", &self.images), ("noise", &self.noise)] {
+        for (name, x) in [
+            ("images", &self.images),
+            ("noise", &self.noise),
+            ("rtc_prev", &self.guidance.prev),
+            ("rtc_weights", &self.guidance.weights),
+            ("rtc_steps", &self.guidance.steps),
+        ] {
             if let Some((i, v)) = x.iter().enumerate().find(|(_, v)| !v.is_finite()) {
                 return Err(bad(
                     file,

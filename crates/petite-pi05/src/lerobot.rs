@@ -127,7 +127,9 @@ pub struct LerobotConfig {
     pub relative_exclude_joints: Vec<String>,
     /// `action_feature_names`.
     pub action_feature_names: Option<Vec<String>>,
-    /// Warnings to print (non-null `rtc_config`).
+    /// `rtc_config` (real-time chunking's defaults), or lerobot's defaults when it is null.
+    pub rtc: crate::rtc::RtcDefaults,
+    /// Warnings to print.
     pub warnings: Vec<String>,
 }
 
@@ -257,12 +259,47 @@ impl LerobotConfig {
                 ));
             }
         }
-        let mut warnings = Vec::new();
-        if opt(v, "rtc_config").is_some() {
-            warnings.push(format!(
-                "{file}: `rtc_config` is set: the export is plain flow-matching sampling (guided real-time chunking needs autograd at run time)"
-            ));
-        }
+        let warnings = Vec::new();
+        let rtc = match opt(v, "rtc_config") {
+            None => crate::rtc::RtcDefaults::default(),
+            Some(r) => {
+                let d = crate::rtc::RtcDefaults::default();
+                let at = |n: &str| format!("rtc_config.{n}");
+                let schedule = match opt(r, "prefix_attention_schedule") {
+                    None => d.schedule,
+                    Some(x) => x.as_str().and_then(|s| s.parse().ok()).ok_or_else(|| {
+                        field(
+                            file,
+                            &at("prefix_attention_schedule"),
+                            "ZEROS, ONES, LINEAR or EXP",
+                            x,
+                        )
+                    })?,
+                };
+                let max_guidance_weight = match opt(r, "max_guidance_weight") {
+                    None => d.max_guidance_weight,
+                    Some(x) => x
+                        .as_f64()
+                        .filter(|f| f.is_finite() && *f > 0.0)
+                        .map(|f| f as f32)
+                        .ok_or_else(|| {
+                            field(file, &at("max_guidance_weight"), "a positive number", x)
+                        })?,
+                };
+                let execution_horizon = match opt(r, "execution_horizon") {
+                    None => d.execution_horizon,
+                    Some(x) => x.as_u64().map(|n| n as usize).ok_or_else(|| {
+                        field(file, &at("execution_horizon"), "an integer ≥ 0", x)
+                    })?,
+                };
+                crate::rtc::RtcDefaults {
+                    schedule,
+                    max_guidance_weight,
+                    execution_horizon,
+                    from: format!("{file}: rtc_config"),
+                }
+            }
+        };
         let res = match opt(v, "image_resolution") {
             None => 224,
             Some(x) => match x.as_array().map(Vec::as_slice) {
@@ -419,6 +456,7 @@ impl LerobotConfig {
             relative_exclude_joints: strings("relative_exclude_joints")?
                 .unwrap_or_else(|| vec!["gripper".to_string()]),
             action_feature_names: strings("action_feature_names")?,
+            rtc,
             warnings,
         };
         Ok(cfg)
@@ -893,12 +931,27 @@ mod tests {
     }
 
     #[test]
-    fn rtc_config_is_a_warning() {
+    fn rtc_config_gives_the_rtc_defaults() {
+        let c = LerobotConfig::from_json(&libero(), "c.json").unwrap();
+        assert_eq!(c.rtc, crate::rtc::RtcDefaults::default());
         let mut v = libero();
-        v["rtc_config"] = json!({"enabled": true});
+        v["rtc_config"] = json!({"enabled": true, "prefix_attention_schedule": "EXP",
+            "max_guidance_weight": 5.0, "execution_horizon": 8, "debug": false});
         let c = LerobotConfig::from_json(&v, "c.json").unwrap();
-        assert_eq!(c.warnings.len(), 1);
-        assert!(c.warnings[0].contains("plain flow-matching"));
+        assert!(c.warnings.is_empty());
+        assert_eq!(
+            (
+                c.rtc.schedule,
+                c.rtc.max_guidance_weight,
+                c.rtc.execution_horizon
+            ),
+            (crate::rtc::Schedule::Exp, 5.0, 8)
+        );
+        v["rtc_config"]["prefix_attention_schedule"] = json!("COSINE");
+        let e = LerobotConfig::from_json(&v, "c.json")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rtc_config.prefix_attention_schedule"), "{e}");
     }
 
     #[test]

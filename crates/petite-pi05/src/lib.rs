@@ -9,6 +9,7 @@ pub mod lerobot;
 pub mod names;
 pub mod policy;
 pub mod programs;
+pub mod rtc;
 pub mod run;
 pub mod synth;
 
@@ -89,6 +90,16 @@ pub enum Error {
     /// Something that should not happen did (a bug), or an output-path conflict.
     #[error("{0}")]
     Internal(String),
+    /// A real-time-chunking request is not one the policy can take.
+    #[error("rtc: `{field}`: expected {expected}, found {found}")]
+    Rtc {
+        /// The field (`prev_chunk_left_over`, `max_guidance_weight`, …).
+        field: String,
+        /// What it should be.
+        expected: String,
+        /// What it is.
+        found: String,
+    },
     /// A program asked for a tensor the config's checkpoint does not have (a builder bug).
     #[error("no checkpoint tensor named `{0}` for this config")]
     UnknownWeight(String),

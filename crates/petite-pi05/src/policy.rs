@@ -19,7 +19,9 @@ use crate::{Error, Result};
 /// The file name beside the programs.
 pub const FILE: &str = "policy.json";
 /// `format` of the files this version writes.
-pub const FORMAT: &str = "petite-policy/1";
+/// Version 2 (real-time chunking) changed `step.pte`'s inputs (`rtc_prev`, `rtc_weights`,
+/// `rtc_step`) and `pi05.onnx`'s, and added `weights` and the runner's `rtc`.
+pub const FORMAT: &str = "petite-policy/2";
 /// The tokenizer lerobot 0.6.1's pi0.5 preprocessor loads (gated on the Hugging Face Hub).
 pub const DEFAULT_TOKENIZER: &str = "google/paligemma-3b-pt-224";
 /// lerobot's prompt (`pi05_prepare_state_tokenizer_processor_step`): `{task}` is the task with
@@ -37,8 +39,10 @@ pub struct PolicySpec {
     pub export_id: String,
     /// The backend that wrote the programs.
     pub backend: String,
-    /// `bf16` or `f32`.
+    /// `bf16` or `f32`: the activations' dtype.
     pub dtype: String,
+    /// How the weights are stored: `bf16` or `f32` (the dtype's; quantized modes name theirs).
+    pub weights: String,
     /// The model config the programs were built for.
     pub model: Pi05Config,
     /// lerobot's processing; `None` for an export from a bare checkpoint.
@@ -85,6 +89,8 @@ pub struct Runner {
     pub action_norm: Norm,
     /// Relative actions: `Some(mask)` adds the raw state to the masked action dims.
     pub relative_action_mask: Option<Vec<bool>>,
+    /// Real-time chunking's defaults for calls that leave them out.
+    pub rtc: crate::rtc::RtcDefaults,
 }
 
 /// One feature's normalization.
@@ -266,6 +272,7 @@ impl Runner {
             state_norm,
             action_norm,
             relative_action_mask,
+            rtc: lr.rtc.clone(),
         })
     }
 }
@@ -311,6 +318,20 @@ impl PolicySpec {
             path: file.clone(),
             source,
         })?;
+        // An older bundle's programs lack inputs this version feeds: one line, before the
+        // schema's first missing field.
+        if let Ok(v) = serde_json::from_str::<Value>(&text)
+            && let Some(f) = v.get("format").and_then(Value::as_str)
+            && f != FORMAT
+            && f.starts_with("petite-policy/")
+        {
+            return Err(Error::Refused {
+                file,
+                reason: format!(
+                    "format {f}: written by an older petite (this one reads {FORMAT}: real-time chunking changed the step program's inputs); export the policy again"
+                ),
+            });
+        }
         let mut de = serde_json::Deserializer::from_str(&text);
         let spec: PolicySpec =
             serde_path_to_error::deserialize(&mut de).map_err(|e| Error::ConfigField {

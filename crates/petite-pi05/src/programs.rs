@@ -14,12 +14,16 @@
 //!   `[tokens]`, `token_mask` u8 `[tokens]` → `prefix_k_{i}` / `prefix_v_{i}`
 //!   `[1, kv_heads, P, head_dim]` (K after RoPE) for every layer, `prefix_pad_mask` bool `[P]`.
 //! * `step`: `x_t` f32 `[chunk, action_dim]`, `time_row` f32 `[R]`, `prefix_k_{i}`,
-//!   `prefix_v_{i}`, `prefix_pad_mask` → `x_next` f32 `[chunk, action_dim]` (the Euler update
-//!   `x_t + dt·v_t` folded in).
+//!   `prefix_v_{i}`, `prefix_pad_mask`, and real-time chunking's guidance (see
+//!   [`crate::rtc`]): `rtc_prev` f32 `[chunk, action_dim]`, `rtc_weights` f32 `[chunk, 1]`,
+//!   `rtc_step` f32 `[2]` (`[t, g]`) → `x_next` f32 `[chunk, action_dim]` (the Euler update
+//!   `x_t + dt·(v_t − g·(rtc_prev − (x_t − t·v_t))·rtc_weights)` folded in; all zeros is the
+//!   plain step, bit for bit).
 //! * `policy` ([`build_policy`]): the whole inference as one program — `images`, `image_masks`,
-//!   `tokens`, `token_mask`, `noise` f32 `[chunk, action_dim]` → `actions` f32
-//!   `[chunk, action_dim]`: the prefix once, then the step inlined `steps` times (each weight
-//!   declared once, so every copy reads the same one), the timestep table a constant.
+//!   `tokens`, `token_mask`, `noise` f32 `[chunk, action_dim]`, `rtc_prev`, `rtc_weights` and
+//!   `rtc_steps` f32 `[steps, 2]` → `actions` f32 `[chunk, action_dim]`: the prefix once, then
+//!   the step inlined `steps` times (each weight declared once, so every copy reads the same
+//!   one), the timestep table a constant.
 
 use std::collections::HashMap;
 
@@ -76,6 +80,15 @@ pub mod io {
     pub const TIMESTEP_TABLE: &str = "timestep_table";
     /// Policy input: x at t = 1, f32 `[chunk, action_dim]`.
     pub const NOISE: &str = "noise";
+    /// Step and policy input (RTC): the previous chunk's leftover, zero-padded, f32
+    /// `[chunk, action_dim]`.
+    pub const RTC_PREV: &str = "rtc_prev";
+    /// Step and policy input (RTC): the schedule's weight per row, f32 `[chunk, 1]`.
+    pub const RTC_WEIGHTS: &str = "rtc_weights";
+    /// Step input (RTC): this step's time and guidance weight, f32 `[2]`.
+    pub const RTC_STEP: &str = "rtc_step";
+    /// Policy input (RTC): every step's `rtc_step`, f32 `[steps, 2]`.
+    pub const RTC_STEPS: &str = "rtc_steps";
     /// Policy output: f32 `[chunk, action_dim]` after the last Euler step (model space).
     pub const ACTIONS: &str = "actions";
     /// Layer `i`'s prefix keys (after RoPE).
@@ -561,6 +574,10 @@ pub fn build_step(cfg: &Pi05Config, precision: Precision) -> Result<Program> {
         pv.push(c.b.input(&io::prefix_v(i), act, &[1, kvh, plen, hd])?);
     }
     let pad = c.b.input(io::PREFIX_PAD_MASK, Dtype::Bool, &[plen])?;
+    let rtc_prev =
+        c.b.input(io::RTC_PREV, Dtype::F32, &[chunk, cfg.action_dim])?;
+    let rtc_weights = c.b.input(io::RTC_WEIGHTS, Dtype::F32, &[chunk, 1])?;
+    let rtc_step = c.b.input(io::RTC_STEP, Dtype::F32, &[2])?;
 
     // Slice `row` at block `k` (each `w` wide).
     let block = |c: &mut Ctx, k: usize| -> Result<ValueId> {
@@ -633,6 +650,20 @@ pub fn build_step(cfg: &Pi05Config, precision: Precision) -> Result<Program> {
     let y = c.cast(y, Dtype::F32)?;
     let y = c.b.reshape(y, &[chunk, w])?;
     let v = c.linear(y, &names::head("action_out_proj"), true)?;
+    // RTC guidance, in lerobot's order of operations: x1 = x_t − t·v; err = (prev − x1)·w;
+    // v ← v − g·err. Zeros make it `v − 0 = v`.
+    c.b.push_scope("rtc");
+    let t = c.b.slice(rtc_step, 0, 0, 1, 1)?;
+    let t = c.b.reshape(t, &[1, 1])?;
+    let g = c.b.slice(rtc_step, 0, 1, 2, 1)?;
+    let g = c.b.reshape(g, &[1, 1])?;
+    let tv = c.b.mul(v, t)?;
+    let x1 = c.b.sub(x_t, tv)?;
+    let err = c.b.sub(rtc_prev, x1)?;
+    let err = c.b.mul(err, rtc_weights)?;
+    let correction = c.b.mul(err, g)?;
+    let v = c.b.sub(v, correction)?;
+    c.b.pop_scope();
     let dv = c.b.mul_scalar(v, cfg.dt() as f64)?;
     let x_next = c.b.add(x_t, dv)?;
     c.b.pop_scope();
@@ -686,6 +717,9 @@ pub fn build_policy(cfg: &Pi05Config, progs: &Programs, table: &[f32]) -> Result
         bound.insert(name, b.input(name, t.dtype, &t.shape)?);
     }
     let noise = b.input(io::NOISE, Dtype::F32, &[cfg.chunk, cfg.action_dim])?;
+    let rtc_prev = b.input(io::RTC_PREV, Dtype::F32, &[cfg.chunk, cfg.action_dim])?;
+    let rtc_weights = b.input(io::RTC_WEIGHTS, Dtype::F32, &[cfg.chunk, 1])?;
+    let rtc_steps = b.input(io::RTC_STEPS, Dtype::F32, &[cfg.steps, 2])?;
     let prefix_out = b.inline(&progs.prefix, &bound, "prefix")?;
     b.push_scope("timestep_table");
     let tab = b.constant_f32(&[cfg.steps, r], table)?;
@@ -696,11 +730,16 @@ pub fn build_policy(cfg: &Pi05Config, progs: &Programs, table: &[f32]) -> Result
         b.push_scope(&scope);
         let row = b.slice(tab, 0, k as isize, k as isize + 1, 1)?;
         let row = b.reshape(row, &[r])?;
+        let rtc_step = b.slice(rtc_steps, 0, k as isize, k as isize + 1, 1)?;
+        let rtc_step = b.reshape(rtc_step, &[2])?;
         b.pop_scope();
         let mut ins: std::collections::BTreeMap<&str, ValueId> =
             prefix_out.iter().map(|(n, &v)| (n.as_str(), v)).collect();
         ins.insert(io::X_T, x);
         ins.insert(io::TIME_ROW, row);
+        ins.insert(io::RTC_PREV, rtc_prev);
+        ins.insert(io::RTC_WEIGHTS, rtc_weights);
+        ins.insert(io::RTC_STEP, rtc_step);
         let out = b.inline(&progs.step, &ins, &scope)?;
         x = *out
             .get(io::X_NEXT)

@@ -100,6 +100,9 @@ pub fn run_model(
             io::TIME_ROW.to_string(),
             Tensor::f32(&[r], table[k * r..(k + 1) * r].to_vec())?,
         );
+        for (name, t) in inputs.guidance.step_tensors(cfg, k)? {
+            sin.insert(name.to_string(), t);
+        }
         let (xn, _) = output(step.run(sin)?, io::X_NEXT)?;
         x = f32_values(xn, io::X_NEXT)?;
         trajectory.push(x.clone());

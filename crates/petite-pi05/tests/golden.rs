@@ -242,7 +242,7 @@ fn policy_program_equals_the_orchestrated_run() {
                 "{name}: weights"
             );
             let s = cfg.vision.image_size;
-            let feeds = BTreeMap::from([
+            let mut feeds = BTreeMap::from([
                 (
                     io::IMAGES.to_string(),
                     Tensor::f32(&[cfg.cameras, 3, s, s], inputs.images.clone()).unwrap(),
@@ -264,6 +264,9 @@ fn policy_program_equals_the_orchestrated_run() {
                     Tensor::f32(&[cfg.chunk, cfg.action_dim], inputs.noise.clone()).unwrap(),
                 ),
             ]);
+            for (n, t) in inputs.guidance.policy_tensors(&cfg).unwrap() {
+                feeds.insert(n.to_string(), t);
+            }
             let out = Executor::new(&policy, &ck).unwrap().run(feeds).unwrap();
             let actions = out[io::ACTIONS].float_values().unwrap();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

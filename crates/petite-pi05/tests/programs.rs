@@ -109,7 +109,17 @@ fn check(cfg: &Pi05Config, prec: Precision) {
         }
     }
     assert_eq!(p.prefix.outputs.len(), 2 * cfg.language.depth + 1);
-    assert_eq!(p.step.inputs.len(), 2 * cfg.language.depth + 3);
+    // x_t, time_row, the pad mask, RTC's rtc_prev, rtc_weights and rtc_step, and the K/V.
+    assert_eq!(p.step.inputs.len(), 2 * cfg.language.depth + 6);
+    for (name, shape) in [
+        (io::RTC_PREV, vec![cfg.chunk, cfg.action_dim]),
+        (io::RTC_WEIGHTS, vec![cfg.chunk, 1]),
+        (io::RTC_STEP, vec![2]),
+    ] {
+        let i = p.step.input_by_name(name).unwrap();
+        let t = p.step.node(i).tensor().unwrap();
+        assert_eq!((t.dtype, t.shape.to_vec()), (Dtype::F32, shape), "{name}");
+    }
     let xn = p.step.output_by_name(io::X_NEXT).unwrap();
     assert_eq!(
         p.step.node(xn).tensor().unwrap().shape,

@@ -15,7 +15,7 @@ use petite::policy::{self, Array};
 use petite_serve::{self as serve, Call, Error};
 use tonic::Code;
 
-use crate::{ActionChunk, Busy, matrix, to_observation, to_options};
+use crate::{ActionChunk, Busy, matrix, to_observation, to_options, to_rtc};
 
 /// A client error as a Python exception, as `petite.Policy` raises them: a refused observation
 /// is a `ValueError` naming the key, a full queue [`Busy`], a passed deadline `TimeoutError`, a
@@ -60,10 +60,18 @@ impl Client {
         obs: &Bound<'_, PyAny>,
         noise: Option<&Bound<'_, PyAny>>,
         seed: Option<u64>,
+        rtc: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<(policy::ActionChunk, f64, f64)> {
         let o = to_observation(obs)?;
         let p = &self.info.policy;
         let options = to_options((p.chunk, p.max_action_dim), noise, seed)?;
+        let rtc = to_rtc(rtc)?.map(|r| serve::RtcCall {
+            prev_chunk_left_over: wire(r.prev_chunk_left_over),
+            inference_delay: r.inference_delay.min(u32::MAX as usize) as u32,
+            execution_horizon: r.execution_horizon.map(|h| h.min(u32::MAX as usize) as u32),
+            schedule: r.schedule.map(|s| s.name().to_string()),
+            max_guidance_weight: r.max_guidance_weight,
+        });
         let mut observation: BTreeMap<String, serve::Array> =
             o.images.into_iter().map(|(k, a)| (k, wire(a))).collect();
         if let Some(s) = o.state {
@@ -77,6 +85,7 @@ impl Client {
                 data,
             }),
             seed: options.seed,
+            rtc,
         };
         let (r, secs) = py.detach(|| {
             let t = Instant::now();
@@ -162,29 +171,31 @@ impl Client {
     }
 
     /// `petite.Policy.act` on the server: post-processed actions, float32 `[chunk, action_dim]`.
-    #[pyo3(signature = (obs, noise=None, seed=None))]
+    #[pyo3(signature = (obs, noise=None, seed=None, **rtc))]
     fn act<'py>(
         &self,
         py: Python<'py>,
         obs: &Bound<'py, PyAny>,
         noise: Option<&Bound<'py, PyAny>>,
         seed: Option<u64>,
+        rtc: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let (c, _, _) = self.call(py, obs, noise, seed)?;
+        let (c, _, _) = self.call(py, obs, noise, seed, rtc)?;
         Ok(matrix(py, c.actions, c.chunk, c.action_dim))
     }
 
     /// `petite.Policy.predict_action_chunk` on the server: the model's chunk, float32
     /// `[1, chunk, action_dim]`.
-    #[pyo3(signature = (obs, noise=None, seed=None))]
+    #[pyo3(signature = (obs, noise=None, seed=None, **rtc))]
     fn predict_action_chunk<'py>(
         &self,
         py: Python<'py>,
         obs: &Bound<'py, PyAny>,
         noise: Option<&Bound<'py, PyAny>>,
         seed: Option<u64>,
+        rtc: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyArray3<f32>>> {
-        let (c, _, _) = self.call(py, obs, noise, seed)?;
+        let (c, _, _) = self.call(py, obs, noise, seed, rtc)?;
         let a = Array3::from_shape_vec((1, c.chunk, c.action_dim), c.model)
             .map_err(|e| PyRuntimeError::new_err(format!("the model's chunk: {e}")))?;
         Ok(a.into_pyarray(py))
@@ -192,15 +203,16 @@ impl Client {
 
     /// Both chunks of one call as an `ActionChunk`; its `seconds` is the round trip and
     /// `server_ms` the server's part of it.
-    #[pyo3(signature = (obs, noise=None, seed=None))]
+    #[pyo3(signature = (obs, noise=None, seed=None, **rtc))]
     fn act_chunk(
         &self,
         py: Python<'_>,
         obs: &Bound<'_, PyAny>,
         noise: Option<&Bound<'_, PyAny>>,
         seed: Option<u64>,
+        rtc: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<ActionChunk> {
-        let (c, seconds, server_ms) = self.call(py, obs, noise, seed)?;
+        let (c, seconds, server_ms) = self.call(py, obs, noise, seed, rtc)?;
         Ok(ActionChunk {
             c,
             seconds,

@@ -224,7 +224,99 @@ fn to_options(
             Array::U8 { .. } => unreachable!("noise is read as float"),
         },
     };
-    Ok(Options { noise, seed })
+    Ok(Options {
+        noise,
+        seed,
+        rtc: None,
+    })
+}
+
+/// The RTC keywords lerobot's `predict_action_chunk` takes (and `RTCConfig`'s settings).
+const RTC_KEYS: [&str; 5] = [
+    "prev_chunk_left_over",
+    "inference_delay",
+    "execution_horizon",
+    "prefix_attention_schedule",
+    "max_guidance_weight",
+];
+
+/// Real-time chunking from lerobot's keywords: `prev_chunk_left_over` (model space, `[rows,
+/// cols]` or with a leading 1; `None`: a plain chunk, the others ignored, as lerobot does),
+/// `inference_delay` (required with a leftover), and optionally `execution_horizon`,
+/// `prefix_attention_schedule` (a name or lerobot's `RTCAttentionSchedule`) and
+/// `max_guidance_weight`. An unknown keyword is a TypeError.
+fn to_rtc(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Option<policy::Rtc>> {
+    let Some(kw) = kw else {
+        return Ok(None);
+    };
+    for k in kw.keys() {
+        let k: String = k.extract()?;
+        if !RTC_KEYS.contains(&k.as_str()) {
+            return Err(PyTypeError::new_err(format!(
+                "unexpected keyword argument `{k}` (real-time chunking takes {})",
+                RTC_KEYS.join(", ")
+            )));
+        }
+    }
+    let get = |k: &str| -> PyResult<Option<Bound<'_, PyAny>>> {
+        Ok(kw.get_item(k)?.filter(|v| !v.is_none()))
+    };
+    let Some(prev) = get("prev_chunk_left_over")? else {
+        return Ok(None);
+    };
+    let key = |k: &str| format!("rtc.{k}");
+    let prev = to_array(&key("prev_chunk_left_over"), &prev, Want::Float)?;
+    let count = |k: &str| -> PyResult<Option<usize>> {
+        match get(k)? {
+            None => Ok(None),
+            Some(v) => match v.extract::<i64>() {
+                Ok(n) if n >= 0 => Ok(Some(n as usize)),
+                Ok(n) => Err(bad(&key(k), format!("expected an integer ≥ 0, found {n}"))),
+                Err(_) => Err(bad(
+                    &key(k),
+                    format!("expected an integer ≥ 0, found {}", v.get_type().name()?),
+                )),
+            },
+        }
+    };
+    let inference_delay = count("inference_delay")?.ok_or_else(|| {
+        bad(
+            &key("inference_delay"),
+            "missing: required with prev_chunk_left_over (the actions executed while the chunk is computed)",
+        )
+    })?;
+    let schedule = match get("prefix_attention_schedule")? {
+        None => None,
+        Some(v) => {
+            // lerobot's RTCAttentionSchedule is a str enum; its `.value` is the name.
+            let name: String = match v.extract::<String>() {
+                Ok(s) => s,
+                Err(_) => v
+                    .getattr("value")
+                    .and_then(|x| x.extract::<String>())
+                    .map_err(|_| bad(&key("prefix_attention_schedule"), "expected a str"))?,
+            };
+            let name = name.rsplit('.').next().unwrap_or_default().to_string();
+            Some(
+                name.parse::<policy::Schedule>()
+                    .map_err(|e| bad(&key("prefix_attention_schedule"), e))?,
+            )
+        }
+    };
+    let max_guidance_weight = match get("max_guidance_weight")? {
+        None => None,
+        Some(v) => Some(
+            v.extract::<f32>()
+                .map_err(|_| bad(&key("max_guidance_weight"), "expected a number > 0"))?,
+        ),
+    };
+    Ok(Some(policy::Rtc {
+        prev_chunk_left_over: prev,
+        inference_delay,
+        execution_horizon: count("execution_horizon")?,
+        schedule,
+        max_guidance_weight,
+    }))
 }
 
 /// An exported pi0.5 policy, opened once (see the package's documentation).
@@ -254,10 +346,12 @@ impl Policy {
         noise: Option<&Bound<'_, PyAny>>,
         seed: Option<u64>,
         wait: bool,
+        rtc: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<(policy::ActionChunk, f64)> {
         let p = self.policy()?;
         let observation = to_observation(obs)?;
-        let options = to_options((self.info.chunk, self.info.max_action_dim), noise, seed)?;
+        let mut options = to_options((self.info.chunk, self.info.max_action_dim), noise, seed)?;
+        options.rtc = to_rtc(rtc)?;
         let (r, secs) = py.detach(move || {
             let t = Instant::now();
             let r = if wait {
@@ -338,8 +432,10 @@ impl Policy {
     /// One chunk of actions for a raw lerobot observation, post-processed (what the robot
     /// executes): float32 `[chunk, action_dim]`. `noise`: the flow's starting noise, float32
     /// `[chunk, max_action_dim]`; `seed`: reproducible noise; neither: fresh noise each call.
-    /// `wait=False` raises `petite.Busy` at once when the queue is full.
-    #[pyo3(signature = (obs, noise=None, seed=None, wait=true))]
+    /// `wait=False` raises `petite.Busy` at once when the queue is full. Real-time chunking:
+    /// lerobot's keywords `prev_chunk_left_over` (model space), `inference_delay`, and
+    /// optionally `execution_horizon`, `prefix_attention_schedule`, `max_guidance_weight`.
+    #[pyo3(signature = (obs, noise=None, seed=None, wait=true, **rtc))]
     fn act<'py>(
         &self,
         py: Python<'py>,
@@ -347,15 +443,16 @@ impl Policy {
         noise: Option<&Bound<'py, PyAny>>,
         seed: Option<u64>,
         wait: bool,
+        rtc: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let (c, _) = self.chunk(py, obs, noise, seed, wait)?;
+        let (c, _) = self.chunk(py, obs, noise, seed, wait, rtc)?;
         Ok(matrix(py, c.actions, c.chunk, c.action_dim))
     }
 
     /// The model-space chunk (normalized, unpadded), as lerobot's `predict_action_chunk`
     /// returns it: float32 `[1, chunk, action_dim]`. Takes the raw observation (petite runs
     /// lerobot's preprocessor itself), with `act`'s options.
-    #[pyo3(signature = (obs, noise=None, seed=None, wait=true))]
+    #[pyo3(signature = (obs, noise=None, seed=None, wait=true, **rtc))]
     fn predict_action_chunk<'py>(
         &self,
         py: Python<'py>,
@@ -363,15 +460,16 @@ impl Policy {
         noise: Option<&Bound<'py, PyAny>>,
         seed: Option<u64>,
         wait: bool,
+        rtc: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyArray3<f32>>> {
-        let (c, _) = self.chunk(py, obs, noise, seed, wait)?;
+        let (c, _) = self.chunk(py, obs, noise, seed, wait, rtc)?;
         let a = Array3::from_shape_vec((1, c.chunk, c.action_dim), c.model)
             .map_err(|e| PyRuntimeError::new_err(format!("the model's chunk: {e}")))?;
         Ok(a.into_pyarray(py))
     }
 
     /// Both chunks of one call and what went with them, as an `ActionChunk`.
-    #[pyo3(signature = (obs, noise=None, seed=None, wait=true))]
+    #[pyo3(signature = (obs, noise=None, seed=None, wait=true, **rtc))]
     fn act_chunk(
         &self,
         py: Python<'_>,
@@ -379,8 +477,9 @@ impl Policy {
         noise: Option<&Bound<'_, PyAny>>,
         seed: Option<u64>,
         wait: bool,
+        rtc: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<ActionChunk> {
-        let (c, seconds) = self.chunk(py, obs, noise, seed, wait)?;
+        let (c, seconds) = self.chunk(py, obs, noise, seed, wait, rtc)?;
         Ok(ActionChunk {
             c,
             seconds,

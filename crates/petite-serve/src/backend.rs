@@ -16,6 +16,24 @@ pub struct Call {
     pub noise: Option<Array>,
     /// The noise's seed, if the client sent one.
     pub seed: Option<u64>,
+    /// Real-time chunking, if the client asked for it.
+    pub rtc: Option<RtcCall>,
+}
+
+/// One call's real-time-chunking options (the `.proto`'s `Rtc`), decoded; unset settings are
+/// the policy's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RtcCall {
+    /// The previous chunk's leftover, model space, `[rows, action_dim]`.
+    pub prev_chunk_left_over: Array,
+    /// Actions executed while this chunk is computed.
+    pub inference_delay: u32,
+    /// Rows guided by the leftover.
+    pub execution_horizon: Option<u32>,
+    /// `ZEROS`, `ONES`, `LINEAR` or `EXP`.
+    pub schedule: Option<String>,
+    /// The guidance's upper bound.
+    pub max_guidance_weight: Option<f32>,
 }
 
 /// One chunk of actions, in both of lerobot's spaces (see `ActReply` in the `.proto`).

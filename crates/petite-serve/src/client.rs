@@ -163,7 +163,19 @@ impl Client {
             task: call.task.clone(),
             noise: call.noise.as_ref().map(pb::Tensor::from),
             seed: call.seed,
-            rtc: None,
+            rtc: call.rtc.as_ref().map(|r| pb::Rtc {
+                prev_chunk_left_over: Some(pb::Tensor::from(&r.prev_chunk_left_over)),
+                inference_delay: Some(r.inference_delay),
+                execution_horizon: r.execution_horizon,
+                prefix_attention_schedule: match r.schedule.as_deref() {
+                    Some("ZEROS") => pb::PrefixAttentionSchedule::Zeros,
+                    Some("ONES") => pb::PrefixAttentionSchedule::Ones,
+                    Some("LINEAR") => pb::PrefixAttentionSchedule::Linear,
+                    Some("EXP") => pb::PrefixAttentionSchedule::Exp,
+                    _ => pb::PrefixAttentionSchedule::Unspecified,
+                } as i32,
+                max_guidance_weight: r.max_guidance_weight,
+            }),
         };
         let mut c = self.channel.clone();
         let r = self

@@ -17,7 +17,7 @@
 //! - a request above the message limit is refused by tonic's decoder before any handler runs
 //!   (`OUT_OF_RANGE`, "decoded message length too large"), other calls unaffected;
 //! - a malformed tensor or a bad observation is `INVALID_ARGUMENT`, naming the key;
-//! - RTC options (reserved in the `.proto`, not served yet) are `UNIMPLEMENTED`;
+//! - RTC options without their leftover or delay are `INVALID_ARGUMENT`;
 //! - at most `queue + 1` calls are in the backend at once (one running, `queue` waiting); one
 //!   more is `RESOURCE_EXHAUSTED` at once, never queued without bound;
 //! - a client's deadline (`grpc-timeout`) ends its call with `CANCELLED` ("Timeout expired":
@@ -33,7 +33,7 @@ mod server;
 mod service;
 mod tensor;
 
-pub use backend::{Backend, Call, Camera, Chunk, PolicyInfo, Refusal};
+pub use backend::{Backend, Call, Camera, Chunk, PolicyInfo, Refusal, RtcCall};
 pub use client::{Client, Reply, ServerInfo};
 pub use server::{Options, Server, termination};
 pub use tensor::Array;

@@ -10,7 +10,7 @@ use std::time::Instant;
 use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
-use crate::backend::{Backend, Call, Chunk, PolicyInfo, Refusal};
+use crate::backend::{Backend, Call, Chunk, PolicyInfo, Refusal, RtcCall};
 use crate::pb;
 use crate::pb::health_reply::Status as Health;
 use crate::tensor::Array;
@@ -52,11 +52,10 @@ fn invalid(e: crate::Error) -> Status {
 
 /// The request's tensors decoded, each refusal naming its key.
 fn decode(req: pb::ActRequest) -> Result<Call, Status> {
-    if req.rtc.is_some() {
-        return Err(Status::unimplemented(
-            "`rtc`: real-time chunking is not served yet (petite issue 55); send the request without `rtc`",
-        ));
-    }
+    let rtc = match &req.rtc {
+        None => None,
+        Some(r) => Some(decode_rtc(r)?),
+    };
     let mut observation = BTreeMap::new();
     for (key, t) in &req.observation {
         observation.insert(key.clone(), t.decode(key).map_err(invalid)?);
@@ -70,6 +69,42 @@ fn decode(req: pb::ActRequest) -> Result<Call, Status> {
         task: req.task,
         noise,
         seed: req.seed,
+        rtc,
+    })
+}
+
+/// The request's RTC options: the leftover and the delay are required, the rest default to
+/// the export's.
+fn decode_rtc(r: &pb::Rtc) -> Result<RtcCall, Status> {
+    let prev = r.prev_chunk_left_over.as_ref().ok_or_else(|| {
+        Status::invalid_argument(
+            "`rtc.prev_chunk_left_over`: missing (a request without RTC leaves `rtc` unset)",
+        )
+    })?;
+    let inference_delay = r.inference_delay.ok_or_else(|| {
+        Status::invalid_argument(
+            "`rtc.inference_delay`: missing (the actions executed while the chunk is computed)",
+        )
+    })?;
+    let schedule = match pb::PrefixAttentionSchedule::try_from(r.prefix_attention_schedule) {
+        Ok(pb::PrefixAttentionSchedule::Unspecified) => None,
+        Ok(pb::PrefixAttentionSchedule::Zeros) => Some("ZEROS"),
+        Ok(pb::PrefixAttentionSchedule::Ones) => Some("ONES"),
+        Ok(pb::PrefixAttentionSchedule::Linear) => Some("LINEAR"),
+        Ok(pb::PrefixAttentionSchedule::Exp) => Some("EXP"),
+        Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "`rtc.prefix_attention_schedule`: unknown value {}",
+                r.prefix_attention_schedule
+            )));
+        }
+    };
+    Ok(RtcCall {
+        prev_chunk_left_over: prev.decode("rtc.prev_chunk_left_over").map_err(invalid)?,
+        inference_delay,
+        execution_horizon: r.execution_horizon,
+        schedule: schedule.map(str::to_string),
+        max_guidance_weight: r.max_guidance_weight,
     })
 }
 

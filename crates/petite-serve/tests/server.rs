@@ -201,8 +201,19 @@ async fn the_queue_is_bounded_and_refusals_leave_the_calls_in_flight_alone() {
     let mut rtc = request(1.0, 0);
     rtc.rtc = Some(pb::Rtc::default());
     let (c, m) = code(&mut client, rtc).await;
-    assert_eq!(c, Code::Unimplemented);
-    assert!(m.starts_with("`rtc`: ") && !m.contains('\n'), "{m}");
+    assert_eq!(c, Code::InvalidArgument);
+    assert!(
+        m.starts_with("`rtc.prev_chunk_left_over`: missing") && !m.contains('\n'),
+        "{m}"
+    );
+    let mut rtc = request(1.0, 0);
+    rtc.rtc = Some(pb::Rtc {
+        prev_chunk_left_over: Some(Tensor::from_f32(&[1, 1], &[0.5])),
+        ..Default::default()
+    });
+    let (c, m) = code(&mut client, rtc).await;
+    assert_eq!(c, Code::InvalidArgument);
+    assert!(m.starts_with("`rtc.inference_delay`: missing"), "{m}");
 
     // The held calls are undisturbed: each gets its own answer.
     held.open(true);

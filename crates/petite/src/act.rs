@@ -39,7 +39,26 @@ pub struct ActOptions {
     pub device: crate::runtimes::Device,
     /// Calls after the first, on the same observation, for their latency ([`ActResult::timing`]).
     pub repeat: usize,
+    /// Real-time chunking's settings, used when the observation file holds
+    /// `rtc.prev_chunk_left_over` (model space, f32 `[rows, cols]`).
+    pub rtc: RtcSettings,
 }
+
+/// `petite act`'s real-time-chunking flags (see [`crate::policy::Rtc`]).
+#[derive(Debug, Clone, Default)]
+pub struct RtcSettings {
+    /// Actions executed while the chunk is computed (required with a leftover).
+    pub inference_delay: Option<usize>,
+    /// Rows guided by the leftover (default: the export's).
+    pub execution_horizon: Option<usize>,
+    /// The prefix-attention schedule (default: the export's).
+    pub schedule: Option<crate::policy::Schedule>,
+    /// The guidance's upper bound (default: the export's).
+    pub max_guidance_weight: Option<f32>,
+}
+
+/// The observation file's key of RTC's leftover.
+pub const RTC_LEFTOVER_KEY: &str = "rtc.prev_chunk_left_over";
 
 /// What one run produced.
 #[derive(Debug, Clone)]
@@ -95,12 +114,15 @@ fn read_observation(opts: &ActOptions, spec: &PolicySpec) -> Result<(Observation
     let tensors: HashMap<String, _> = st.tensors().into_iter().collect();
     let is_camera = |k: &str| r.cameras.iter().any(|c| c.key == k);
     for k in tensors.keys() {
-        if k != STATE_KEY && k != "noise" && !is_camera(k) {
+        if k != STATE_KEY && k != "noise" && k != RTC_LEFTOVER_KEY && !is_camera(k) {
             let cams: Vec<&str> = r.cameras.iter().map(|c| c.key.as_str()).collect();
             return Err(obs_err(
                 file,
                 k,
-                format!("one of {STATE_KEY}, noise, {}", cams.join(", ")),
+                format!(
+                    "one of {STATE_KEY}, noise, {RTC_LEFTOVER_KEY}, {}",
+                    cams.join(", ")
+                ),
                 "an unknown key",
             ));
         }
@@ -135,7 +157,7 @@ fn read_observation(opts: &ActOptions, spec: &PolicySpec) -> Result<(Observation
         })?;
         if k == STATE_KEY {
             obs.state = Some(a);
-        } else if k != "noise" {
+        } else if k != "noise" && k != RTC_LEFTOVER_KEY {
             obs.images.insert(k.clone(), a);
         }
     }
@@ -184,9 +206,44 @@ fn read_observation(opts: &ActOptions, spec: &PolicySpec) -> Result<(Observation
     } else {
         None
     };
+    let rtc = match tensors.get(RTC_LEFTOVER_KEY) {
+        None => {
+            if opts.rtc.inference_delay.is_some() {
+                return Err(Error::Usage(format!(
+                    "--inference-delay: real-time chunking needs the previous chunk's leftover as `{RTC_LEFTOVER_KEY}` in {}",
+                    file.display()
+                )));
+            }
+            None
+        }
+        Some(t) => {
+            let a = array(t).ok_or_else(|| {
+                obs_err(
+                    file,
+                    RTC_LEFTOVER_KEY,
+                    "float32 values",
+                    format!("{:?} {:?}", t.dtype(), t.shape()),
+                )
+            })?;
+            let s = &opts.rtc;
+            Some(crate::policy::Rtc {
+                prev_chunk_left_over: a,
+                inference_delay: s.inference_delay.ok_or_else(|| {
+                    Error::Usage(format!(
+                        "{} holds `{RTC_LEFTOVER_KEY}`: give --inference-delay N (the actions executed while the chunk is computed)",
+                        file.display()
+                    ))
+                })?,
+                execution_horizon: s.execution_horizon,
+                schedule: s.schedule,
+                max_guidance_weight: s.max_guidance_weight,
+            })
+        }
+    };
     let options = Options {
         seed: noise.is_none().then_some(opts.seed),
         noise,
+        rtc,
     };
     Ok((obs, options))
 }

@@ -18,6 +18,7 @@ use petite_cuda::{DevTensor, Device, DeviceProgram, F32Matmul, Graph};
 use petite_pi05::Pi05Config;
 use petite_pi05::inputs::Inputs;
 use petite_pi05::programs::{Precision, build_all, io, time_row_len};
+use petite_pi05::rtc::Guidance;
 use petite_reference::Tensor;
 use petite_weights::WeightSource;
 
@@ -39,6 +40,10 @@ pub struct ChunkTimes {
     /// The whole chunk, ms of wall time on the host.
     pub wall_ms: f64,
 }
+
+/// A chunk's RTC guidance and its tensors on the device: `[rtc_prev, rtc_weights]` and each
+/// step's `rtc_step`.
+type OnDevice = (Guidance, [DevTensor; 2], Vec<DevTensor>);
 
 /// pi0.5's programs resident on a device, ready to run chunks.
 pub struct CudaPolicy<'d> {
@@ -66,6 +71,9 @@ pub struct CudaPolicy<'d> {
     /// chunk), when `prefix_graph` (graphs are off only while profiling).
     prefix_graph_cell: OnceCell<Graph>,
     prefix_graph: bool,
+    /// The last chunk's RTC guidance and its tensors on the device (`rtc_prev`, `rtc_weights`,
+    /// each step's `rtc_step`): uploaded again only when a chunk's guidance differs.
+    guidance: std::cell::RefCell<Option<OnDevice>>,
 }
 
 impl<'d> CudaPolicy<'d> {
@@ -133,6 +141,7 @@ impl<'d> CudaPolicy<'d> {
             flag,
             prefix_graph_cell: OnceCell::new(),
             prefix_graph: use_graph,
+            guidance: Default::default(),
             flops,
             flops_f32,
             fixed,
@@ -227,6 +236,27 @@ impl<'d> CudaPolicy<'d> {
             &[cfg.chunk, cfg.action_dim],
             inputs.noise.clone(),
         )?)?;
+        let mut cached = self.guidance.borrow_mut();
+        if cached.as_ref().is_none_or(|c| c.0 != inputs.guidance) {
+            let g = &inputs.guidance;
+            let prev = up(Tensor::f32(&[cfg.chunk, cfg.action_dim], g.prev.clone())?)?;
+            let weights = up(Tensor::f32(&[cfg.chunk, 1], g.weights.clone())?)?;
+            if self.use_graph {
+                dev.copy(&prev, fixed(io::RTC_PREV).map_err(cuda)?)
+                    .map_err(cuda)?;
+                dev.copy(&weights, fixed(io::RTC_WEIGHTS).map_err(cuda)?)
+                    .map_err(cuda)?;
+            }
+            let rows = g
+                .steps
+                .chunks_exact(2)
+                .map(|r| up(Tensor::f32(&[2], r.to_vec())?))
+                .collect::<Result<Vec<_>>>()?;
+            *cached = Some((g.clone(), [prev, weights], rows));
+        }
+        let Some((_, [prev, weights], rtc_rows)) = cached.as_ref() else {
+            return Err(Error::Internal("no RTC guidance on the device".into()));
+        };
         let x = if self.use_graph {
             if let Some(kv) = &kv {
                 for (name, t) in kv {
@@ -252,18 +282,23 @@ impl<'d> CudaPolicy<'d> {
                 .get()
                 .ok_or_else(|| Error::Internal("no step graph".into()))?;
             let rb = fixed(io::TIME_ROW).map_err(cuda)?;
-            for row in &self.rows {
+            let sb = fixed(io::RTC_STEP).map_err(cuda)?;
+            for (row, rtc_step) in self.rows.iter().zip(rtc_rows) {
                 dev.copy(row, rb).map_err(cuda)?;
+                dev.copy(rtc_step, sb).map_err(cuda)?;
                 g.launch().map_err(cuda)?;
             }
             xb.clone()
         } else {
             let kv = kv.ok_or_else(|| Error::Internal("the prefix ran as a graph".into()))?;
             let mut x = noise;
-            for row in &self.rows {
+            for (row, rtc_step) in self.rows.iter().zip(rtc_rows) {
                 let mut sin = kv.clone();
                 sin.insert(io::X_T.to_string(), x);
                 sin.insert(io::TIME_ROW.to_string(), row.clone());
+                sin.insert(io::RTC_PREV.to_string(), prev.clone());
+                sin.insert(io::RTC_WEIGHTS.to_string(), weights.clone());
+                sin.insert(io::RTC_STEP.to_string(), rtc_step.clone());
                 let mut out = self.step.run_device(sin).map_err(cuda)?;
                 x = out
                     .remove(io::X_NEXT)

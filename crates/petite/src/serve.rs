@@ -53,11 +53,27 @@ fn observation(p: &Policy, call: Call) -> Result<(Observation, Options), Refusal
             )));
         }
     };
+    let rtc = match call.rtc {
+        None => None,
+        Some(r) => Some(crate::policy::Rtc {
+            prev_chunk_left_over: array(r.prev_chunk_left_over),
+            inference_delay: r.inference_delay as usize,
+            execution_horizon: r.execution_horizon.map(|h| h as usize),
+            schedule: match r.schedule {
+                None => None,
+                Some(s) => Some(s.parse().map_err(|e: String| {
+                    Refusal::Invalid(format!("`rtc.prefix_attention_schedule`: {e}"))
+                })?),
+            },
+            max_guidance_weight: r.max_guidance_weight,
+        }),
+    };
     Ok((
         obs,
         Options {
             noise,
             seed: call.seed,
+            rtc,
         },
     ))
 }

@@ -94,6 +94,7 @@ fn write_observation(
     h: usize,
     w: usize,
     state: usize,
+    leftover: Option<[usize; 2]>,
 ) -> Result<()> {
     let img: Vec<u8> = (0..h * w * 3).map(|i| ((i * 7) % 251) as u8).collect();
     let st: Vec<u8> = (0..state)
@@ -110,6 +111,19 @@ fn write_observation(
         "observation.state".to_string(),
         safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![state], &st)?,
     ));
+    let prev: Vec<u8> = leftover
+        .map(|[r, c]| {
+            (0..r * c)
+                .flat_map(|i| (0.5 * (i as f32 * 0.37).sin()).to_le_bytes())
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some([r, c]) = leftover {
+        views.push((
+            "rtc.prev_chunk_left_over".to_string(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![r, c], &prev)?,
+        ));
+    }
     let meta = [("task".to_string(), "pick up the cube".to_string())].into();
     std::fs::write(path, safetensors::serialize(views, Some(meta))?)
         .with_context(|| format!("writing {}", path.display()))
@@ -285,7 +299,7 @@ pub fn run(a: &Args) -> Result<()> {
     let tok = dir.join("tokenizer.json");
     write_tokenizer(&tok)?;
     let obs = dir.join("observation.safetensors");
-    write_observation(&obs, &cameras, h, w, state)?;
+    write_observation(&obs, &cameras, h, w, state, None)?;
     let timing = dir.join("act-timing.json");
     util::run(
         Command::new(&petite)
@@ -343,6 +357,9 @@ pub fn run(a: &Args) -> Result<()> {
     let (tm, tp) = median_p99(&mut total);
     let (cm, cp) = median_p99(&mut chunk);
     let (om, op) = median_p99(&mut over);
+    let (pre, _) = median_p99(&mut pick("preprocess_s"));
+    let (queued, _) = median_p99(&mut pick("queued_s"));
+    let (post, _) = median_p99(&mut pick("postprocess_s"));
     let rows = match &a.python {
         Some(py) => Some(python_rows(
             py,
@@ -372,6 +389,55 @@ pub fn run(a: &Args) -> Result<()> {
         t["open_s"].as_f64().unwrap_or(f64::NAN),
         t["first_call_s"].as_f64().unwrap_or(f64::NAN) * 1e3,
         t["runtime"].as_str().unwrap_or("?"),
+    );
+    println!(
+        "policy bench: the overhead's medians: preprocessing {pre:.3} ms, the owner thread's queue {queued:.3} ms, postprocessing {post:.3} ms"
+    );
+    // Real-time chunking: the same calls guided by a leftover of chunk − 1 rows (delay 3).
+    let (chunk_len, action_dim) = if small { (6, 4) } else { (50, 7) };
+    let rtc_obs = dir.join("observation-rtc.safetensors");
+    write_observation(
+        &rtc_obs,
+        &cameras,
+        h,
+        w,
+        state,
+        Some([chunk_len - 1, action_dim]),
+    )?;
+    let rtc_timing = dir.join("act-rtc-timing.json");
+    util::run(
+        Command::new(&petite)
+            .args(["act", "--seed", "0", "--device", &a.device, "--dir"])
+            .arg(&out)
+            .arg("--observation")
+            .arg(&rtc_obs)
+            .arg("--tokenizer")
+            .arg(&tok)
+            .args(["--inference-delay", "3"])
+            .args(["--repeat", &a.repeat.to_string()])
+            .arg("--timing-json")
+            .arg(&rtc_timing)
+            .arg("--out")
+            .arg(dir.join("actions-rtc.safetensors")),
+    )?;
+    let rt: Value = serde_json::from_slice(&std::fs::read(&rtc_timing)?)?;
+    let mut rtc_chunk: Vec<f64> = rt["calls"].as_array().context("timing JSON has no calls")?[1..]
+        .iter()
+        .filter_map(|c| c["chunk_s"].as_f64())
+        .map(|s| s * 1e3)
+        .collect();
+    let (rm, rp) = median_p99(&mut rtc_chunk);
+    let guided = actions(&dir.join("actions-rtc.safetensors"))?;
+    let plain = actions(&dir.join("actions.safetensors"))?;
+    let moved = crate::conformance::gpu::max_err(&guided, &plain).unwrap_or(f32::NAN);
+    println!(
+        "policy bench: with real-time chunking (leftover [{}, {action_dim}], delay 3): the chunk alone {rm:.3} ms (p99 {rp:.3}), {:.3}× the plain chunk's {cm:.3} ms; the guided actions moved {moved:.3} from the plain ones",
+        chunk_len - 1,
+        rm / cm
+    );
+    anyhow::ensure!(
+        moved > 1e-3,
+        "the guided chunk is the plain one (moved {moved:e}): RTC did nothing"
     );
     let rust_actions = actions(&dir.join("actions.safetensors"))?;
     match rows {

@@ -131,6 +131,19 @@ pub fn run() -> Result<()> {
             failed.push(format!("{case}: {e:#}"));
         }
     }
+    // lerobot's policy folders and its real-time-chunking goldens, made where lerobot is
+    // installed (`cargo xtask gpu-bundle` carries them): the Rust policy on the GPU.
+    match std::env::var_os("XTASK_POLICY_GOLDENS") {
+        Some(dir) => {
+            if let Err(e) = policy_goldens(&petite, scratch.path(), Path::new(&dir), &mut rows) {
+                println!("gpu: lerobot policy goldens: FAILED: {e:#}");
+                failed.push(format!("lerobot policy goldens: {e:#}"));
+            }
+        }
+        None => println!(
+            "gpu: no XTASK_POLICY_GOLDENS (the gpu-bundle's policy-goldens): lerobot's policy folders and RTC goldens not run"
+        ),
+    }
     for r in &rows {
         println!("  {r}");
     }
@@ -142,6 +155,88 @@ pub fn run() -> Result<()> {
         );
     }
     println!("gpu tier: passed ({} checks)", rows.len());
+    Ok(())
+}
+
+/// Each case folder under `goldens` (conformance/lerobot/make_policy_folders.py and
+/// make_rtc_goldens.py): the f32 export acted on the GPU (`petite act --device cuda`) for the
+/// plain observation and every RTC golden, each within the lerobot-policy tier's bound of
+/// lerobot's pipeline.
+fn policy_goldens(
+    petite: &Path,
+    scratch: &Path,
+    goldens: &Path,
+    rows: &mut Vec<String>,
+) -> Result<()> {
+    let tokenizer = goldens.join("tokenizer").join("tokenizer.json");
+    for case in super::policy::CASES {
+        let dir = goldens.join(case);
+        let bundle = scratch.join(format!("{case}-policy"));
+        output(
+            Command::new(petite)
+                .args(["export", "--dtype", "f32", "--checkpoint"])
+                .arg(dir.join("policy"))
+                .arg("--config")
+                .arg(dir.join("petite.json"))
+                .arg("--out")
+                .arg(&bundle),
+        )?;
+        let act = |obs: &Path, expected: &Path, extra: &[String]| -> Result<f64> {
+            let out = scratch.join(format!("{case}-acted.safetensors"));
+            output(
+                Command::new(petite)
+                    .args(["act", "--device", "cuda", "--dir"])
+                    .arg(&bundle)
+                    .arg("--observation")
+                    .arg(obs)
+                    .arg("--tokenizer")
+                    .arg(&tokenizer)
+                    .args(extra)
+                    .arg("--out")
+                    .arg(&out),
+            )?;
+            super::policy::compare(expected, &out)
+        };
+        let plain = act(
+            &dir.join("observation.safetensors"),
+            &dir.join("expected.safetensors"),
+            &[],
+        )?;
+        let mut worst = 0f64;
+        let gs = super::policy::rtc_goldens(&dir)?;
+        for (j, g) in gs.iter().enumerate() {
+            let gdir = dir.join("rtc").join(format!("{j:02}"));
+            let e = act(
+                &gdir.join("observation.safetensors"),
+                &gdir.join("expected.safetensors"),
+                &[
+                    "--inference-delay".into(),
+                    g.inference_delay.to_string(),
+                    "--execution-horizon".into(),
+                    g.execution_horizon.to_string(),
+                    "--rtc-schedule".into(),
+                    g.schedule.clone(),
+                    "--max-guidance-weight".into(),
+                    g.max_guidance_weight.to_string(),
+                ],
+            )
+            .with_context(|| {
+                format!(
+                    "{case} RTC golden {j} ({} delay {})",
+                    g.schedule, g.inference_delay
+                )
+            })?;
+            worst = worst.max(e);
+        }
+        println!(
+            "gpu: {case} petite act --device cuda (f32 export of lerobot's folder): plain within {plain:.2e}, {} RTC goldens within {worst:.2e} × max(1, |a|) of lerobot's pipeline (bound 1e-4)",
+            gs.len()
+        );
+        rows.push(format!(
+            "policy {case}: plain {plain:.2e}, RTC ×{} {worst:.2e}",
+            gs.len()
+        ));
+    }
     Ok(())
 }
 

@@ -30,11 +30,67 @@ use safetensors::{Dtype, SafeTensors};
 use crate::util;
 
 /// The generator, relative to the workspace root.
-const SCRIPT: &str = "conformance/lerobot/make_policy_folders.py";
+pub(crate) const SCRIPT: &str = "conformance/lerobot/make_policy_folders.py";
 /// The cases it writes (one folder each under the output).
-const CASES: [&str; 2] = ["libero_like_mean_std", "hub_quantiles"];
+pub(crate) const CASES: [&str; 2] = ["libero_like_mean_std", "hub_quantiles"];
 /// Per action: |petite − lerobot| ≤ this × max(1, |lerobot|).
 const BOUND: f32 = 1e-4;
+/// lerobot's real-time chunking on the folders the first script wrote.
+pub(crate) const RTC_SCRIPT: &str = "conformance/lerobot/make_rtc_goldens.py";
+
+/// One RTC golden's settings (`rtc.safetensors`'s metadata).
+pub(crate) struct RtcGolden {
+    pub schedule: String,
+    pub inference_delay: usize,
+    pub execution_horizon: usize,
+    pub max_guidance_weight: f32,
+    pub differs: bool,
+}
+
+/// The case's RTC goldens, in order; refused unless at least one of every schedule weights
+/// some row (a no-op RTC must fail the comparison).
+pub(crate) fn rtc_goldens(case_dir: &Path) -> Result<Vec<RtcGolden>> {
+    let path = case_dir.join("rtc.safetensors");
+    let bytes = read(&path)?;
+    let (_, meta) =
+        SafeTensors::read_metadata(&bytes).with_context(|| path.display().to_string())?;
+    let text = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("rtc").cloned())
+        .with_context(|| format!("{}: no `rtc` metadata", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let g: Vec<RtcGolden> = v
+        .as_array()
+        .context("`rtc` metadata is not a list")?
+        .iter()
+        .map(|m| -> Result<RtcGolden> {
+            let n = |k: &str| {
+                m[k].as_f64()
+                    .with_context(|| format!("golden without `{k}`"))
+            };
+            Ok(RtcGolden {
+                schedule: m["schedule"]
+                    .as_str()
+                    .context("golden without `schedule`")?
+                    .to_string(),
+                inference_delay: n("inference_delay")? as usize,
+                execution_horizon: n("execution_horizon")? as usize,
+                max_guidance_weight: n("max_guidance_weight")? as f32,
+                differs: m["differs"].as_bool().context("golden without `differs`")?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    for s in ["ZEROS", "ONES", "LINEAR", "EXP"] {
+        ensure!(
+            g.iter().any(|g| g.schedule == s && g.differs),
+            "{}: no {s} golden that moves the chunk",
+            path.display()
+        );
+    }
+    Ok(g)
+}
+
 /// The Python package's crate (its `pyproject.toml` beside), relative to the workspace root.
 const PYTHON_CRATE: &str = "crates/petite-python/Cargo.toml";
 /// The package's test, run in the lerobot venv.
@@ -58,8 +114,15 @@ pub fn run() -> Result<()> {
                 .arg("--out")
                 .arg(&out),
         )?;
+        util::run(
+            Command::new(&python)
+                .arg(root.join(RTC_SCRIPT))
+                .arg("--out")
+                .arg(&out)
+                .args(CASES),
+        )?;
         eprintln!(
-            "xtask: policy: lerobot wrote the folders and its outputs in {:.0} s",
+            "xtask: policy: lerobot wrote the folders and its outputs (with its RTC goldens) in {:.0} s",
             start.elapsed().as_secs_f64()
         );
         for case in CASES {
@@ -99,6 +162,54 @@ pub fn run() -> Result<()> {
                     .with_context(|| format!("{case} ({backend})"))?;
                 eprintln!(
                     "xtask: policy: {case} ({backend}, f32): actions within {err:.2e} × max(1, |a|) of lerobot's pipeline (bound {BOUND:e}); tokens and mask identical"
+                );
+                // Real-time chunking: every golden on the reference engines, one per schedule
+                // (each with another delay) in the other runtimes.
+                let goldens = rtc_goldens(&dir)?;
+                let mut worst = 0f64;
+                let mut ran = Vec::new();
+                for (j, g) in goldens.iter().enumerate() {
+                    if backend != "reference" && j % 3 != (j / 3) % 3 {
+                        continue;
+                    }
+                    let gdir = dir.join("rtc").join(format!("{j:02}"));
+                    let acted = gdir.join(format!("{backend}-act.safetensors"));
+                    let mut act = Command::new(&petite);
+                    act.arg("act")
+                        .arg("--dir")
+                        .arg(&bundle)
+                        .arg("--observation")
+                        .arg(gdir.join("observation.safetensors"))
+                        .args(["--inference-delay", &g.inference_delay.to_string()])
+                        .args(["--execution-horizon", &g.execution_horizon.to_string()])
+                        .args(["--rtc-schedule", &g.schedule])
+                        .args(["--max-guidance-weight", &g.max_guidance_weight.to_string()])
+                        .arg("--out")
+                        .arg(&acted);
+                    match backend {
+                        "portable" => {
+                            act.arg("--python").arg(&pte_python);
+                        }
+                        "onnx" => {
+                            act.arg("--python").arg(&ort_python);
+                        }
+                        _ => {}
+                    }
+                    util::run_quiet(&mut act)?;
+                    let err =
+                        compare(&gdir.join("expected.safetensors"), &acted).with_context(|| {
+                            format!(
+                                "{case} ({backend}) RTC golden {j}: {} delay {}",
+                                g.schedule, g.inference_delay
+                            )
+                        })?;
+                    worst = worst.max(err);
+                    ran.push(format!("{} d{}", g.schedule, g.inference_delay));
+                }
+                eprintln!(
+                    "xtask: policy: {case} ({backend}, f32): {} real-time-chunking goldens (lerobot's RTC: {}) through petite act within {worst:.2e} × max(1, |a|) (bound {BOUND:e})",
+                    ran.len(),
+                    ran.join(", ")
                 );
             }
         }
@@ -265,7 +376,7 @@ fn values(st: &SafeTensors<'_>, file: &Path, name: &str, want: &[Dtype]) -> Resu
 
 /// The largest |petite − lerobot| / max(1, |lerobot|) over the actions; fails past [`BOUND`],
 /// on any non-finite value, a length mismatch, or a token or mask that differs.
-fn compare(expected: &Path, acted: &Path) -> Result<f64> {
+pub(crate) fn compare(expected: &Path, acted: &Path) -> Result<f64> {
     let (eb, ab) = (read(expected)?, read(acted)?);
     let e = SafeTensors::deserialize(&eb).with_context(|| expected.display().to_string())?;
     let a = SafeTensors::deserialize(&ab).with_context(|| acted.display().to_string())?;

@@ -9,6 +9,7 @@ use petite_engine::{EngineRuntime, HostTensor};
 use petite_graph::Program;
 use petite_pi05::inputs::Inputs;
 use petite_pi05::programs::io;
+use petite_pi05::rtc::Guidance;
 use petite_pi05::{Pi05Config, Precision, build_prefix, build_step};
 use petite_pte::PteFile;
 use petite_pte::model::{DataLocation, EValue, Instruction, ScalarType};
@@ -463,11 +464,19 @@ fn runtime_names(runtimes: &Runtimes) -> Vec<String> {
         .collect()
 }
 
+/// A chunk's RTC guidance and its values where the step's runtime keeps them: `rtc_prev`,
+/// `rtc_weights`, each step's `rtc_step`.
+type Uploaded = (Guidance, Value, Value, Vec<Value>);
+
 /// The step's program signature and the timestep table's rows (as the step's runtime keeps
 /// them: on its device where it has one): what every chunk's steps need.
 struct Steps {
     sprog: Program,
     rows: Vec<Value>,
+    /// The last chunk's RTC guidance as uploaded (`rtc_prev`, `rtc_weights`, each step's
+    /// `rtc_step`): a chunk with the same guidance (every plain chunk after the first) uploads
+    /// nothing more.
+    guidance: std::cell::RefCell<Option<Uploaded>>,
 }
 
 impl Steps {
@@ -480,19 +489,22 @@ impl Steps {
         Ok(Steps {
             sprog: build_step(cfg, Precision::F32)?,
             rows,
+            guidance: Default::default(),
         })
     }
 
-    /// The Euler steps from `noise` with the prefix's outputs `kv`; returns x after the last.
-    /// x stays where the step's runtime keeps it between steps; only the last comes back.
+    /// The Euler steps from `inputs.noise` with the prefix's outputs `kv` and the chunk's RTC
+    /// guidance; returns x after the last. x stays where the step's runtime keeps it between
+    /// steps; only the last comes back.
     fn run(
         &self,
         cfg: &Pi05Config,
         step: &Loaded<'_>,
         kv: &BTreeMap<String, Value>,
-        noise: &[f32],
+        inputs: &Inputs,
         step_path: &Path,
     ) -> Result<Vec<f32>> {
+        let noise = &inputs.noise;
         let sprog = &self.sprog;
         let xi = sprog
             .outputs
@@ -503,11 +515,30 @@ impl Steps {
             &[cfg.chunk, cfg.action_dim],
             noise.to_vec(),
         )?))?;
-        for row in &self.rows {
+        let g = &inputs.guidance;
+        let mut cached = self.guidance.borrow_mut();
+        if cached.as_ref().is_none_or(|c| c.0 != *g) {
+            let prev = step.upload(host(Tensor::f32(
+                &[cfg.chunk, cfg.action_dim],
+                g.prev.clone(),
+            )?))?;
+            let weights = step.upload(host(Tensor::f32(&[cfg.chunk, 1], g.weights.clone())?))?;
+            let rows = g
+                .steps
+                .chunks_exact(2)
+                .map(|r| step.upload(host(Tensor::f32(&[2], r.to_vec())?)))
+                .collect::<Result<Vec<_>>>()?;
+            *cached = Some((g.clone(), prev, weights, rows));
+        }
+        let (_, prev, weights, rtc_rows) = cached.as_ref().expect("set above");
+        for (row, rtc_step) in self.rows.iter().zip(rtc_rows) {
             let mut ins: BTreeMap<&str, Value> =
                 kv.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
             ins.insert(io::X_T, x);
             ins.insert(io::TIME_ROW, row.clone());
+            ins.insert(io::RTC_PREV, prev.clone());
+            ins.insert(io::RTC_WEIGHTS, weights.clone());
+            ins.insert(io::RTC_STEP, rtc_step.clone());
             let outs = step.run_values(ordered(sprog, &mut ins)?)?;
             x = outs
                 .into_iter()
@@ -595,7 +626,7 @@ pub fn run_pte(
     let pprog = build_prefix(cfg, Precision::F32)?;
     let kv = run_prefix(cfg, &pprog, &prefix, inputs)?;
     drop(prefix);
-    let x = steps.run(cfg, &step, &kv, &inputs.noise, &ptes.step_path)?;
+    let x = steps.run(cfg, &step, &kv, inputs, &ptes.step_path)?;
     drop(step);
     // The actions came from these files only if they are still the files that were mapped.
     ptes.check()?;
@@ -645,7 +676,7 @@ pub fn with_resident<T>(
     let pprog = build_prefix(cfg, Precision::F32)?;
     let mut chunk = |inputs: &Inputs| -> Result<Vec<f32>> {
         let kv = run_prefix(cfg, &pprog, &prefix, inputs)?;
-        let x = steps.run(cfg, &step, &kv, &inputs.noise, &ptes.step_path)?;
+        let x = steps.run(cfg, &step, &kv, inputs, &ptes.step_path)?;
         ptes.check()?;
         Ok(x)
     };

@@ -229,6 +229,24 @@ fn write_inputs(path: &Path, cfg: &Pi05Config, inputs: &Inputs) -> Result<()> {
             vec![cfg.chunk, cfg.action_dim],
             f32b(&inputs.noise),
         ),
+        (
+            "rtc_prev",
+            W::F32,
+            vec![cfg.chunk, cfg.action_dim],
+            f32b(&inputs.guidance.prev),
+        ),
+        (
+            "rtc_weights",
+            W::F32,
+            vec![cfg.chunk],
+            f32b(&inputs.guidance.weights),
+        ),
+        (
+            "rtc_steps",
+            W::F32,
+            vec![cfg.steps, 2],
+            f32b(&inputs.guidance.steps),
+        ),
     ];
     let specs: Vec<TensorSpec> = rows
         .iter()

@@ -57,6 +57,9 @@ pub fn check_onnx_spec(dir: &Path, cfg: &Pi05Config) -> Result<()> {
         (io::TOKENS, "i64", vec![cfg.tokens]),
         (io::TOKEN_MASK, "u8", vec![cfg.tokens]),
         (io::NOISE, "f32", vec![cfg.chunk, cfg.action_dim]),
+        (io::RTC_PREV, "f32", vec![cfg.chunk, cfg.action_dim]),
+        (io::RTC_WEIGHTS, "f32", vec![cfg.chunk, 1]),
+        (io::RTC_STEPS, "f32", vec![cfg.steps, 2]),
         (io::ACTIONS, "f32", vec![cfg.chunk, cfg.action_dim]),
     ];
     let all: Vec<&serde_json::Value> = ["inputs", "outputs"]
@@ -107,6 +110,9 @@ pub fn check_specs(pte_dir: &Path, cfg: &Pi05Config) -> Result<()> {
         (io::TOKEN_MASK, vec![cfg.tokens]),
         (io::X_T, vec![cfg.chunk, cfg.action_dim]),
         (io::TIME_ROW, vec![r]),
+        (io::RTC_PREV, vec![cfg.chunk, cfg.action_dim]),
+        (io::RTC_WEIGHTS, vec![cfg.chunk, 1]),
+        (io::RTC_STEP, vec![2]),
     ]
     .into_iter()
     .collect();

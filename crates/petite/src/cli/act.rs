@@ -15,7 +15,9 @@ pub struct ActArgs {
     pub dir: PathBuf,
     /// Observation safetensors with lerobot's keys: observation.images.<key> (float32 [3,H,W]
     /// in [0,1] or uint8 [H,W,3]; a camera left out is masked), observation.state (f32
-    /// [state_dim]), optionally noise (f32 [chunk, max_action_dim]).
+    /// [state_dim]), optionally noise (f32 [chunk, max_action_dim]) and, for real-time
+    /// chunking, rtc.prev_chunk_left_over (the previous chunk's unexecuted actions in model
+    /// space, f32 [rows, cols]; then --inference-delay is required).
     #[arg(long)]
     pub observation: PathBuf,
     /// The task (default: the observation file's metadata key `task`).
@@ -49,6 +51,20 @@ pub struct ActArgs {
     /// preprocess/queued/chunk/postprocess/total seconds.
     #[arg(long)]
     pub timing_json: Option<PathBuf>,
+    /// Real-time chunking: actions the robot executes while the chunk is computed (lerobot's
+    /// `inference_delay`).
+    #[arg(long, help_heading = "Real-time chunking")]
+    pub inference_delay: Option<usize>,
+    /// Rows of the chunk guided by the leftover (default: the export's, from its policy
+    /// folder's `rtc_config`, else lerobot's 10).
+    #[arg(long, help_heading = "Real-time chunking")]
+    pub execution_horizon: Option<usize>,
+    /// How the guidance fades: ZEROS, ONES, LINEAR or EXP (default: the export's, else LINEAR).
+    #[arg(long, help_heading = "Real-time chunking")]
+    pub rtc_schedule: Option<petite::policy::Schedule>,
+    /// The guidance's upper bound (default: the export's, else 10).
+    #[arg(long, help_heading = "Real-time chunking")]
+    pub max_guidance_weight: Option<f32>,
     /// Output safetensors: `action` f32 [chunk, action_dim] (unnormalized; metadata
     /// n_action_steps), plus the prompt's tokens and attention mask.
     #[arg(long)]
@@ -69,6 +85,12 @@ pub fn run(a: ActArgs) -> anyhow::Result<()> {
         python: a.python,
         device: a.device,
         repeat: a.repeat,
+        rtc: petite::act::RtcSettings {
+            inference_delay: a.inference_delay,
+            execution_horizon: a.execution_horizon,
+            schedule: a.rtc_schedule,
+            max_guidance_weight: a.max_guidance_weight,
+        },
     })
     .with_context(|| format!("act with {}", a.dir.display()))?;
     write_result(&a.out, &r).with_context(|| format!("writing {}", a.out.display()))?;

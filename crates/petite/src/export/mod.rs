@@ -450,6 +450,7 @@ impl SaveTargets {
             export_id: self.export_id.clone(),
             backend: opts.backend.name().into(),
             dtype: dtype_name(opts.precision).into(),
+            weights: dtype_name(opts.precision).into(),
             model: saved_cfg(saved).clone(),
             runner: saved.runner.clone(),
         };

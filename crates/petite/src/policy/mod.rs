@@ -25,6 +25,7 @@ use petite_pi05::Pi05Config;
 use petite_pi05::inputs::Inputs;
 use petite_pi05::lerobot::STATE_KEY;
 use petite_pi05::policy::Runner;
+pub use petite_pi05::rtc::{RtcDefaults, Schedule};
 
 use crate::bundle::{BundleKind, BundleRunner};
 use crate::runtimes::Device;
@@ -145,6 +146,29 @@ pub struct Options {
     pub noise: Option<Vec<f32>>,
     /// Makes this call's noise reproducible (standard normal from this seed).
     pub seed: Option<u64>,
+    /// Real-time chunking: guide the chunk toward the previous one's leftover (`None`: a plain
+    /// chunk).
+    pub rtc: Option<Rtc>,
+}
+
+/// Real-time chunking for one call: lerobot's `predict_action_chunk(…, inference_delay=,
+/// prev_chunk_left_over=, execution_horizon=)` with its `RTCConfig`. Settings left `None` take
+/// the export's defaults (`Info::rtc`: the policy folder's `rtc_config`, else lerobot's
+/// LINEAR, 10, 10).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rtc {
+    /// The previous chunk's actions not yet executed, in model space (normalized: what
+    /// [`ActionChunk::model`] holds), f32 `[rows, cols]` (or `[1, rows, cols]`) with
+    /// `rows ≤ chunk` and `cols ≤ action_dim`; zero-padded as lerobot pads it.
+    pub prev_chunk_left_over: Array,
+    /// Actions the robot executes while this chunk is computed.
+    pub inference_delay: usize,
+    /// Rows of the new chunk guided by the leftover.
+    pub execution_horizon: Option<usize>,
+    /// How the guidance fades along the leftover.
+    pub schedule: Option<Schedule>,
+    /// The guidance's upper bound (> 0).
+    pub max_guidance_weight: Option<f32>,
 }
 
 /// How to open a policy.
@@ -225,6 +249,8 @@ pub struct Info {
     pub chunk: usize,
     /// How many actions lerobot executes before planning again.
     pub n_action_steps: usize,
+    /// Real-time chunking's defaults for calls that leave them out.
+    pub rtc: RtcDefaults,
 }
 
 /// A job for the owner thread: model inputs, and where the chunk (and the seconds the programs
@@ -358,6 +384,7 @@ impl Policy {
             max_action_dim: cfg.action_dim,
             chunk: cfg.chunk,
             n_action_steps: runner.n_action_steps,
+            rtc: runner.rtc.clone(),
         };
         Ok(Policy {
             dir: dir.to_path_buf(),
@@ -474,6 +501,7 @@ impl Policy {
             ));
         }
         let noise = self.noise(opts)?;
+        let guidance = self.guidance(opts.rtc.as_ref())?;
         Ok(Prepared {
             inputs: Inputs {
                 images: seen.images,
@@ -481,9 +509,50 @@ impl Policy {
                 tokens,
                 token_mask,
                 noise,
+                guidance,
             },
             state: seen.state,
             prompt: text,
+        })
+    }
+
+    /// The step's RTC inputs for `rtc` (checked against the real action width; one error
+    /// naming the field), or the plain chunk's.
+    fn guidance(&self, rtc: Option<&Rtc>) -> Result<petite_pi05::rtc::Guidance> {
+        use petite_pi05::rtc::{Guidance, Rtc as Request};
+        let cfg = &self.cfg;
+        let Some(rtc) = rtc else {
+            return Ok(Guidance::none(cfg));
+        };
+        const KEY: &str = "rtc.prev_chunk_left_over";
+        let r = &self.runner;
+        let a = &rtc.prev_chunk_left_over;
+        let shape = a.unbatched(KEY, 2)?;
+        let want = format!(
+            "f32 [rows ≤ {}, columns ≤ {}] (model space)",
+            cfg.chunk, r.action_dim
+        );
+        let data = match a {
+            Array::F32 { data, .. } if shape[0] <= cfg.chunk && shape[1] <= r.action_dim => data,
+            a => return Err(expected(KEY, want, a.describe())),
+        };
+        let d = &r.rtc;
+        let req = Request {
+            prev_chunk_left_over: data.clone(),
+            rows: shape[0],
+            cols: shape[1],
+            inference_delay: rtc.inference_delay,
+            execution_horizon: rtc.execution_horizon.unwrap_or(d.execution_horizon),
+            schedule: rtc.schedule.unwrap_or(d.schedule),
+            max_guidance_weight: rtc.max_guidance_weight.unwrap_or(d.max_guidance_weight),
+        };
+        Guidance::new(cfg, &req).map_err(|e| match e {
+            petite_pi05::Error::Rtc {
+                field,
+                expected: want,
+                found,
+            } => expected(&format!("rtc.{field}"), want, found),
+            e => Error::from(e),
         })
     }
 
@@ -509,7 +578,10 @@ impl Policy {
             return Ok(v.clone());
         }
         if let Some(seed) = opts.seed {
-            return Ok(crate::verify::seeded_inputs(cfg, seed).noise);
+            // Only the noise's values are drawn (a full set of seeded inputs would draw every
+            // image value of every camera first, on every call).
+            let mut rng = NoiseRng::new(seed);
+            return Ok((0..n).map(|_| rng.normal()).collect());
         }
         let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
         Ok((0..n).map(|_| rng.normal()).collect())

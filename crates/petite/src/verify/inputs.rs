@@ -37,5 +37,6 @@ pub fn seeded_inputs(cfg: &Pi05Config, seed: u64) -> Inputs {
         tokens,
         token_mask,
         noise,
+        guidance: petite_pi05::rtc::Guidance::none(cfg),
     }
 }
