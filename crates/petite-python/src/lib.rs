@@ -393,14 +393,14 @@ impl Policy {
         let p = self.policy()?;
         let inputs = model::to_model_inputs(batch)?;
         let options = to_options((self.info.chunk, self.info.max_action_dim), noise, seed)?;
-        let r = py.detach(move || {
+        let c = py.detach(move || {
             if wait {
                 p.act_model(&inputs, &options)
             } else {
                 p.try_act_model(&inputs, &options)
             }
-        });
-        let c = r.map_err(py_err)?;
+            .map_err(py_err)
+        })?;
         let a = Array3::from_shape_vec((1, c.chunk, c.action_dim), c.model)
             .map_err(|e| PyRuntimeError::new_err(format!("the model's chunk: {e}")))?;
         Ok(a.into_pyarray(py))
