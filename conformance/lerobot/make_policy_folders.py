@@ -23,7 +23,10 @@ For each case below this script
      first was float) and writes `loop.safetensors`: per observation `NN/<lerobot key>`,
      `NN/noise`, lerobot's `NN/action` (postprocessed), `NN/model` (`predict_action_chunk`'s
      output) and `NN/tokens`, `NN/token_mask`; metadata `tasks` (a JSON list). The Python
-     package's test (`python_policy.py`) calls one `petite.Policy` over them.
+     package's test (`python_policy.py`) calls one `petite.Policy` over them. Then the same
+     observations through lerobot's `select_action` (its action queue), the chunk drawn at
+     observation NN from `NN/noise`: `NN/select_action` and `NN/select_action_post` (after the
+     postprocessor), for the lerobot plugin's test (`plugin_policy.py`).
 
 Usage: make_policy_folders.py --out DIR
 """
@@ -311,6 +314,7 @@ def make_loop(case: Case, policy, pre, post, dataset_stats, out: Path) -> None:
     rng = np.random.Generator(np.random.PCG64(case.seed + 1))
     tensors = {}
     tasks = []
+    obs_loop = []
     for i in range(LOOP):
         p = f"{i:02d}/"
         obs_torch = {}
@@ -338,6 +342,7 @@ def make_loop(case: Case, policy, pre, post, dataset_stats, out: Path) -> None:
         task = TASKS[i % len(TASKS)]
         tasks.append(task)
         obs_torch["task"] = [task]
+        obs_loop.append(dict(obs_torch))
         with torch.no_grad():
             batch = pre(obs_torch)
             model = policy.predict_action_chunk(batch, noise=torch.from_numpy(noise)[None].clone())
@@ -349,8 +354,34 @@ def make_loop(case: Case, policy, pre, post, dataset_stats, out: Path) -> None:
         tensors[p + "model"] = m
         tensors[p + "tokens"] = batch["observation.language.tokens"][0].numpy().astype(np.int64)
         tensors[p + "token_mask"] = batch["observation.language.attention_mask"][0].numpy().astype(np.uint8)
+    select_loop(policy, pre, post, obs_loop, tensors)
     save_np(tensors, str(out / "loop.safetensors"), metadata={"tasks": json.dumps(tasks)})
     print(f"{case.name}: a loop of {LOOP} observations through lerobot's pipeline", flush=True)
+
+
+def select_loop(policy, pre, post, obs_loop, tensors) -> None:
+    """The same observations through lerobot's `select_action` (its action queue: a chunk every
+    `n_action_steps` calls), PI05's noise for a chunk drawn at observation NN being `NN/noise`:
+    `NN/select_action` (model space, `[action_dim]`) and `NN/select_action_post` (after the
+    postprocessor), for the lerobot plugin's test."""
+    current = {}
+    original = policy.model.sample_noise
+    policy.model.sample_noise = lambda shape, device: current["noise"].clone()
+    try:
+        policy.reset()
+        for i, obs_torch in enumerate(obs_loop):
+            p = f"{i:02d}/"
+            current["noise"] = torch.from_numpy(tensors[p + "noise"])[None]
+            with torch.no_grad():
+                batch = pre(obs_torch)
+                a = policy.select_action(batch)
+                a_post = post(a.clone())
+            assert a.shape == (1, a_post.shape[-1]) and torch.isfinite(a).all(), a.shape
+            tensors[p + "select_action"] = a[0].numpy().astype(np.float32)
+            tensors[p + "select_action_post"] = a_post[0].numpy().astype(np.float32)
+    finally:
+        policy.model.sample_noise = original
+        policy.reset()
 
 
 def main() -> None:

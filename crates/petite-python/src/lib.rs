@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 mod client;
+mod model;
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -463,6 +464,41 @@ impl Policy {
         rtc: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyArray3<f32>>> {
         let (c, _) = self.chunk(py, obs, noise, seed, wait, rtc)?;
+        let a = Array3::from_shape_vec((1, c.chunk, c.action_dim), c.model)
+            .map_err(|e| PyRuntimeError::new_err(format!("the model's chunk: {e}")))?;
+        Ok(a.into_pyarray(py))
+    }
+
+    /// The model-space chunk for a batch as lerobot's PI05 *preprocessor* emits it (what
+    /// lerobot's `PI05Policy.predict_action_chunk` takes): the camera images
+    /// (`observation.images.*`, float32 `[1, 3, H, W]` or `[3, H, W]` in [0, 1], any size:
+    /// petite resizes, pads and masks missing cameras as PI05 does inside its model),
+    /// `observation.language.tokens` (int64 `[1, tokens]`) and
+    /// `observation.language.attention_mask` (bool); other keys are ignored (PI05 reads the
+    /// state through the prompt). Numpy arrays or CPU torch tensors. Returns float32
+    /// `[1, chunk, action_dim]`, normalized and unpadded, equal to lerobot's
+    /// `predict_action_chunk`. `noise` and `seed` as in `act`; a batch of more than one is
+    /// refused (ValueError naming the key). The GIL is released while the chunk runs.
+    #[pyo3(signature = (batch, noise=None, seed=None, wait=true))]
+    fn predict_action_chunk_model<'py>(
+        &self,
+        py: Python<'py>,
+        batch: &Bound<'py, PyAny>,
+        noise: Option<&Bound<'py, PyAny>>,
+        seed: Option<u64>,
+        wait: bool,
+    ) -> PyResult<Bound<'py, PyArray3<f32>>> {
+        let p = self.policy()?;
+        let inputs = model::to_model_inputs(batch)?;
+        let options = to_options((self.info.chunk, self.info.max_action_dim), noise, seed)?;
+        let c = py.detach(move || {
+            if wait {
+                p.act_model(&inputs, &options)
+            } else {
+                p.try_act_model(&inputs, &options)
+            }
+            .map_err(py_err)
+        })?;
         let a = Array3::from_shape_vec((1, c.chunk, c.action_dim), c.model)
             .map_err(|e| PyRuntimeError::new_err(format!("the model's chunk: {e}")))?;
         Ok(a.into_pyarray(py))

@@ -19,6 +19,12 @@
 //! runs, and the per-call overhead over `Policy::act` in Rust measured; then `petite.Client`
 //! against `petite serve` of the same export: answers equal to the in-process policy's, bad
 //! input refused by key, four threads on one client, the transport's time measured, SIGTERM.
+//!
+//! Then the lerobot plugin (`python/lerobot_policy_petite`), pip-installed into the same venv,
+//! driven through lerobot's own API (`conformance/lerobot/plugin_policy.py`): lerobot finds type
+//! `petite`, `make_policy` opens the reference export, `make_pre_post_processors` reads the
+//! processor files the export copied, and `select_action` over each case's loop equals lerobot's
+//! PI05 `select_action` (same noise) within the same bound, before and after the postprocessor.
 
 use std::path::Path;
 use std::process::Command;
@@ -95,6 +101,10 @@ pub(crate) fn rtc_goldens(case_dir: &Path) -> Result<Vec<RtcGolden>> {
 const PYTHON_CRATE: &str = "crates/petite-python/Cargo.toml";
 /// The package's test, run in the lerobot venv.
 const PYTHON_TEST: &str = "conformance/lerobot/python_policy.py";
+/// The lerobot plugin's distribution (`lerobot_policy_petite`), relative to the workspace root.
+const PLUGIN: &str = "python/lerobot_policy_petite";
+/// Its test through lerobot's API, run in the lerobot venv.
+const PLUGIN_TEST: &str = "conformance/lerobot/plugin_policy.py";
 /// The maturin the package's PEP 517 build uses, installed into the lerobot venv.
 pub(crate) const MATURIN_REQUIREMENTS: &[&str] = &["maturin==1.16.0"];
 
@@ -213,7 +223,8 @@ pub fn run() -> Result<()> {
                 );
             }
         }
-        python_package(&python, &out, &petite)
+        python_package(&python, &out, &petite)?;
+        plugin(&python, &out)
     })();
     let _ = std::fs::remove_dir_all(&out);
     result
@@ -293,6 +304,40 @@ fn python_package(python: &Path, out: &Path, petite: &Path) -> Result<()> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The lerobot plugin (`python/lerobot_policy_petite`), installed into the lerobot venv as a
+/// user installs it beside the `petite` package (`pip install`, no dependencies fetched: lerobot
+/// and petite are there), then its test through lerobot's own API over every case's reference
+/// export ([`PLUGIN_TEST`]).
+fn plugin(python: &Path, out: &Path) -> Result<()> {
+    let root = util::root();
+    let start = Instant::now();
+    util::run(
+        Command::new(python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--no-build-isolation",
+                "--force-reinstall",
+            ])
+            .arg(root.join(PLUGIN))
+            .current_dir(&root),
+    )?;
+    eprintln!(
+        "xtask: policy: pip installed {PLUGIN} in the lerobot venv in {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+    util::run(
+        Command::new(python)
+            .arg(root.join(PLUGIN_TEST))
+            .arg("--out")
+            .arg(out)
+            .args(CASES),
+    )
 }
 
 /// maturin arguments that build with the test profile's settings. maturin builds through `cargo

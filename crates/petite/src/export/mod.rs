@@ -34,6 +34,7 @@
 
 mod engine;
 mod in_place;
+mod lerobot_files;
 mod mapping;
 pub mod onnx;
 mod portable;
@@ -444,6 +445,11 @@ impl SaveTargets {
         guard::publish(watch, &files)?;
         let report_path = opts.out.join(crate::report::FILE);
         report.write(&report_path)?;
+        // lerobot's processors and a `petite` config.json, for the lerobot plugin.
+        if let Some(r) = &saved.runner {
+            let lerobot = lerobot_files::write(&opts.checkpoint, &opts.out, r, &self.export_id)?;
+            files.extend(lerobot.into_iter().map(|f| (PathBuf::new(), f)));
+        }
         // Last: a bundle with a policy.json is complete, and its id names the programs' export.
         let spec = petite_pi05::policy::PolicySpec {
             format: petite_pi05::policy::FORMAT.into(),
@@ -562,6 +568,7 @@ fn load(opts: &ExportOptions) -> Result<Loaded> {
         [&progs.timestep_table, &progs.prefix, &progs.step],
     )?;
     let ck_files = ck.files();
+    lerobot_files::check_output(&opts.checkpoint, &opts.out)?;
     for out_name in layout::OUTPUTS {
         let o = opts.out.join(out_name);
         if let Ok(oc) = o.canonicalize()

@@ -14,6 +14,7 @@
 //! observation file, and the lerobot-policy conformance tier checks it against lerobot's own.
 
 pub mod lerobot;
+mod model;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -32,6 +33,7 @@ use crate::runtimes::Device;
 use crate::{Error, Result};
 
 pub use lerobot::Tokenizer;
+pub use model::{Ints, MASK_KEY, ModelChunk, ModelInputs, TOKENS_KEY};
 
 /// Values of one observation entry: f32 or u8, row-major, with their shape.
 #[derive(Debug, Clone, PartialEq)]
