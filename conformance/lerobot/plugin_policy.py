@@ -15,9 +15,9 @@ With the plugin installed in the lerobot venv as a user installs it, for each ca
     lerobot's PI05 `select_action` within BOUND × max(1, |a|) per element, before and after the
     postprocessor; `predict_action_chunk(batch, noise=...)` equals PI05's;
   - `forward`/`get_optim_params` refused in one line; a batch of 2 refused naming the key and
-    the policy usable afterwards; `supports_rtc()` and lerobot's RTC call shape (`supports_rtc_inference`'s check); RTC
-    with a leftover raises NotImplementedError naming RTC while the petite package takes no
-    `rtc=` (checked against PI05 once it does — not yet here).
+    the policy usable afterwards; `supports_rtc()` and lerobot's RTC call shape (`supports_rtc_inference`'s check); and
+    lerobot's RTC goldens (make_rtc_goldens.py) through the plugin with lerobot's RTCConfig and
+    keywords, within the bound, each guided chunk far from the plain one.
 A NaN or a shape mismatch fails. Prints one line per case; exits non-zero on any failure.
 
 Usage: plugin_policy.py --out DIR CASE [CASE ...]
@@ -196,20 +196,39 @@ def run_case(out: Path, case: str) -> dict:
     # it runs or says why not.
     if not (policy.supports_rtc() and rtc_call_shape(policy)):
         raise AssertionError("the policy does not take lerobot's RTC call shape")
-    policy.config.rtc_config = RTCConfig(enabled=True)
-    policy.init_rtc_processor()
-    leftover = torch.from_numpy(want0["model"][n:]).clone()[None]
-    rtc_note = "RTC options passed to petite"
-    if policy._rtc_keyword:
-        policy.predict_action_chunk(batch0, noise=noise0, inference_delay=1, prev_chunk_left_over=leftover[0])
-    else:
-        refused(
-            lambda: policy.predict_action_chunk(batch0, noise=noise0, inference_delay=1, prev_chunk_left_over=leftover[0]),
-            NotImplementedError,
-            ["RTC"],
-            "RTC without petite's rtc=",
+    # lerobot's RTC goldens (make_rtc_goldens.py: every schedule, delays 0, 3 and past the
+    # horizon, a leftover shorter than the chunk) through the plugin with lerobot's own
+    # RTCConfig and predict_action_chunk keywords.
+    from lerobot.configs import RTCAttentionSchedule
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+
+    gpath = d / "rtc.safetensors"
+    gt = load_file(str(gpath))
+    with safe_open(str(gpath), "np") as f:
+        meta = json.loads(f.metadata()["rtc"])
+    w_rtc = 0.0
+    for j, m in enumerate(meta):
+        p = f"{j:02d}/"
+        policy.config.rtc_config = RTCConfig(
+            enabled=True,
+            prefix_attention_schedule=RTCAttentionSchedule[m["schedule"]],
+            max_guidance_weight=m["max_guidance_weight"],
+            execution_horizon=m["execution_horizon"],
         )
-        rtc_note = "RTC with a leftover refused (NotImplementedError: petite takes no rtc= yet)"
+        policy.init_rtc_processor()
+        batch = pre(obs_loop[m["obs"]][0])
+        got = policy.predict_action_chunk(
+            batch,
+            noise=torch.from_numpy(gt[p + "noise"])[None],
+            inference_delay=m["inference_delay"],
+            prev_chunk_left_over=torch.from_numpy(gt[p + "prev_chunk_left_over"])[None],
+        )
+        w_rtc = max(w_rtc, worst(got, gt[p + "model"][None], f"RTC golden {j} ({m['schedule']}, delay {m['inference_delay']})"))
+        moved = float(np.abs(got.numpy()[0] - gt[p + "plain_model"]).max())
+        if m["differs"] and moved <= 100 * BOUND:
+            raise AssertionError(f"RTC golden {j}: the plugin's guided chunk is the plain one")
+    rtc_note = f"{len(meta)} RTC goldens of lerobot's PI05 within {w_rtc:.2e}"
     # Without a leftover RTC is a plain chunk, as PI05's.
     worst(policy.predict_action_chunk(batch0, noise=noise0, inference_delay=1), want0["model"][None], "RTC without a leftover")
     refused(lambda: policy.select_action(batch0), ValueError, ["RTC"], "select_action with RTC on")

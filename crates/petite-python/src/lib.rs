@@ -478,8 +478,9 @@ impl Policy {
     /// state through the prompt). Numpy arrays or CPU torch tensors. Returns float32
     /// `[1, chunk, action_dim]`, normalized and unpadded, equal to lerobot's
     /// `predict_action_chunk`. `noise` and `seed` as in `act`; a batch of more than one is
-    /// refused (ValueError naming the key). The GIL is released while the chunk runs.
-    #[pyo3(signature = (batch, noise=None, seed=None, wait=true))]
+    /// refused (ValueError naming the key). The GIL is released while the chunk runs. Real-time
+    /// chunking: lerobot's keywords, as in `act`.
+    #[pyo3(signature = (batch, noise=None, seed=None, wait=true, **rtc))]
     fn predict_action_chunk_model<'py>(
         &self,
         py: Python<'py>,
@@ -487,10 +488,12 @@ impl Policy {
         noise: Option<&Bound<'py, PyAny>>,
         seed: Option<u64>,
         wait: bool,
+        rtc: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyArray3<f32>>> {
         let p = self.policy()?;
         let inputs = model::to_model_inputs(batch)?;
-        let options = to_options((self.info.chunk, self.info.max_action_dim), noise, seed)?;
+        let mut options = to_options((self.info.chunk, self.info.max_action_dim), noise, seed)?;
+        options.rtc = to_rtc(rtc)?;
         let c = py.detach(move || {
             if wait {
                 p.act_model(&inputs, &options)

@@ -10,7 +10,6 @@ action queue (``n_action_steps`` actions a chunk).
 
 from __future__ import annotations
 
-import inspect
 from collections import deque
 from pathlib import Path
 
@@ -81,7 +80,6 @@ class PetitePolicy(PreTrainedPolicy):
             raise ValueError(
                 f"{self.export_dir}: config.json's action shape {tuple(action.shape)}, the export's {info['action_dim']}"
             )
-        self._rtc_keyword = _accepts(self.petite.predict_action_chunk_model, "rtc")
         self.reset()
 
     @classmethod
@@ -142,21 +140,14 @@ class PetitePolicy(PreTrainedPolicy):
         prev = rtc.get("prev_chunk_left_over")
         if prev is None or not self._rtc_enabled():
             return {}
-        if not self._rtc_keyword:
-            raise NotImplementedError(
-                "RTC (real-time chunking): this petite package's Policy.predict_action_chunk_model "
-                "takes no rtc= options yet; call without prev_chunk_left_over, or disable rtc_config"
-            )
         c = self.config.rtc_config
         horizon = rtc.get("execution_horizon")
         return {
-            "rtc": {
-                "prev_chunk_left_over": _numpy("prev_chunk_left_over", prev, True),
-                "inference_delay": rtc.get("inference_delay"),
-                "execution_horizon": c.execution_horizon if horizon is None else horizon,
-                "prefix_attention_schedule": str(getattr(c.prefix_attention_schedule, "value", c.prefix_attention_schedule)),
-                "max_guidance_weight": c.max_guidance_weight,
-            }
+            "prev_chunk_left_over": _numpy("prev_chunk_left_over", prev, True),
+            "inference_delay": rtc.get("inference_delay"),
+            "execution_horizon": c.execution_horizon if horizon is None else horizon,
+            "prefix_attention_schedule": str(getattr(c.prefix_attention_schedule, "value", c.prefix_attention_schedule)),
+            "max_guidance_weight": c.max_guidance_weight,
         }
 
     @torch.no_grad()
@@ -192,9 +183,3 @@ class PetitePolicy(PreTrainedPolicy):
             self._action_queue.extend(actions.transpose(0, 1))
         return self._action_queue.popleft()
 
-
-def _accepts(fn, name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False

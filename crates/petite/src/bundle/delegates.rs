@@ -198,6 +198,15 @@ impl<'m> Loaded<'m> {
         }
     }
 
+    /// The checks a resident method deferred from its last run (see
+    /// [`ResidentMethod::finish`]).
+    fn finish(&self) -> Result<()> {
+        match &self.resident {
+            Some(m) => m.finish(),
+            None => Ok(()),
+        }
+    }
+
     /// Runs `forward` on `inputs` (the method's inputs, in order); returns its outputs, kept
     /// where the method's runtime keeps them.
     fn run_values(&self, inputs: Vec<Value>) -> Result<Vec<Value>> {
@@ -677,6 +686,9 @@ pub fn with_resident<T>(
     let mut chunk = |inputs: &Inputs| -> Result<Vec<f32>> {
         let kv = run_prefix(cfg, &pprog, &prefix, inputs)?;
         let x = steps.run(cfg, &step, &kv, inputs, &ptes.step_path)?;
+        // The prefix's deferred checks: its work is done once the steps' result is back.
+        prefix.finish()?;
+        step.finish()?;
         ptes.check()?;
         Ok(x)
     };

@@ -93,7 +93,15 @@ impl Policy {
     ) -> Result<ModelChunk> {
         let prepared = self.prepare_model(inputs)?;
         let noise = self.noise(opts)?;
-        let (raw, _) = self.run(Inputs { noise, ..prepared }, no_wait)?;
+        let guidance = self.guidance(opts.rtc.as_ref())?;
+        let (raw, _) = self.run(
+            Inputs {
+                noise,
+                guidance,
+                ..prepared
+            },
+            no_wait,
+        )?;
         let (cfg, r) = (&self.cfg, &self.runner);
         if raw.len() != cfg.chunk * cfg.action_dim {
             return Err(Error::Internal(format!(
@@ -195,6 +203,7 @@ impl Policy {
             tokens,
             token_mask: mask.into_iter().map(|m| m as u8).collect(),
             noise: Vec::new(),
+            guidance: petite_pi05::rtc::Guidance::none(&self.cfg),
         })
     }
 }

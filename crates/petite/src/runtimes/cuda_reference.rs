@@ -40,7 +40,7 @@ impl Runtime for CudaReference {
     fn describe(&self) -> String {
         let i = self.0.info();
         format!(
-            "petite reference engines on CUDA (petite-cuda; {}, compute capability {}.{})",
+            "petite reference engines on CUDA (petite-cuda; {}, compute capability {}.{}; a resident bf16 method's f32 products in TF32, as pi05 run --dtype bf16's)",
             i.name, i.compute_capability.0, i.compute_capability.1
         )
     }
@@ -94,11 +94,22 @@ impl Runtime for CudaReference {
 impl CudaReference {
     fn method<'s>(&'s self, m: &MethodSpec<'_>) -> Result<Box<dyn ResidentMethod + 's>> {
         let dev = &self.0;
+        // A bf16 export (bf16 values cross its engines) runs its f32 products (SigLIP, the
+        // heads) in TF32, as `pi05 run --dtype bf16` does by default: lerobot's bf16 mode is
+        // within the bf16 bound either way. An f32 export's stay exact (its 1e-4 parity).
+        let bf16 = m
+            .inputs
+            .iter()
+            .chain(&m.outputs)
+            .any(|(_, d, _)| *d == petite_graph::Dtype::Bf16);
         let mut engines = HashMap::new();
         for &(seg, offset, len) in &m.engines {
             let e = ReferenceEngine::open_region(m.path, offset, len)?;
-            let program = DeviceProgram::load(dev, e.program(), e.file(), true)
+            let mut program = DeviceProgram::load(dev, e.program(), e.file(), true)
                 .map_err(Error::cuda(format!("{} segment {seg}", m.path.display())))?;
+            if bf16 {
+                program.set_f32_matmul(petite_cuda::F32Matmul::Tf32);
+            }
             let (inputs, outputs) = petite_engine::bindings(e.program());
             let flag = if program.has_embedding() {
                 Some(
@@ -134,6 +145,8 @@ impl CudaReference {
                 .map_err(cuda("allocate a flag"))?,
             runs: Cell::new(0),
             graph: OnceCell::new(),
+            last: Default::default(),
+            unchecked: Cell::new(false),
         }))
     }
 }
@@ -162,6 +175,14 @@ struct CudaMethod<'d> {
     zero: DevTensor,
     runs: Cell<usize>,
     graph: OnceCell<Graph>,
+    /// The values last copied into `fixed_in`: the same value passed again (the prefix's K/V
+    /// at each of a chunk's steps) is not copied again. A value is the same only as the same
+    /// `Arc` (a method's next run returns new ones), and outputs are valid only until their
+    /// method runs again, so an unchanged `Arc` holds unchanged contents.
+    last: std::cell::RefCell<Vec<Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>>>,
+    /// A replay whose embedding checks are not read yet ([`ResidentMethod::finish`], or the
+    /// next run, reads them).
+    unchecked: Cell<bool>,
 }
 
 impl<'d> CudaMethod<'d> {
@@ -231,6 +252,13 @@ impl<'d> CudaMethod<'d> {
 }
 
 impl ResidentMethod for CudaMethod<'_> {
+    fn finish(&self) -> Result<()> {
+        if self.unchecked.replace(false) {
+            self.check().map_err(cuda("check embedding indices"))?;
+        }
+        Ok(())
+    }
+
     fn run(&self, inputs: Vec<Value>) -> Result<Vec<Value>> {
         if inputs.len() != self.input_ids.len() {
             return Err(Error::Internal(format!(
@@ -239,10 +267,19 @@ impl ResidentMethod for CudaMethod<'_> {
                 inputs.len()
             )));
         }
+        let arcs: Vec<_> = inputs
+            .iter()
+            .map(|v| match v {
+                Value::Resident(a) => Some(a.clone()),
+                Value::Host(_) => None,
+            })
+            .collect();
         let ins = inputs
             .into_iter()
             .map(|v| self.device_value(v))
             .collect::<Result<Vec<_>>>()?;
+        // The last replay's deferred checks, before its flags are reset.
+        self.finish()?;
         let n = self.runs.get();
         self.runs.set(n + 1);
         if n == 0 {
@@ -255,8 +292,17 @@ impl ResidentMethod for CudaMethod<'_> {
                 .collect());
         }
         let dev = self.dev;
-        for (src, dst) in ins.iter().zip(&self.fixed_in) {
-            dev.copy(src, dst).map_err(cuda("copy a method input"))?;
+        let mut last = self.last.borrow_mut();
+        last.resize(ins.len(), None);
+        for (i, (src, dst)) in ins.iter().zip(&self.fixed_in).enumerate() {
+            let same = match (&arcs[i], &last[i]) {
+                (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+                _ => false,
+            };
+            if !same {
+                dev.copy(src, dst).map_err(cuda("copy a method input"))?;
+                last[i] = arcs[i].clone();
+            }
         }
         if self.graph.get().is_none() {
             let values: HashMap<i32, DevTensor> = self
@@ -281,7 +327,10 @@ impl ResidentMethod for CudaMethod<'_> {
             .ok_or_else(|| Error::Internal("no method graph".into()))?
             .launch()
             .map_err(cuda("replay a method"))?;
-        self.check().map_err(cuda("check embedding indices"))?;
+        // Read back at `finish` (or the next run): reading the flags now would wait for the
+        // replay before the caller queues what follows it.
+        self.unchecked
+            .set(self.engines.values().any(|e| e.flag.is_some()));
         Ok(self
             .fixed_out
             .iter()

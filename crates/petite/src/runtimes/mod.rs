@@ -132,6 +132,14 @@ pub trait ResidentMethod {
     /// Runs the method on its inputs (in order); returns its outputs (in order). An output may
     /// be a buffer the method reuses: it is valid until this method runs again.
     fn run(&self, inputs: Vec<Value>) -> Result<Vec<Value>>;
+
+    /// Reports what the last run found wrong that the runtime checks only once its work is
+    /// done (petite-cuda: an embedding index out of range), waiting for that work. A runtime
+    /// may defer such checks from [`ResidentMethod::run`] to here (or to the next run), so that
+    /// a caller queues later work (the steps after the prefix) without waiting.
+    fn finish(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 type Make = fn() -> Result<Box<dyn Runtime>>;
