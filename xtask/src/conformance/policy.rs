@@ -422,6 +422,11 @@ fn values(st: &SafeTensors<'_>, file: &Path, name: &str, want: &[Dtype]) -> Resu
 /// The largest |petite − lerobot| / max(1, |lerobot|) over the actions; fails past [`BOUND`],
 /// on any non-finite value, a length mismatch, or a token or mask that differs.
 pub(crate) fn compare(expected: &Path, acted: &Path) -> Result<f64> {
+    compare_within(expected, acted, BOUND)
+}
+
+/// [`compare`] with another bound on the actions (a bf16 export's).
+pub(crate) fn compare_within(expected: &Path, acted: &Path, bound: f32) -> Result<f64> {
     let (eb, ab) = (read(expected)?, read(acted)?);
     let e = SafeTensors::deserialize(&eb).with_context(|| expected.display().to_string())?;
     let a = SafeTensors::deserialize(&ab).with_context(|| acted.display().to_string())?;
@@ -441,9 +446,9 @@ pub(crate) fn compare(expected: &Path, acted: &Path) -> Result<f64> {
         );
         let rel = (g - w).abs() / w.abs().max(1.0);
         worst = worst.max(rel);
-        if rel > BOUND as f64 {
+        if rel > bound as f64 {
             bail!(
-                "action {i}: petite {g}, lerobot {w}: off by {rel:.3e} × max(1, |a|) > {BOUND:e}"
+                "action {i}: petite {g}, lerobot {w}: off by {rel:.3e} × max(1, |a|) > {bound:e}"
             );
         }
     }
