@@ -76,13 +76,10 @@ fn act_model_gives_the_model_chunk_of_the_preprocessed_observation() {
     let m2 = p.try_act_model(&preprocessed(2, &b), &seeded(0)).unwrap();
     assert_eq!(m2.model, b.model);
     // Explicit noise: the seed's noise given as values is the same chunk; other noise another.
-    let noise = petite::verify::seeded_inputs(
-        &petite_pi05::policy::PolicySpec::read(&dir.join("policy.json"))
-            .unwrap()
-            .model,
-        0,
-    )
-    .noise;
+    let model = petite_pi05::policy::PolicySpec::read(&dir.join("policy.json"))
+        .unwrap()
+        .model;
+    let noise = petite::policy::seeded_noise(0, model.chunk * model.action_dim);
     let given = Options {
         noise: Some(noise.clone()),
         ..Options::default()

@@ -582,8 +582,7 @@ impl Policy {
         if let Some(seed) = opts.seed {
             // Only the noise's values are drawn (a full set of seeded inputs would draw every
             // image value of every camera first, on every call).
-            let mut rng = NoiseRng::new(seed);
-            return Ok((0..n).map(|_| rng.normal()).collect());
+            return Ok(seeded_noise(seed, n));
         }
         let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
         Ok((0..n).map(|_| rng.normal()).collect())
@@ -835,6 +834,13 @@ fn owner(
         let mut chunk = |inputs: &Inputs| bundle.run(cfg, inputs, None).map(|(a, _)| a);
         serve(&mut chunk);
     }
+}
+
+/// The `n` standard-normal values `Options { seed: Some(seed), .. }` draws as a chunk's noise,
+/// so a caller can give the same noise explicitly (or reproduce a seeded chunk elsewhere).
+pub fn seeded_noise(seed: u64, n: usize) -> Vec<f32> {
+    let mut rng = NoiseRng::new(seed);
+    (0..n).map(|_| rng.normal()).collect()
 }
 
 /// The policy's own standard-normal noise: splitmix64 words, Box–Muller pairs (both halves
