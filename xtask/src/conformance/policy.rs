@@ -25,6 +25,11 @@
 //! `petite`, `make_policy` opens the reference export, `make_pre_post_processors` reads the
 //! processor files the export copied, and `select_action` over each case's loop equals lerobot's
 //! PI05 `select_action` (same noise) within the same bound, before and after the postprocessor.
+//! Then lerobot's own real-time-chunking rollout drives the plugin (`conformance/lerobot/
+//! rtc_engine.py`: `build_rollout_context`, `RTCInferenceEngine`, `BaseStrategy` at 30 Hz for 5 s
+//! with a scripted robot): an action every tick after the first chunk, each later chunk guided by
+//! the previous one's leftover with the delay lerobot measured, equal to lerobot's PI05 on the
+//! same call.
 
 use std::path::Path;
 use std::process::Command;
@@ -105,6 +110,10 @@ const PYTHON_TEST: &str = "conformance/lerobot/python_policy.py";
 const PLUGIN: &str = "python/lerobot_policy_petite";
 /// Its test through lerobot's API, run in the lerobot venv.
 const PLUGIN_TEST: &str = "conformance/lerobot/plugin_policy.py";
+/// lerobot's own real-time-chunking rollout (`lerobot.rollout`: `build_rollout_context`,
+/// `RTCInferenceEngine`, `BaseStrategy`) driving the plugin with a scripted robot, run in the
+/// lerobot venv after [`PLUGIN_TEST`].
+const RTC_ENGINE_TEST: &str = "conformance/lerobot/rtc_engine.py";
 /// The maturin the package's PEP 517 build uses, installed into the lerobot venv.
 pub(crate) const MATURIN_REQUIREMENTS: &[&str] = &["maturin==1.16.0"];
 
@@ -337,7 +346,20 @@ fn plugin(python: &Path, out: &Path) -> Result<()> {
             .arg("--out")
             .arg(out)
             .args(CASES),
-    )
+    )?;
+    let start = Instant::now();
+    util::run(
+        Command::new(python)
+            .arg(root.join(RTC_ENGINE_TEST))
+            .arg("--out")
+            .arg(out)
+            .args(CASES),
+    )?;
+    eprintln!(
+        "xtask: policy: lerobot's RTC rollout over the plugin took {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// maturin arguments that build with the test profile's settings. maturin builds through `cargo
