@@ -19,6 +19,9 @@
 //! runs, and the per-call overhead over `Policy::act` in Rust measured; then `petite.Client`
 //! against `petite serve` of the same export: answers equal to the in-process policy's, bad
 //! input refused by key, four threads on one client, the transport's time measured, SIGTERM.
+//! Then `petite.ActionLoop` (`conformance/lerobot/action_loop.py`): two robots at 30 Hz for 5 s on
+//! one `petite serve`, an action every tick after the first chunk, each chunk guided by the
+//! previous one's unexecuted rows with the delay measured, each reply its own request's.
 //!
 //! Then the lerobot plugin (`python/lerobot_policy_petite`), pip-installed into the same venv,
 //! driven through lerobot's own API (`conformance/lerobot/plugin_policy.py`): lerobot finds type
@@ -106,6 +109,8 @@ pub(crate) fn rtc_goldens(case_dir: &Path) -> Result<Vec<RtcGolden>> {
 const PYTHON_CRATE: &str = "crates/petite-python/Cargo.toml";
 /// The package's test, run in the lerobot venv.
 const PYTHON_TEST: &str = "conformance/lerobot/python_policy.py";
+/// `petite.ActionLoop` (robot-side real-time chunking) over `petite serve`: two robots at 30 Hz.
+const ACTION_LOOP_TEST: &str = "conformance/lerobot/action_loop.py";
 /// The lerobot plugin's distribution (`lerobot_policy_petite`), relative to the workspace root.
 const PLUGIN: &str = "python/lerobot_policy_petite";
 /// Its test through lerobot's API, run in the lerobot venv.
@@ -310,6 +315,20 @@ fn python_package(python: &Path, out: &Path, petite: &Path) -> Result<()> {
     )?;
     eprintln!(
         "xtask: policy: the Python package's test took {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+    let start = Instant::now();
+    util::run(
+        Command::new(python)
+            .arg(root.join(ACTION_LOOP_TEST))
+            .arg("--out")
+            .arg(out)
+            .arg("--petite")
+            .arg(petite)
+            .args(CASES),
+    )?;
+    eprintln!(
+        "xtask: policy: petite.ActionLoop over petite serve took {:.0} s",
         start.elapsed().as_secs_f64()
     );
     Ok(())
