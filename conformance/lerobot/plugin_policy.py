@@ -15,7 +15,7 @@ With the plugin installed in the lerobot venv as a user installs it, for each ca
     lerobot's PI05 `select_action` within BOUND × max(1, |a|) per element, before and after the
     postprocessor; `predict_action_chunk(batch, noise=...)` equals PI05's;
   - `forward`/`get_optim_params` refused in one line; a batch of 2 refused naming the key and
-    the policy usable afterwards; `supports_rtc()` and lerobot's RTC call shape (`supports_rtc_inference`'s check); and
+    the policy usable afterwards; `supports_rtc()` and lerobot's RTC call shape (its rollout's `supports_rtc_inference`); and
     lerobot's RTC goldens (make_rtc_goldens.py) through the plugin with lerobot's RTCConfig and
     keywords, within the bound, each guided chunk far from the plain one.
 A NaN or a shape mismatch fails. Prints one line per case; exits non-zero on any failure.
@@ -26,7 +26,6 @@ Usage: plugin_policy.py --out DIR CASE [CASE ...]
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 from pathlib import Path
@@ -99,13 +98,10 @@ def dataset_meta(cfg):
 
 
 def rtc_call_shape(policy) -> bool:
-    """lerobot's `rollout.inference.rtc.supports_rtc_inference` (that module needs lerobot's
-    `datasets` extra, not in this venv): `predict_action_chunk` binds lerobot's RTC call."""
-    try:
-        inspect.signature(policy.predict_action_chunk).bind(object(), inference_delay=0, prev_chunk_left_over=None)
-    except (TypeError, ValueError):
-        return False
-    return True
+    """lerobot's own check, as its rollout runs it before turning RTC on."""
+    from lerobot.rollout.inference.rtc import supports_rtc_inference
+
+    return supports_rtc_inference(policy)
 
 
 def refused(fn, exc, words, what: str) -> str:
@@ -194,7 +190,7 @@ def run_case(out: Path, case: str) -> dict:
 
     # RTC: declared, lerobot's rollout accepts the call shape; with a leftover and RTC enabled
     # it runs or says why not.
-    if not (policy.supports_rtc() and rtc_call_shape(policy)):
+    if not rtc_call_shape(policy):
         raise AssertionError("the policy does not take lerobot's RTC call shape")
     # lerobot's RTC goldens (make_rtc_goldens.py: every schedule, delays 0, 3 and past the
     # horizon, a leftover shorter than the chunk) through the plugin with lerobot's own

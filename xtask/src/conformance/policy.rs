@@ -19,12 +19,20 @@
 //! runs, and the per-call overhead over `Policy::act` in Rust measured; then `petite.Client`
 //! against `petite serve` of the same export: answers equal to the in-process policy's, bad
 //! input refused by key, four threads on one client, the transport's time measured, SIGTERM.
+//! Then `petite.ActionLoop` (`conformance/lerobot/action_loop.py`): two robots at 30 Hz for 5 s on
+//! one `petite serve`, an action every tick after the first chunk, each chunk guided by the
+//! previous one's unexecuted rows with the delay measured, each reply its own request's.
 //!
 //! Then the lerobot plugin (`python/lerobot_policy_petite`), pip-installed into the same venv,
 //! driven through lerobot's own API (`conformance/lerobot/plugin_policy.py`): lerobot finds type
 //! `petite`, `make_policy` opens the reference export, `make_pre_post_processors` reads the
 //! processor files the export copied, and `select_action` over each case's loop equals lerobot's
 //! PI05 `select_action` (same noise) within the same bound, before and after the postprocessor.
+//! Then lerobot's own real-time-chunking rollout drives the plugin (`conformance/lerobot/
+//! rtc_engine.py`: `build_rollout_context`, `RTCInferenceEngine`, `BaseStrategy` at 30 Hz for 5 s
+//! with a scripted robot): an action every tick after the first chunk, each later chunk guided by
+//! the previous one's leftover with the delay lerobot measured, equal to lerobot's PI05 on the
+//! same call.
 
 use std::path::Path;
 use std::process::Command;
@@ -101,10 +109,16 @@ pub(crate) fn rtc_goldens(case_dir: &Path) -> Result<Vec<RtcGolden>> {
 const PYTHON_CRATE: &str = "crates/petite-python/Cargo.toml";
 /// The package's test, run in the lerobot venv.
 const PYTHON_TEST: &str = "conformance/lerobot/python_policy.py";
+/// `petite.ActionLoop` (robot-side real-time chunking) over `petite serve`: two robots at 30 Hz.
+const ACTION_LOOP_TEST: &str = "conformance/lerobot/action_loop.py";
 /// The lerobot plugin's distribution (`lerobot_policy_petite`), relative to the workspace root.
 const PLUGIN: &str = "python/lerobot_policy_petite";
 /// Its test through lerobot's API, run in the lerobot venv.
 const PLUGIN_TEST: &str = "conformance/lerobot/plugin_policy.py";
+/// lerobot's own real-time-chunking rollout (`lerobot.rollout`: `build_rollout_context`,
+/// `RTCInferenceEngine`, `BaseStrategy`) driving the plugin with a scripted robot, run in the
+/// lerobot venv after [`PLUGIN_TEST`].
+const RTC_ENGINE_TEST: &str = "conformance/lerobot/rtc_engine.py";
 /// The maturin the package's PEP 517 build uses, installed into the lerobot venv.
 pub(crate) const MATURIN_REQUIREMENTS: &[&str] = &["maturin==1.16.0"];
 
@@ -303,6 +317,20 @@ fn python_package(python: &Path, out: &Path, petite: &Path) -> Result<()> {
         "xtask: policy: the Python package's test took {:.0} s",
         start.elapsed().as_secs_f64()
     );
+    let start = Instant::now();
+    util::run(
+        Command::new(python)
+            .arg(root.join(ACTION_LOOP_TEST))
+            .arg("--out")
+            .arg(out)
+            .arg("--petite")
+            .arg(petite)
+            .args(CASES),
+    )?;
+    eprintln!(
+        "xtask: policy: petite.ActionLoop over petite serve took {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -337,7 +365,20 @@ fn plugin(python: &Path, out: &Path) -> Result<()> {
             .arg("--out")
             .arg(out)
             .args(CASES),
-    )
+    )?;
+    let start = Instant::now();
+    util::run(
+        Command::new(python)
+            .arg(root.join(RTC_ENGINE_TEST))
+            .arg("--out")
+            .arg(out)
+            .args(CASES),
+    )?;
+    eprintln!(
+        "xtask: policy: lerobot's RTC rollout over the plugin took {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// maturin arguments that build with the test profile's settings. maturin builds through `cargo

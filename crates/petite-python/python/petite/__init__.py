@@ -17,6 +17,13 @@ A policy served by `petite serve` (on this machine or another) is called the sam
     client = petite.Client("127.0.0.1:50051")   # petite serve --dir bundle/
     actions = client.act(obs)
 
+A robot loop over a served policy with real-time chunking (lerobot's RTC: the next chunk asked for
+in the background, guided by the unexecuted rest of the current one):
+
+    with petite.ActionLoop(client, fps=30, queue_threshold=20) as loop:
+        loop.observe(obs)            # every tick
+        action = loop.next_action()  # float32 [action_dim], or None before the first chunk
+
 The observation's keys are lerobot's; other keys are skipped. One policy may be shared by
 threads: chunks run one at a time in arrival order, with the GIL released meanwhile. A bad
 observation raises ValueError naming the key; `wait=False` raises `petite.Busy` when the
@@ -26,5 +33,6 @@ ConnectionError when the server cannot be reached, TimeoutError past its `timeou
 """
 
 from ._petite import ActionChunk, Busy, Client, Policy, __version__
+from .loop import ActionLoop, ChunkRecord
 
-__all__ = ["ActionChunk", "Busy", "Client", "Policy", "__version__"]
+__all__ = ["ActionChunk", "ActionLoop", "Busy", "ChunkRecord", "Client", "Policy", "__version__"]

@@ -46,16 +46,36 @@ class Policy:
     @property
     def info(self) -> dict[str, Any]: ...
     def act(
-        self, obs: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None, wait: bool = True
+        self, obs: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None, wait: bool = True,
+        prev_chunk_left_over: Optional[npt.ArrayLike] = None,
+        inference_delay: Optional[int] = None,
+        execution_horizon: Optional[int] = None,
+        prefix_attention_schedule: Optional[Any] = None,
+        max_guidance_weight: Optional[float] = None,
     ) -> npt.NDArray[np.float32]: ...
     def predict_action_chunk(
-        self, obs: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None, wait: bool = True
+        self, obs: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None, wait: bool = True,
+        prev_chunk_left_over: Optional[npt.ArrayLike] = None,
+        inference_delay: Optional[int] = None,
+        execution_horizon: Optional[int] = None,
+        prefix_attention_schedule: Optional[Any] = None,
+        max_guidance_weight: Optional[float] = None,
     ) -> npt.NDArray[np.float32]: ...
     def act_chunk(
-        self, obs: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None, wait: bool = True
+        self, obs: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None, wait: bool = True,
+        prev_chunk_left_over: Optional[npt.ArrayLike] = None,
+        inference_delay: Optional[int] = None,
+        execution_horizon: Optional[int] = None,
+        prefix_attention_schedule: Optional[Any] = None,
+        max_guidance_weight: Optional[float] = None,
     ) -> ActionChunk: ...
     def predict_action_chunk_model(
-        self, batch: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None, wait: bool = True
+        self, batch: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None, wait: bool = True,
+        prev_chunk_left_over: Optional[npt.ArrayLike] = None,
+        inference_delay: Optional[int] = None,
+        execution_horizon: Optional[int] = None,
+        prefix_attention_schedule: Optional[Any] = None,
+        max_guidance_weight: Optional[float] = None,
     ) -> npt.NDArray[np.float32]: ...
     def close(self) -> None: ...
     def __enter__(self) -> "Policy": ...
@@ -72,13 +92,28 @@ class Client:
     def info(self) -> dict[str, Any]: ...
     def healthy(self) -> bool: ...
     def act(
-        self, obs: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None
+        self, obs: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None,
+        prev_chunk_left_over: Optional[npt.ArrayLike] = None,
+        inference_delay: Optional[int] = None,
+        execution_horizon: Optional[int] = None,
+        prefix_attention_schedule: Optional[Any] = None,
+        max_guidance_weight: Optional[float] = None,
     ) -> npt.NDArray[np.float32]: ...
     def predict_action_chunk(
-        self, obs: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None
+        self, obs: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None,
+        prev_chunk_left_over: Optional[npt.ArrayLike] = None,
+        inference_delay: Optional[int] = None,
+        execution_horizon: Optional[int] = None,
+        prefix_attention_schedule: Optional[Any] = None,
+        max_guidance_weight: Optional[float] = None,
     ) -> npt.NDArray[np.float32]: ...
     def act_chunk(
-        self, obs: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None
+        self, obs: _Obs, noise: Optional[npt.ArrayLike] = None, seed: Optional[int] = None,
+        prev_chunk_left_over: Optional[npt.ArrayLike] = None,
+        inference_delay: Optional[int] = None,
+        execution_horizon: Optional[int] = None,
+        prefix_attention_schedule: Optional[Any] = None,
+        max_guidance_weight: Optional[float] = None,
     ) -> ActionChunk: ...
     def __enter__(self) -> "Client": ...
     def __exit__(self, *args: object) -> None: ...
