@@ -127,6 +127,24 @@ fn main() {
             io::TIME_ROW.into(),
             Tensor::f32(&[r], table.float_values().unwrap()[..r].to_vec()).unwrap(),
         );
+        // Real-time chunking's guidance, not zero, so ONNX Runtime runs its operations too.
+        let rows = cfg.chunk - 1;
+        let guidance = petite_pi05::rtc::Guidance::new(
+            &cfg,
+            &petite_pi05::rtc::Rtc {
+                prev_chunk_left_over: (0..rows * 3).map(|i| (i % 5) as f32 * 0.25).collect(),
+                rows,
+                cols: 3,
+                inference_delay: 1,
+                execution_horizon: rows,
+                schedule: petite_pi05::rtc::Schedule::Linear,
+                max_guidance_weight: 10.0,
+            },
+        )
+        .unwrap();
+        for (n, t) in guidance.step_tensors(&cfg, 1).unwrap() {
+            sin.insert(n.into(), t);
+        }
         // The prefix again with its token embedding forced into 16-row shards (row-range
         // weights: external data of just those rows, selected with where).
         let es = if prec == Precision::F32 { 4 } else { 2 };

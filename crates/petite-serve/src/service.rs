@@ -57,11 +57,12 @@ fn decode(req: pb::ActRequest) -> Result<Call, Status> {
         Some(r) => Some(decode_rtc(r)?),
     };
     let mut observation = BTreeMap::new();
-    for (key, t) in &req.observation {
-        observation.insert(key.clone(), t.decode(key).map_err(invalid)?);
+    for (key, t) in req.observation {
+        let a = t.into_array(&key).map_err(invalid)?;
+        observation.insert(key, a);
     }
-    let noise = match &req.noise {
-        Some(t) => Some(t.decode("noise").map_err(invalid)?),
+    let noise = match req.noise {
+        Some(t) => Some(t.into_array("noise").map_err(invalid)?),
         None => None,
     };
     Ok(Call {

@@ -71,6 +71,37 @@ impl Tensor {
     /// The values, after checking that the dtype is one a policy takes and that the bytes are
     /// exactly `product(shape) × size(dtype)`; `key` names the tensor in the error.
     pub fn decode(&self, key: &str) -> Result<Array> {
+        let (dtype, shape) = self.checked(key)?;
+        Ok(match dtype {
+            Dtype::Float32 => Array::F32 {
+                shape,
+                data: f32s(&self.data),
+            },
+            _ => Array::U8 {
+                shape,
+                data: self.data.clone(),
+            },
+        })
+    }
+
+    /// [`Tensor::decode`], keeping the bytes of a u8 tensor (a camera's image) instead of
+    /// copying them: what the server does with each request.
+    pub fn into_array(self, key: &str) -> Result<Array> {
+        let (dtype, shape) = self.checked(key)?;
+        Ok(match dtype {
+            Dtype::Float32 => Array::F32 {
+                shape,
+                data: f32s(&self.data),
+            },
+            _ => Array::U8 {
+                shape,
+                data: self.data,
+            },
+        })
+    }
+
+    /// The dtype and shape, once the bytes are checked against them.
+    fn checked(&self, key: &str) -> Result<(Dtype, Vec<usize>)> {
         let (dtype, size) = match Dtype::try_from(self.dtype) {
             Ok(Dtype::Float32) => (Dtype::Float32, 4),
             Ok(Dtype::Uint8) => (Dtype::Uint8, 1),
@@ -117,21 +148,16 @@ impl Tensor {
                 ),
             ));
         }
-        Ok(match dtype {
-            Dtype::Float32 => Array::F32 {
-                shape,
-                data: self
-                    .data
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect(),
-            },
-            _ => Array::U8 {
-                shape,
-                data: self.data.clone(),
-            },
-        })
+        Ok((dtype, shape))
     }
+}
+
+/// Little-endian f32 bytes (a whole number of them: checked) as values.
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }
 
 impl From<&Array> for Tensor {
