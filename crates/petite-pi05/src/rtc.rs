@@ -231,30 +231,33 @@ impl Guidance {
         cfg: &Pi05Config,
         k: usize,
     ) -> Result<[(&'static str, petite_reference::Tensor); 3]> {
-        use crate::programs::io;
-        use petite_reference::Tensor;
-        Ok([
-            (
-                io::RTC_PREV,
-                Tensor::f32(&[cfg.chunk, cfg.action_dim], self.prev.clone())?,
-            ),
-            (
-                io::RTC_WEIGHTS,
-                Tensor::f32(&[cfg.chunk, 1], self.weights.clone())?,
-            ),
-            (
-                io::RTC_STEP,
-                Tensor::f32(&[2], self.steps[2 * k..2 * k + 2].to_vec())?,
-            ),
-        ])
+        let step = (
+            crate::programs::io::RTC_STEP,
+            vec![2],
+            &self.steps[2 * k..2 * k + 2],
+        );
+        self.tensors(cfg, step)
     }
-}
 
-impl Guidance {
     /// The whole-policy program's three RTC inputs ([`crate::build_policy`]), by input name.
     pub fn policy_tensors(
         &self,
         cfg: &Pi05Config,
+    ) -> Result<[(&'static str, petite_reference::Tensor); 3]> {
+        let steps = (
+            crate::programs::io::RTC_STEPS,
+            vec![cfg.steps, 2],
+            &self.steps[..],
+        );
+        self.tensors(cfg, steps)
+    }
+
+    /// The leftover and its weights, and `steps` (name, shape, values): the step's `[t, g]` or
+    /// the whole policy's table of them.
+    fn tensors(
+        &self,
+        cfg: &Pi05Config,
+        (name, shape, steps): (&'static str, Vec<usize>, &[f32]),
     ) -> Result<[(&'static str, petite_reference::Tensor); 3]> {
         use crate::programs::io;
         use petite_reference::Tensor;
@@ -267,10 +270,7 @@ impl Guidance {
                 io::RTC_WEIGHTS,
                 Tensor::f32(&[cfg.chunk, 1], self.weights.clone())?,
             ),
-            (
-                io::RTC_STEPS,
-                Tensor::f32(&[cfg.steps, 2], self.steps.clone())?,
-            ),
+            (name, Tensor::f32(&shape, steps.to_vec())?),
         ])
     }
 }

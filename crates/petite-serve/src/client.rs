@@ -194,7 +194,7 @@ fn reply(r: pb::ActReply) -> Result<Reply> {
             key: key.into(),
             reason: "missing from the reply".into(),
         })?;
-        match t.decode(key)? {
+        match t.into_array(key)? {
             Array::F32 { shape, data } if shape.len() == 2 => Ok((shape[0], shape[1], data)),
             a => Err(Error::Tensor {
                 key: key.into(),

@@ -71,17 +71,7 @@ impl Tensor {
     /// The values, after checking that the dtype is one a policy takes and that the bytes are
     /// exactly `product(shape) × size(dtype)`; `key` names the tensor in the error.
     pub fn decode(&self, key: &str) -> Result<Array> {
-        let (dtype, shape) = self.checked(key)?;
-        Ok(match dtype {
-            Dtype::Float32 => Array::F32 {
-                shape,
-                data: f32s(&self.data),
-            },
-            _ => Array::U8 {
-                shape,
-                data: self.data.clone(),
-            },
-        })
+        self.clone().into_array(key)
     }
 
     /// [`Tensor::decode`], keeping the bytes of a u8 tensor (a camera's image) instead of

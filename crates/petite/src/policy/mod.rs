@@ -653,6 +653,41 @@ impl Drop for Policy {
 /// lerobot's preprocessing of `obs` up to the prompt: every key, shape and value checked (one
 /// error naming the key), the state normalized, the images resized and padded, missing cameras
 /// masked.
+/// The model's image input from the present cameras' prepared planes (in slot order) followed by
+/// `missing` planes of -1 with mask 0, as lerobot pads; no camera at all is refused as lerobot
+/// refuses it (`what`: "an observation", "a batch").
+fn stacked(
+    r: &Runner,
+    present: &[Vec<f32>],
+    missing: usize,
+    plane: usize,
+    what: &str,
+) -> Result<(Vec<f32>, Vec<u8>)> {
+    if present.is_empty() {
+        return Err(observation(
+            "observation.images",
+            format!(
+                "no camera image: at least one of {} is needed (lerobot refuses {what} without images)",
+                r.cameras
+                    .iter()
+                    .filter(|c| !c.empty)
+                    .map(|c| c.key.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    let mut images = Vec::with_capacity((present.len() + missing) * plane);
+    let mut image_masks = Vec::with_capacity(present.len() + missing);
+    for p in present {
+        images.extend_from_slice(p);
+        image_masks.push(1);
+    }
+    images.extend(std::iter::repeat_n(-1f32, missing * plane));
+    image_masks.extend(std::iter::repeat_n(0, missing));
+    Ok((images, image_masks))
+}
+
 fn prepare(cfg: &Pi05Config, r: &Runner, obs: &Observation) -> Result<Seen> {
     for k in obs.images.keys() {
         if !r.cameras.iter().any(|c| &c.key == k) {
@@ -732,28 +767,7 @@ fn prepare(cfg: &Pi05Config, r: &Runner, obs: &Observation) -> Result<Seen> {
         }
         present.push(lerobot::prepare_image(&chw, h, w, res));
     }
-    if present.is_empty() {
-        return Err(observation(
-            "observation.images",
-            format!(
-                "no camera image: at least one of {} is needed (lerobot refuses an observation without images)",
-                r.cameras
-                    .iter()
-                    .filter(|c| !c.empty)
-                    .map(|c| c.key.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ));
-    }
-    let mut images = Vec::with_capacity(cfg.cameras * plane);
-    let mut image_masks = Vec::with_capacity(cfg.cameras);
-    for p in &present {
-        images.extend_from_slice(p);
-        image_masks.push(1);
-    }
-    images.extend(std::iter::repeat_n(-1f32, missing * plane));
-    image_masks.extend(std::iter::repeat_n(0, missing));
+    let (images, image_masks) = stacked(r, &present, missing, plane, "an observation")?;
     if obs.task.trim().is_empty() {
         return Err(observation(
             "task",

@@ -155,28 +155,7 @@ impl Policy {
             };
             present.push(model_image(&c.key, a, res)?);
         }
-        if present.is_empty() {
-            return Err(observation(
-                "observation.images",
-                format!(
-                    "no camera image: at least one of {} is needed (lerobot refuses a batch without images)",
-                    r.cameras
-                        .iter()
-                        .filter(|c| !c.empty)
-                        .map(|c| c.key.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ));
-        }
-        let mut images = Vec::with_capacity(cfg.cameras * plane);
-        let mut image_masks = Vec::with_capacity(cfg.cameras);
-        for p in &present {
-            images.extend_from_slice(p);
-            image_masks.push(1);
-        }
-        images.extend(std::iter::repeat_n(-1f32, missing * plane));
-        image_masks.extend(std::iter::repeat_n(0, missing));
+        let (images, image_masks) = super::stacked(r, &present, missing, plane, "a batch")?;
 
         let tokens = row(TOKENS_KEY, &inputs.tokens, cfg.tokens)?;
         if let Some(i) = tokens
