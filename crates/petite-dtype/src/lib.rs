@@ -5,6 +5,9 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+pub mod quant;
+pub use quant::Quant;
+
 /// Element type of a tensor.
 ///
 /// Byte layout (for constants, checkpoints and every consumer that stores tensors):

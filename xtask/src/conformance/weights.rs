@@ -2,7 +2,8 @@
 //! Python's safetensors writes a float32 checkpoint with delicate values; `petite convert` turns it
 //! into bf16 and f16; Python's safetensors reader must load both, and every value must equal
 //! ml_dtypes'/numpy's round-to-nearest-even cast bit for bit. Also regenerates the bf16 test
-//! vectors and checks they equal the committed ones that petite-weights' unit tests use.
+//! vectors and the FP8/per-row quantization vectors and checks they equal the committed ones that
+//! petite-weights' and petite-dtype's tests use.
 
 use std::process::Command;
 
@@ -12,6 +13,7 @@ use crate::util;
 
 const SCRIPT: &str = "xtask/src/conformance/weights_check.py";
 const VECTORS: &str = "crates/petite-weights/tests/data/bf16_vectors.bin";
+const QUANT_VECTORS: &str = "crates/petite-dtype/tests/data/quant_vectors.bin";
 
 /// The venv's packages (ml_dtypes' bfloat16 cast is RNE, like PyTorch's; see the script).
 pub const REQUIREMENTS: &[&str] = &["safetensors==0.7.0", "numpy==2.3.5", "ml_dtypes==0.5.4"];
@@ -34,6 +36,21 @@ pub fn run() -> Result<()> {
     if std::fs::read(&fresh)? != std::fs::read(root.join(VECTORS))? {
         bail!(
             "{VECTORS} differs from what {SCRIPT} generates now (copy {} over it and review)",
+            fresh.display()
+        );
+    }
+
+    // The FP8 and per-row quantization vectors petite-dtype's tests read.
+    let fresh = dir.join("quant_vectors.bin");
+    util::run(
+        Command::new(&python)
+            .arg(&script)
+            .arg("quant-vectors")
+            .arg(&fresh),
+    )?;
+    if std::fs::read(&fresh)? != std::fs::read(root.join(QUANT_VECTORS))? {
+        bail!(
+            "{QUANT_VECTORS} differs from what {SCRIPT} generates now (copy {} over it and review)",
             fresh.display()
         );
     }

@@ -8,6 +8,11 @@ quiet NaN 0x7FC0 with the sign kept by ml_dtypes); it stands in for torch to avo
     weights_check.py vectors OUT.bin         bf16 test vectors: u32 count, f32 bits, bf16 bits (LE)
     weights_check.py make-source SRC         a float32 checkpoint written by safetensors itself
     weights_check.py check SRC BF16 F16      petite's outputs load, and every value is exact
+    weights_check.py quant-vectors OUT.bin   FP8 E4M3 and per-row INT8/FP8 quantization vectors
+
+Quantization (petite_dtype::quant): a row's scale is float32 amax / max (max 127 or 448; 1 for a
+zero row), a code np.clip(w / scale, -max, max) then np.rint (INT8) or ml_dtypes' float8_e4m3fn
+cast (round to nearest even; it turns overflow into NaN, hence the clip first).
 """
 
 import json
@@ -151,9 +156,69 @@ def cmd_check(src, out_bf16, out_f16):
               f"RNE; metadata {meta}")
 
 
+def quant_rows(rng):
+    """Weight rows for the per-row vectors: normal rows, rows with one outlier channel (x60, as
+    trained LLM weights have), a zero row, a row of FP8-subnormal magnitudes, exact INT8 ties."""
+    cols = 64
+    rows = [rng.standard_normal(cols).astype(np.float32) * np.float32(0.02) for _ in range(24)]
+    for r in rows[::3]:
+        r[rng.integers(0, cols)] *= np.float32(60.0)
+    rows.append(np.zeros(cols, np.float32))
+    rows.append((rng.standard_normal(cols) * 1e-6).astype(np.float32))
+    # amax 127 makes the INT8 scale exactly 1: halves are ties (to even), both signs.
+    ties = np.arange(cols, dtype=np.float32) - np.float32(31.5)
+    ties[0] = np.float32(127.0)
+    rows.append(ties)
+    return np.stack(rows)
+
+
+def quantize(rows, fmt):
+    top = np.float32(127.0 if fmt == "int8" else 448.0)
+    amax = np.abs(rows).max(axis=1)
+    scale = np.where(amax == 0, np.float32(1.0), amax / top).astype(np.float32)
+    v = np.clip(rows / scale[:, None], -top, top).astype(np.float32)
+    if fmt == "int8":
+        codes = np.rint(v).astype(np.int8).view(np.uint8)
+    else:
+        codes = v.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    return scale, codes
+
+
+def cmd_quant_vectors(out):
+    """u32 n, n f32 bits, n FP8 codes of them (clipped to ±448 first); 256 f32 bits, each FP8
+    code's value; u32 rows, u32 cols, the rows' f32 bits, then for INT8 and FP8 the rows' f32
+    scales and their codes (all little-endian)."""
+    x = vector_bits(n_random=20000, seed=11)
+    f = x.view(np.float32)
+    # Values spread over FP8's range (its binades from 2^-10 to 2^9), ties of both parities.
+    rng = np.random.default_rng(12)
+    # (ldexp is exact, so the vectors are the same on any CPU; numpy's exp2 may not be.)
+    spread = np.ldexp(rng.uniform(-1, 1, 20000), rng.integers(-11, 10, 20000)).astype(np.float32)
+    ties = np.array([k * 2.0 ** -10 for k in range(0, 64)] + [1.0 + (2 * k + 1) / 16 for k in range(8)]
+                    + [448 - 8, 448 - 16, 464 - 1e-3, 464.0, 1e-30], np.float32)
+    f = np.concatenate([f, spread, ties, -ties])
+    codes = np.clip(f, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    decoded = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    rows = quant_rows(np.random.default_rng(13))
+    with open(out, "wb") as fh:
+        fh.write(struct.pack("<I", len(f)))
+        fh.write(f.view(np.uint32).astype("<u4").tobytes())
+        fh.write(codes.tobytes())
+        fh.write(decoded.view(np.uint32).astype("<u4").tobytes())
+        fh.write(struct.pack("<II", *rows.shape))
+        fh.write(rows.view(np.uint32).astype("<u4").tobytes())
+        for fmt in ("int8", "fp8"):
+            scale, qc = quantize(rows, fmt)
+            fh.write(scale.view(np.uint32).astype("<u4").tobytes())
+            fh.write(qc.tobytes())
+    print(f"weights_check: wrote {len(f)} FP8 vectors, 256 codes and {rows.shape[0]}x{rows.shape[1]} "
+          f"quantized rows (ml_dtypes {ml_dtypes.__version__}) to {out}")
+
+
 def main():
     cmd, *args = sys.argv[1:]
-    {"vectors": cmd_vectors, "make-source": cmd_make_source, "check": cmd_check}[cmd](*args)
+    {"vectors": cmd_vectors, "make-source": cmd_make_source, "check": cmd_check,
+     "quant-vectors": cmd_quant_vectors}[cmd](*args)
 
 
 if __name__ == "__main__":
