@@ -1,11 +1,16 @@
-//! Code generation: one fused group's kernel body as CUDA C ([`Gen`]), each op computed with
-//! the shared prelude's device functions and rounded to its dtype, as `pt_ew` computes it.
+//! Code generation: one fused group's kernel body as statements ([`Gen`], [`super::ir`]),
+//! each op computed with the shared prelude's device functions and rounded to its dtype, as
+//! `pt_ew` computes it.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
 use petite_graph::{Dtype, NodeId, Op, Program};
 
+use super::ir::{Arm, Decl, Expr, Grid, Head, Ident, Init, Local, Name, Operand, Side, Stmt, cat};
+use super::regs::{
+    as_f, as_i, broadcast, dt_macro, f32_lit, index_type, is_f, store_f, store_i, wrap,
+};
+use super::rewrite::stats_decl;
 #[cfg(doc)]
 use super::{Fusion, Group, Options, Role};
 use super::{StridedView, read_from};
@@ -17,117 +22,27 @@ use crate::{Error, Result};
 /// parameter order), the prologue norm it computes (if any) and its slice starts.
 #[derive(Clone)]
 pub(super) struct Generated {
-    pub(super) body: String,
+    pub(super) body: Vec<Stmt>,
     pub(super) leaves: Vec<NodeId>,
     pub(super) prologue: Option<NodeId>,
     pub(super) offsets: Vec<i64>,
-}
-
-/// C type of a value held in registers: floats as `float` (already rounded to their dtype),
-/// integers and bools as `i64` (the stored value).
-fn is_f(d: Dtype) -> bool {
-    d.is_float()
-}
-
-fn dt_macro(d: Dtype) -> &'static str {
-    match d {
-        Dtype::F32 => "DT_F32",
-        Dtype::Bf16 => "DT_BF16",
-        Dtype::F16 => "DT_F16",
-        Dtype::I64 => "DT_I64",
-        Dtype::I32 => "DT_I32",
-        Dtype::U8 => "DT_U8",
-        Dtype::Bool => "DT_BOOL",
-    }
-}
-
-/// `ldf` of a register value of dtype `d`.
-fn as_f(v: &str, d: Dtype) -> String {
-    if is_f(d) {
-        v.to_string()
-    } else {
-        format!("((float){v})")
-    }
-}
-
-/// `ldi` of a register value of dtype `d`.
-fn as_i(v: &str, d: Dtype) -> String {
-    if is_f(d) {
-        format!("((i64){v})")
-    } else {
-        v.to_string()
-    }
-}
-
-/// The register value `stf(out, d, x)` then `ldf`/`ldi` would give.
-fn store_f(x: &str, d: Dtype) -> String {
-    match d {
-        Dtype::F32 => format!("({x})"),
-        Dtype::Bf16 => format!("bf2f(f2bf({x}))"),
-        Dtype::F16 => format!("h2f(f2h({x}))"),
-        Dtype::I64 => format!("((i64)({x}))"),
-        Dtype::I32 => format!("((i64)(int)(i64)({x}))"),
-        Dtype::U8 => format!("((i64)(unsigned char)(i64)({x}))"),
-        Dtype::Bool => format!("((({x}) != 0.0f) ? 1LL : 0LL)"),
-    }
-}
-
-/// The register value `sti(out, d, x)` then `ldf`/`ldi` would give.
-fn store_i(x: &str, d: Dtype) -> String {
-    match d {
-        Dtype::F32 => format!("((float)({x}))"),
-        Dtype::Bf16 => format!("bf2f(f2bf((float)({x})))"),
-        Dtype::F16 => format!("h2f(f2h((float)({x})))"),
-        Dtype::I64 => format!("({x})"),
-        Dtype::I32 => format!("((i64)(int)({x}))"),
-        Dtype::U8 => format!("((i64)(unsigned char)({x}))"),
-        Dtype::Bool => format!("((({x}) != 0) ? 1LL : 0LL)"),
-    }
-}
-
-/// The C type and literal suffix for index arithmetic over a value of `numel` elements: 32-bit
-/// below 2³¹ elements, else 64-bit.
-pub(super) fn index_type(numel: usize) -> (&'static str, &'static str) {
-    if numel < (1 << 31) {
-        ("unsigned", "u")
-    } else {
-        ("i64", "LL")
-    }
-}
-
-/// An f32 literal with these exact bits.
-fn f32_lit(x: f32) -> String {
-    format!("__uint_as_float({:#010x}u)", x.to_bits())
-}
-
-/// Coordinates of an input broadcast (numpy, right-aligned) to coordinates `c` of the output.
-fn broadcast(c: &[String], in_shape: &[usize]) -> Vec<String> {
-    let off = c.len() - in_shape.len();
-    in_shape
-        .iter()
-        .enumerate()
-        .map(|(j, &s)| {
-            if s == 1 {
-                "0".to_string()
-            } else {
-                c[j + off].clone()
-            }
-        })
-        .collect()
 }
 
 pub(super) struct Gen<'a> {
     pub(super) program: &'a Program,
     pub(super) group: usize,
     pub(super) group_of: &'a [Option<usize>],
-    pub(super) body: String,
-    pub(super) memo: HashMap<(NodeId, Vec<String>), String>,
+    /// The statements emitted so far in the current scope (the element loop's body, or a
+    /// branch's).
+    pub(super) body: Vec<Stmt>,
+    /// The register holding a value at coordinates (as rendered) in the current scope.
+    pub(super) memo: HashMap<(NodeId, Vec<String>), Expr>,
     pub(super) leaves: Vec<NodeId>,
     pub(super) vars: usize,
     /// The norm computed in the kernel's header ([`Role::Prologue`]), held in `nv`.
     pub(super) prologue: Option<NodeId>,
     /// The root's coordinates: where the prologue may be read.
-    pub(super) root_coords: Vec<String>,
+    pub(super) root_coords: Vec<Expr>,
     /// Linears whose bias is added as they are loaded ([`Fusion::biases`]).
     pub(super) biases: &'a HashMap<NodeId, NodeId>,
     /// Non-zero slice starts read as parameters `s0…` ([`Group::offsets`]); one a value, so
@@ -150,9 +65,9 @@ pub(super) fn gen_err(id: NodeId, p: &Program, msg: impl std::fmt::Display) -> E
 }
 
 impl Gen<'_> {
-    fn var(&mut self) -> String {
+    fn var(&mut self) -> Ident {
         self.vars += 1;
-        format!("v{}", self.vars)
+        Name::Var(self.vars).into()
     }
 
     fn ctype(d: Dtype) -> &'static str {
@@ -160,9 +75,9 @@ impl Gen<'_> {
     }
 
     /// Slice start `s` (non-zero) as the kernel reads it: a parameter, or a literal.
-    fn start(&mut self, s: i64) -> String {
+    fn start(&mut self, s: i64) -> Expr {
         if !self.offset_params {
-            return format!("{s}LL");
+            return format!("{s}LL").into();
         }
         let j = match self.offsets.iter().position(|&o| o == s) {
             Some(j) => j,
@@ -171,10 +86,10 @@ impl Gen<'_> {
                 self.offsets.len() - 1
             }
         };
-        format!("s{j}")
+        Name::Offset(Side::Own, j).into()
     }
 
-    pub(super) fn kernel_body(&mut self, root: NodeId) -> Result<String> {
+    pub(super) fn kernel_body(&mut self, root: NodeId) -> Result<Vec<Stmt>> {
         let t = self
             .program
             .node(root)
@@ -183,7 +98,8 @@ impl Gen<'_> {
             .clone();
         let r = t.shape.len();
         let mut coords = Vec::with_capacity(r);
-        match self.prologue {
+        // The statements before the element loop, and the loop's header.
+        let (mut top, head) = match self.prologue {
             Some(norm) => {
                 // One block a row of the norm: its statistics, then each element normalized as
                 // `pt_norm` stores it (rounded to the norm's dtype) and run through the group.
@@ -228,57 +144,86 @@ impl Gen<'_> {
                 } else {
                     ("norm_stats".to_string(), "norm_elem".to_string())
                 };
-                let y = store_f(&format!("{elem}(np, nx, nw, nb, base, jj, nm, nr)"), d);
-                let _ = writeln!(
-                    self.body,
-                    "  __shared__ double shd[32];\n  const i64 row = blockIdx.x;\n  if (row >= np.rows) return;\n  const i64 base = row * np.d;\n  float nm, nr;\n  {stats}(np, nx, base, shd, &nm, &nr);\n  for (i64 jj = threadIdx.x; jj < np.d; jj += blockDim.x) {{\n    const i64 i = base + jj;\n    const float nv = {y};"
-                );
+                use Local::{Base, Jj, Nb, Nm, Np, Nr, Nw, Nx, Row, Shd};
+                let y = cat![
+                    elem, "(", Np, ", ", Nx, ", ", Nw, ", ", Nb, ", ", Base, ", ", Jj
+                ];
+                let y = store_f(cat![y, ", ", Nm, ", ", Nr, ")"], d);
+                self.body = vec![
+                    Stmt::decl(true, "i64", Local::I, cat![Base, " + ", Jj]),
+                    Stmt::decl(true, "float", Local::Nv, y),
+                ];
+                let top = vec![
+                    Stmt::Shared {
+                        ty: "double",
+                        name: Shd.into(),
+                        len: 32,
+                    },
+                    Stmt::decl(true, "i64", Row, cat![Grid::BlockIdx, ".x"]),
+                    Stmt::ReturnIf(cat![Row, " >= ", Np, ".rows"]),
+                    Stmt::decl(true, "i64", Base, cat![Row, " * ", Np, ".d"]),
+                    stats_decl(),
+                    Stmt::Eval(cat![
+                        stats, "(", Np, ", ", Nx, ", ", Base, ", ", Shd, ", &", Nm, ", &", Nr, ")"
+                    ]),
+                ];
+                (top, Head::row())
             }
-            None => {
-                let _ = writeln!(
-                    self.body,
-                    "  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {{"
-                );
-            }
-        }
+            None => (Vec::new(), Head::grid_stride()),
+        };
         // Coordinates by 32-bit division where the value has fewer than 2³¹ elements (a 64-bit
         // division by a constant takes several 64-bit multiplies); every later use widens them
         // to i64.
         let (ity, suf) = index_type(t.shape.iter().product());
-        let _ = writeln!(self.body, "    {ity} r = ({ity})i;");
+        let rem = Local::R;
+        let cast = cat![format!("({ity})"), Local::I];
+        self.body.push(Stmt::decl(false, ity, rem, cast));
         for d in (0..r).rev() {
             let s = t.shape[d];
             if s == 1 {
-                coords.push("0".to_string());
+                coords.push("0".into());
             } else {
-                let _ = writeln!(self.body, "    {ity} c{d} = r % {s}{suf}; r /= {s}{suf};");
-                coords.push(format!("c{d}"));
+                let coord = Name::Coord(d);
+                self.body.push(Stmt::DivMod {
+                    ty: ity,
+                    coord: coord.into(),
+                    rem: rem.into(),
+                    by: format!("{s}{suf}").into(),
+                });
+                coords.push(coord.into());
             }
         }
         coords.reverse();
         self.root_coords = coords.clone();
         let v = self.value(root, &coords)?;
-        let store = match t.dtype {
-            Dtype::F32 => format!("((float*)po)[i] = {v};"),
-            Dtype::Bf16 => format!("((unsigned short*)po)[i] = f2bf({v});"),
-            Dtype::F16 => format!("((unsigned short*)po)[i] = f2h({v});"),
-            Dtype::I64 => format!("((i64*)po)[i] = {v};"),
-            Dtype::I32 => format!("((int*)po)[i] = (int){v};"),
-            Dtype::U8 | Dtype::Bool => format!("((unsigned char*)po)[i] = (unsigned char){v};"),
+        let (ty, value) = match t.dtype {
+            Dtype::F32 => ("float", v),
+            Dtype::Bf16 => ("unsigned short", wrap("f2bf(", v, ")")),
+            Dtype::F16 => ("unsigned short", wrap("f2h(", v, ")")),
+            Dtype::I64 => ("i64", v),
+            Dtype::I32 => ("int", wrap("(int)", v, "")),
+            Dtype::U8 | Dtype::Bool => ("unsigned char", wrap("(unsigned char)", v, "")),
         };
-        let _ = writeln!(self.body, "    {store}\n  }}");
-        Ok(std::mem::take(&mut self.body))
+        self.body.push(Stmt::Store {
+            ptr: Name::Operand(Side::Own, Operand::Out).into(),
+            ty,
+            index: Local::I.into(),
+            value,
+        });
+        top.push(Stmt::Loop(head, std::mem::take(&mut self.body)));
+        Ok(top)
     }
 
-    fn emit(&mut self, ty: &str, expr: String) -> String {
+    /// A register of C type `ty` declared with `expr`'s value.
+    fn emit(&mut self, ty: &'static str, expr: Expr) -> Expr {
         let v = self.var();
-        let _ = writeln!(self.body, "    {ty} {v} = {expr};");
-        v
+        self.body.push(Stmt::decl(false, ty, v, expr));
+        v.into()
     }
 
     /// The register holding `id`'s value at coordinates `c` (C expressions).
-    fn value(&mut self, id: NodeId, c: &[String]) -> Result<String> {
-        let key = (id, c.to_vec());
+    fn value(&mut self, id: NodeId, c: &[Expr]) -> Result<Expr> {
+        let key = (id, c.iter().map(Expr::to_string).collect());
         if let Some(v) = self.memo.get(&key) {
             return Ok(v.clone());
         }
@@ -291,7 +236,7 @@ impl Gen<'_> {
         let dt = t.dtype;
         if Some(id) == self.prologue {
             return if c == self.root_coords.as_slice() {
-                Ok("nv".to_string())
+                Ok(Local::Nv.into())
             } else {
                 Err(gen_err(id, p, "a prologue norm read off its own element"))
             };
@@ -306,17 +251,15 @@ impl Gen<'_> {
                 }
             };
             let st = contiguous_strides(&t.shape);
-            let mut idx = String::from("0");
+            let mut idx = Expr::from("0");
             for (d, cd) in c.iter().enumerate() {
-                if cd != "0" && t.shape[d] != 1 {
-                    let _ = write!(idx, " + {cd} * {}LL", st[d]);
+                if !cd.is_zero() && t.shape[d] != 1 {
+                    idx.push(cat![" + ", cd, format!(" * {}LL", st[d])]);
                 }
             }
-            let load = if is_f(dt) {
-                format!("ldf(p{j}, {idx}, {})", dt_macro(dt))
-            } else {
-                format!("ldi(p{j}, {idx}, {})", dt_macro(dt))
-            };
+            let load = if is_f(dt) { "ldf(" } else { "ldi(" };
+            let leaf = Name::Operand(Side::Own, Operand::Leaf(j));
+            let load = cat![load, leaf, ", ", idx, format!(", {})", dt_macro(dt))];
             let v = self.emit(Self::ctype(dt), load);
             match self.biases.get(&id) {
                 // The linear's f32 product plus its bias, one f32 add as `pt_bias` does.
@@ -328,7 +271,7 @@ impl Gen<'_> {
                         .shape
                         .clone();
                     let bv = self.value(b, &broadcast(c, &bt))?;
-                    self.emit("float", format!("{v} + {bv}"))
+                    self.emit("float", cat![v, " + ", bv])
                 }
                 None => v,
             }
@@ -339,7 +282,7 @@ impl Gen<'_> {
         Ok(v)
     }
 
-    fn input(&mut self, id: NodeId, k: usize, c: &[String]) -> Result<(String, Dtype)> {
+    fn input(&mut self, id: NodeId, k: usize, c: &[Expr]) -> Result<(Expr, Dtype)> {
         let p = self.program;
         let x = p.node(id).inputs[k];
         let xt = p
@@ -351,25 +294,25 @@ impl Gen<'_> {
         Ok((v, xt.dtype))
     }
 
-    fn op_value(&mut self, id: NodeId, c: &[String], dt: Dtype) -> Result<String> {
+    fn op_value(&mut self, id: NodeId, c: &[Expr], dt: Dtype) -> Result<Expr> {
         let p = self.program;
         let node = p.node(id);
         let ty = Self::ctype(dt);
+        // `name(code, x, y)`.
+        let call = |name: &str, code: i32, x: Expr, y: Expr| {
+            cat![format!("{name}({code}, "), x, ", ", y, ")"]
+        };
+        // `(r) ? 1LL : 0LL`: a condition as the integer a comparison stores.
+        let flag = |r: Expr| wrap("(", r, ") ? 1LL : 0LL");
         match &node.op {
             Op::Binary { kind } => {
                 let (a, da) = self.input(id, 0, c)?;
                 let (b, db) = self.input(id, 1, c)?;
                 let code = EwOp::Binary(*kind).code();
                 let e = if is_f(da) {
-                    store_f(
-                        &format!("ew_f({code}, {}, {})", as_f(&a, da), as_f(&b, db)),
-                        dt,
-                    )
+                    store_f(call("ew_f", code, as_f(&a, da), as_f(&b, db)), dt)
                 } else {
-                    store_i(
-                        &format!("ew_i({code}, {}, {})", as_i(&a, da), as_i(&b, db)),
-                        dt,
-                    )
+                    store_i(call("ew_i", code, as_i(&a, da), as_i(&b, db)), dt)
                 };
                 Ok(self.emit(ty, e))
             }
@@ -386,13 +329,13 @@ impl Gen<'_> {
                         Dtype::F16 => half::f16::from_f32(*scalar as f32).to_f32(),
                         _ => *scalar as f32,
                     };
-                    let (x, y) = (as_f(&a, da), f32_lit(s));
+                    let (x, y) = (as_f(&a, da), f32_lit(s).into());
                     let (x, y) = if *scalar_lhs { (y, x) } else { (x, y) };
-                    store_f(&format!("ew_f({code}, {x}, {y})"), dt)
+                    store_f(call("ew_f", code, x, y), dt)
                 } else {
-                    let (x, y) = (as_i(&a, da), format!("((i64){}LL)", *scalar as i64));
+                    let (x, y) = (as_i(&a, da), format!("((i64){}LL)", *scalar as i64).into());
                     let (x, y) = if *scalar_lhs { (y, x) } else { (x, y) };
-                    store_i(&format!("ew_i({code}, {x}, {y})"), dt)
+                    store_i(call("ew_i", code, x, y), dt)
                 };
                 Ok(self.emit(ty, e))
             }
@@ -401,11 +344,11 @@ impl Gen<'_> {
                 let (b, db) = self.input(id, 1, c)?;
                 let code = EwOp::Compare(*kind).code();
                 let r = if is_f(da) {
-                    format!("ew_cmp<float>({code}, {}, {})", as_f(&a, da), as_f(&b, db))
+                    call("ew_cmp<float>", code, as_f(&a, da), as_f(&b, db))
                 } else {
-                    format!("ew_cmp<i64>({code}, {}, {})", as_i(&a, da), as_i(&b, db))
+                    call("ew_cmp<i64>", code, as_i(&a, da), as_i(&b, db))
                 };
-                Ok(self.emit(ty, store_i(&format!("({r}) ? 1LL : 0LL"), dt)))
+                Ok(self.emit(ty, store_i(flag(r), dt)))
             }
             Op::Logical { kind } => {
                 let (a, da) = self.input(id, 0, c)?;
@@ -415,21 +358,27 @@ impl Gen<'_> {
                 } else {
                     "||"
                 };
-                let r = format!("({} != 0) {op} ({} != 0)", as_i(&a, da), as_i(&b, db));
-                Ok(self.emit(ty, store_i(&format!("({r}) ? 1LL : 0LL"), dt)))
+                let r = cat![
+                    "(",
+                    as_i(&a, da),
+                    format!(" != 0) {op} ("),
+                    as_i(&b, db),
+                    " != 0)"
+                ];
+                Ok(self.emit(ty, store_i(flag(r), dt)))
             }
             Op::Not => {
                 let (a, da) = self.input(id, 0, c)?;
-                let r = format!("!({} != 0)", as_i(&a, da));
-                Ok(self.emit(ty, store_i(&format!("({r}) ? 1LL : 0LL"), dt)))
+                let r = wrap("!(", as_i(&a, da), " != 0)");
+                Ok(self.emit(ty, store_i(flag(r), dt)))
             }
             Op::Unary { kind } => {
                 let (a, da) = self.input(id, 0, c)?;
                 let code = EwOp::Unary(*kind).code();
                 let e = if is_f(da) {
-                    store_f(&format!("ew_f({code}, {}, 0.0f)", as_f(&a, da)), dt)
+                    store_f(call("ew_f", code, as_f(&a, da), "0.0f".into()), dt)
                 } else {
-                    store_i(&format!("ew_i({code}, {}, 0)", as_i(&a, da)), dt)
+                    store_i(call("ew_i", code, as_i(&a, da), "0".into()), dt)
                 };
                 Ok(self.emit(ty, e))
             }
@@ -441,11 +390,11 @@ impl Gen<'_> {
                 let (a, da) = self.input(id, 0, c)?;
                 let (b, db) = self.input(id, 1, c)?;
                 let (e, de) = self.input(id, 2, c)?;
-                let cnd = format!("({} != 0)", as_i(&a, da));
+                let cnd = wrap("(", as_i(&a, da), " != 0)");
                 let r = if is_f(db) {
-                    store_f(&format!("{cnd} ? {} : {}", as_f(&b, db), as_f(&e, de)), dt)
+                    store_f(cat![cnd, " ? ", as_f(&b, db), " : ", as_f(&e, de)], dt)
                 } else {
-                    store_i(&format!("{cnd} ? {} : {}", as_i(&b, db), as_i(&e, de)), dt)
+                    store_i(cat![cnd, " ? ", as_i(&b, db), " : ", as_i(&e, de)], dt)
                 };
                 Ok(self.emit(ty, r))
             }
@@ -454,15 +403,16 @@ impl Gen<'_> {
             } => {
                 let mut ic = c.to_vec();
                 let s = if *start == 0 {
-                    "0LL".to_string()
+                    "0LL".into()
                 } else {
                     self.start(*start as i64)
                 };
-                ic[*axis] = match (c[*axis].as_str(), *start, *step) {
-                    (x, 0, 1) => x.to_string(),
-                    ("0", _, _) => s,
-                    (x, _, 1) => format!("({x} + {s})"),
-                    (x, _, k) => format!("({s} + {x} * {k}LL)"),
+                let x = &c[*axis];
+                ic[*axis] = match (*start, *step) {
+                    (0, 1) => x.clone(),
+                    _ if x.is_zero() => s,
+                    (_, 1) => cat!["(", x, " + ", s, ")"],
+                    (_, k) => cat!["(", s, " + ", x, format!(" * {k}LL)")],
                 };
                 let x = node.inputs[0];
                 let dx = p.node(x).tensor().map(|t| t.dtype).unwrap_or(dt);
@@ -470,7 +420,7 @@ impl Gen<'_> {
                 Ok(self.copy(&v, dx, dt))
             }
             Op::Permute { perm } => {
-                let mut ic = vec![String::new(); perm.len()];
+                let mut ic = vec![Expr::default(); perm.len()];
                 for (i, &d) in perm.iter().enumerate() {
                     ic[d] = c[i].clone();
                 }
@@ -488,25 +438,25 @@ impl Gen<'_> {
                     .shape
                     .clone();
                 let ost = contiguous_strides(shape);
-                let mut lin = String::from("0");
+                let mut lin = Expr::from("0");
                 for (d, cd) in c.iter().enumerate() {
-                    if cd != "0" && shape[d] != 1 {
-                        let _ = write!(lin, " + {cd} * {}LL", ost[d]);
+                    if !cd.is_zero() && shape[d] != 1 {
+                        lin.push(cat![" + ", cd, format!(" * {}LL", ost[d])]);
                     }
                 }
                 let (ity, suf) = index_type(shape.iter().product());
-                let l = self.emit(ity, format!("({ity})({lin})"));
+                let l = self.emit(ity, cat![format!("({ity})("), lin, ")"]);
                 let ist = contiguous_strides(&xs);
-                let ic: Vec<String> = xs
+                let ic: Vec<Expr> = xs
                     .iter()
                     .enumerate()
                     .map(|(j, &s)| {
                         if s == 1 {
-                            "0".to_string()
+                            "0".into()
                         } else if j == 0 {
-                            format!("({l} / {}{suf})", ist[j])
+                            cat!["(", &l, format!(" / {}{suf})", ist[j])]
                         } else {
-                            format!("(({l} / {}{suf}) % {s}{suf})", ist[j])
+                            cat!["((", &l, format!(" / {}{suf}) % {s}{suf})", ist[j])]
                         }
                     })
                     .collect();
@@ -514,7 +464,12 @@ impl Gen<'_> {
             }
             Op::Concat { axis } => {
                 let out = self.var();
-                let _ = writeln!(self.body, "    {ty} {out};");
+                self.body.push(Stmt::Decl(Decl {
+                    konst: false,
+                    ty,
+                    names: vec![(out, Init::None)],
+                }));
+                let mut arms = Vec::with_capacity(node.inputs.len());
                 let mut start = 0usize;
                 let k = node.inputs.len();
                 for (j, &x) in node.inputs.iter().enumerate() {
@@ -525,43 +480,46 @@ impl Gen<'_> {
                         .clone();
                     let len = xt.shape[*axis];
                     let end = start + len;
-                    let cond = if k == 1 {
-                        "{".to_string()
+                    let below = cat![&c[*axis], format!(" < {end}LL")];
+                    let arm = if k == 1 {
+                        Arm::Block
                     } else if j + 1 == k {
-                        "else {".to_string()
+                        Arm::Else
                     } else if j == 0 {
-                        format!("if ({} < {end}LL) {{", c[*axis])
+                        Arm::If(below)
                     } else {
-                        format!("else if ({} < {end}LL) {{", c[*axis])
+                        Arm::ElseIf(below)
                     };
-                    let _ = writeln!(self.body, "    {cond}");
                     let mut ic = c.to_vec();
                     if start > 0 {
-                        ic[*axis] = format!("({} - {start}LL)", c[*axis]);
+                        ic[*axis] = cat!["(", &c[*axis], format!(" - {start}LL)")];
                     }
                     // Values computed inside a branch are not visible after it.
                     let saved = self.memo.clone();
+                    let outer = std::mem::take(&mut self.body);
                     let v = self.value(x, &ic)?;
                     let cv = self.copy(&v, xt.dtype, dt);
-                    let _ = writeln!(self.body, "    {out} = {cv};\n    }}");
+                    self.body.push(Stmt::Assign { to: out, value: cv });
+                    arms.push((arm, std::mem::replace(&mut self.body, outer)));
                     self.memo = saved;
                     start = end;
                 }
-                Ok(out)
+                self.body.push(Stmt::Arms(arms));
+                Ok(out.into())
             }
             other => Err(gen_err(id, p, format!("{} is not fusible", other.name()))),
         }
     }
 
     /// `pt_ew`'s copy (op 0) of a register value of dtype `from` into dtype `to`.
-    fn copy(&mut self, v: &str, from: Dtype, to: Dtype) -> String {
+    fn copy(&mut self, v: &Expr, from: Dtype, to: Dtype) -> Expr {
         if from == to {
-            return v.to_string();
+            return v.clone();
         }
         let e = if is_f(from) {
-            store_f(&as_f(v, from), to)
+            store_f(as_f(v, from), to)
         } else {
-            store_i(&as_i(v, from), to)
+            store_i(as_i(v, from), to)
         };
         self.emit(Self::ctype(to), e)
     }

@@ -19,7 +19,9 @@
 //! the planner's switches, `planner` the planner ([`plan_opts`]) that groups nodes, `views`
 //! the operands read in place, `rows` what a row kernel folds into its loads, `attend` the
 //! fused attentions, `siblings` the linears batched as one GEMM, `codegen` each group's
-//! CUDA C, and `rewrite` the text passes over generated bodies (unrolling, pairing).
+//! body as statements of [`ir`] (which renders them as CUDA C text, in one place), `regs`
+//! how a dtype's value is written in a register, and `rewrite` the passes over those
+//! statements (unrolling, pairing).
 
 use std::collections::HashMap;
 
@@ -27,8 +29,10 @@ use petite_graph::{NodeId, Program};
 
 mod attend;
 mod codegen;
+pub mod ir;
 mod options;
 mod planner;
+mod regs;
 mod rewrite;
 mod rows;
 mod siblings;

@@ -11,6 +11,7 @@ use petite_graph::{Dtype, NodeId, Op, Program};
 use super::Attend;
 use super::attend::{attend, fused_attention_queries};
 use super::codegen::{Gen, Generated, gen_err};
+use super::ir::render;
 use super::options::Options;
 use super::rewrite::{UNROLL, UNROLL_FROM, beside, rows_unrolled, unrolled, with_first};
 use super::rows::{masked, row_kernel, scaled, widened};
@@ -381,7 +382,7 @@ pub fn plan_opts(
                 program,
                 group: g,
                 group_of: &group_of,
-                body: String::new(),
+                body: Vec::new(),
                 memo: HashMap::new(),
                 leaves: Vec::new(),
                 vars: 0,
@@ -553,6 +554,7 @@ pub fn plan_opts(
             ""
         };
         // The kernel's text but for its name: groups whose texts are equal share one kernel.
+        let body = render(&body);
         let text =
             format!("({norm}i64 n{params}, void* po{extra}{offs}) {{\n  PT_PDL();\n{body}}}\n");
         let k = match by_body.get(&text) {

@@ -1,106 +1,113 @@
-//! Text passes over generated kernel bodies: two groups' bodies as one kernel ([`beside`],
-//! [`with_first`]) and loops unrolled ([`unrolled`], [`rows_unrolled`]). They rename and
-//! reorder the generator's lines without changing what any line computes, so the bits stay.
-
-use std::fmt::Write as _;
+//! Passes over generated kernel bodies ([`super::ir`]): two groups' bodies as one kernel
+//! ([`beside`], [`with_first`]) and loops unrolled ([`unrolled`], [`rows_unrolled`]). They
+//! rename identifiers and reorder whole statements without changing what any statement
+//! computes, so the bits stay.
 
 #[cfg(doc)]
 use super::Group;
+use super::ir::{Decl, Expr, Grid, Head, Ident, Init, Local, Name, Side, Stmt, cat, map_ids};
+
+/// `x` renamed to `name`, keeping its unrolled copy.
+fn named(x: Ident, name: Name) -> Ident {
+    Ident { name, ..x }
+}
+
+/// `x` with a kernel's operands `pN`, `po` and offsets `sN` renamed to the other side's
+/// (`qN`, `qo`, `tN`).
+fn other_side(x: Ident) -> Ident {
+    match x.name {
+        Name::Operand(Side::Own, o) => named(x, Name::Operand(Side::Other, o)),
+        Name::Offset(Side::Own, j) => named(x, Name::Offset(Side::Other, j)),
+        _ => x,
+    }
+}
+
+/// `const dim3 a(x), b(y);`.
+fn dim3s(names: &[(Grid, Expr)]) -> Stmt {
+    Stmt::Decl(Decl {
+        konst: true,
+        ty: "dim3",
+        names: names
+            .iter()
+            .map(|(g, e)| ((*g).into(), Init::Ctor(e.clone())))
+            .collect(),
+    })
+}
 
 /// One kernel running grid-stride body `own` on blocks `[0, gb)` and body `other` on the `ga`
 /// blocks after them, each seeing only its own blocks (`blockIdx`, `gridDim`) and `other` its
 /// own `n`, leaves and output renamed `qn`, `q0…`, `qo`. Why: a step's q and k RoPEs were two
 /// launches of a few microseconds each, back to back with a GEMM between.
-pub fn beside(own: &str, gb: u32, other: &str, ga: u32) -> String {
-    let mut out = String::with_capacity(own.len() + other.len() + 256);
-    let _ = writeln!(out, "  if (blockIdx.x < {gb}u) {{\n  const dim3 pg({gb}u);");
-    for l in own.lines() {
-        out.push_str(&map_words(l, |w| {
-            (w == "gridDim").then(|| "pg".to_string())
-        }));
-        out.push('\n');
-    }
-    let _ = writeln!(
-        out,
-        "  }} else {{\n  const dim3 qb(blockIdx.x - {gb}u), qg({ga}u);"
-    );
-    for l in other.lines() {
-        let l = map_words(l, |w| match w {
-            "blockIdx" => Some("qb".to_string()),
-            "gridDim" => Some("qg".to_string()),
-            "n" => Some("qn".to_string()),
-            _ => None,
-        });
-        out.push_str(&operands_renamed(&l));
-        out.push('\n');
-    }
-    out.push_str("  }\n");
-    out
+pub fn beside(own: &[Stmt], gb: u32, other: &[Stmt], ga: u32) -> Vec<Stmt> {
+    let mut then = vec![dim3s(&[(Grid::OwnGrid, format!("{gb}u").into())])];
+    let mut own = own.to_vec();
+    map_ids(&mut own, |x| match x.name {
+        Name::Grid(Grid::GridDim) => named(x, Name::Grid(Grid::OwnGrid)),
+        _ => x,
+    });
+    then.extend(own);
+    let mut els = vec![dim3s(&[
+        (
+            Grid::OtherBlock,
+            cat![Grid::BlockIdx, format!(".x - {gb}u")],
+        ),
+        (Grid::OtherGrid, format!("{ga}u").into()),
+    ])];
+    let mut other = other.to_vec();
+    map_ids(&mut other, |x| match x.name {
+        Name::Grid(Grid::BlockIdx) => named(x, Name::Grid(Grid::OtherBlock)),
+        Name::Grid(Grid::GridDim) => named(x, Name::Grid(Grid::OtherGrid)),
+        Name::N(Side::Own) => named(x, Name::N(Side::Other)),
+        _ => other_side(x),
+    });
+    els.extend(other);
+    vec![Stmt::IfElse {
+        cond: cat![Grid::BlockIdx, format!(".x < {gb}u")],
+        then,
+        els,
+    }]
+}
+
+/// The declaration of a prologue norm's row statistics (`float nm, nr;`), which the
+/// generator writes once a prologue kernel, before they are computed.
+pub(super) fn stats_decl() -> Stmt {
+    Stmt::Decl(Decl {
+        konst: false,
+        ty: "float",
+        names: vec![
+            (Local::Nm.into(), Init::None),
+            (Local::Nr.into(), Init::None),
+        ],
+    })
 }
 
 /// A prologue kernel's `body` computing `first`'s elements of its row first (`first` a plain
 /// group body, its leaves and output renamed `q0…`, `qo`), storing them, then a block barrier
 /// so the norm's statistics read them. Why: each of a step's 36 residual sums was a launch of
-/// its own just before the norm that reads it (one less launch a sum, the same bits).
-pub fn with_first(body: &str, first: &str) -> Option<String> {
-    let at = body.find("  float nm, nr;")?;
-    let lines: Vec<&str> = first.lines().collect();
-    let (head, rest) = lines.split_first()?;
-    let (last, inner) = rest.split_last()?;
-    if !head.trim_start().starts_with("for (i64 i = ") || last.trim() != "}" {
+/// its own just before the norm that reads it (one less launch a sum, the same bits). `None`
+/// when `body` declares no statistics or `first` is not one grid-stride loop.
+pub fn with_first(body: &[Stmt], first: &[Stmt]) -> Option<Vec<Stmt>> {
+    let at = body.iter().position(|s| *s == stats_decl())?;
+    let [Stmt::Loop(head, inner)] = first else {
+        return None;
+    };
+    if *head != Head::grid_stride() {
         return None;
     }
-    let mut out = String::with_capacity(body.len() + first.len() + 128);
-    out.push_str(&body[..at]);
-    out.push_str("  for (i64 jj = threadIdx.x; jj < np.d; jj += blockDim.x) {\n    const i64 i = base + jj;\n");
-    for l in inner {
-        out.push_str(&operands_renamed(l));
-        out.push('\n');
-    }
-    out.push_str("  }\n  __syncthreads();\n");
-    out.push_str(&body[at..]);
+    let mut row = vec![Stmt::decl(
+        true,
+        "i64",
+        Local::I,
+        cat![Local::Base, " + ", Local::Jj],
+    )];
+    let mut inner = inner.clone();
+    map_ids(&mut inner, other_side);
+    row.extend(inner);
+    let mut out = body[..at].to_vec();
+    out.push(Stmt::Loop(Head::row(), row));
+    out.push(Stmt::Barrier);
+    out.extend_from_slice(&body[at..]);
     Some(out)
-}
-
-/// `line` with a kernel's operands `pN` and `po` renamed `qN` and `qo`, its offsets `sN`
-/// renamed `tN`.
-fn operands_renamed(line: &str) -> String {
-    map_words(line, |w| {
-        let numbered =
-            |c: char| w.len() > 1 && w.starts_with(c) && w[1..].bytes().all(|b| b.is_ascii_digit());
-        if w == "po" || numbered('p') {
-            Some(format!("q{}", &w[1..]))
-        } else if numbered('s') {
-            Some(format!("t{}", &w[1..]))
-        } else {
-            None
-        }
-    })
-}
-
-/// `line` with each identifier-like word `w` replaced by `f(w)` where that is `Some`.
-pub(super) fn map_words(line: &str, f: impl Fn(&str) -> Option<String>) -> String {
-    let mut out = String::with_capacity(line.len() + 16);
-    let b = line.as_bytes();
-    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
-    let mut j = 0;
-    while j < b.len() {
-        if !word(b[j]) {
-            out.push(b[j] as char);
-            j += 1;
-            continue;
-        }
-        let start = j;
-        while j < b.len() && word(b[j]) {
-            j += 1;
-        }
-        let w = &line[start..j];
-        match f(w) {
-            Some(x) => out.push_str(&x),
-            None => out.push_str(w),
-        }
-    }
-    out
 }
 
 /// Elements from which a fused kernel without a prologue is [`unrolled`] ([`UNROLL`] a trip):
@@ -112,132 +119,128 @@ pub const UNROLL_FROM: usize = 1 << 19;
 pub const UNROLL: usize = 4;
 
 /// `body` (a grid-stride loop over straight-line code, as the generator writes it without a
-/// prologue) with each trip taking [`UNROLL`] elements a grid apart, the copies' lines
+/// prologue) with each trip taking [`UNROLL`] elements a grid apart, the copies' statements
 /// interleaved so that every copy's loads are issued before any copy's store. Why: one 2-byte
 /// load in flight per thread left the prefix's big elementwise passes at ~40% of the H200's
-/// bandwidth. Each element is computed by the same lines as before (the same bits). `None`
-/// when the loop holds a branch (its lines cannot be interleaved).
-pub fn unrolled(body: &str) -> Option<String> {
-    let lines: Vec<&str> = body.lines().collect();
-    let (first, rest) = lines.split_first()?;
-    let (last, inner) = rest.split_last()?;
-    if !first.trim_start().starts_with("for (i64 i = ")
-        || last.trim() != "}"
-        || inner.iter().any(|l| l.contains('{') || l.contains('}'))
-    {
+/// bandwidth. Each element is computed by the same statements as before (the same bits).
+/// `None` when the loop holds a branch (its statements cannot be interleaved).
+pub fn unrolled(body: &[Stmt]) -> Option<Vec<Stmt>> {
+    let [Stmt::Loop(head, inner)] = body else {
+        return None;
+    };
+    if *head != Head::grid_stride() || !inner.iter().all(Stmt::is_simple) {
         return None;
     }
-    let u = UNROLL;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "  const i64 st = (i64)gridDim.x * blockDim.x;\n  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;\n  for (; i + {} * st < n; i += {u} * st) {{",
-        u - 1
+    let (i, st, n) = (Local::I, Local::St, Name::N(Side::Own));
+    let (bi, bd, gd, ti) = (
+        Grid::BlockIdx,
+        Grid::BlockDim,
+        Grid::GridDim,
+        Grid::ThreadIdx,
     );
-    interleaved(
-        &mut out,
-        inner,
-        ("i", "st"),
-        renamed,
-        "for (; i < n; i += st)",
-    );
+    let mut out = vec![
+        Stmt::decl(true, "i64", st, cat!["(i64)", gd, ".x * ", bd, ".x"]),
+        Stmt::decl(
+            false,
+            "i64",
+            i,
+            cat!["(i64)", bi, ".x * ", bd, ".x + ", ti, ".x"],
+        ),
+    ];
+    let trip = Head {
+        init: None,
+        cond: cat![i, format!(" + {} * ", UNROLL - 1), st, " < ", n],
+        var: i.into(),
+        step: cat![format!("{UNROLL} * "), st],
+    };
+    let rest = Head {
+        init: None,
+        cond: cat![i, " < ", n],
+        var: i.into(),
+        step: st.into(),
+    };
+    out.extend(interleaved(inner, (i, st), trip, rest));
     Some(out)
 }
 
-/// The inside of an unrolled trip — `const i64 v_0 = v + 0 * step, …;`, then each of `inner`'s
-/// lines [`UNROLL`] times, copy `k` through `rename(line, k)` — closing the trip's loop, and
-/// the remainder loop `rest` over `inner` as it is.
-fn interleaved(
-    out: &mut String,
-    inner: &[&str],
-    (var, step): (&str, &str),
-    rename: fn(&str, usize) -> String,
-    rest: &str,
-) {
-    let decl: Vec<String> = (0..UNROLL)
-        .map(|k| format!("{var}_{k} = {var} + {k} * {step}"))
-        .collect();
-    let _ = writeln!(out, "    const i64 {};", decl.join(", "));
-    for l in inner {
-        for k in 0..UNROLL {
-            let _ = writeln!(out, "{}", rename(l, k));
+/// `s` as unrolled copy `k` computes it: its per-element names ([`Ident::per_element`])
+/// suffixed `_k`.
+pub(super) fn copy(s: &Stmt, k: usize) -> Stmt {
+    let mut s = s.clone();
+    s.map_ids(&|x: Ident| {
+        if x.per_element() {
+            Ident { copy: Some(k), ..x }
+        } else {
+            x
         }
-    }
-    let _ = writeln!(out, "  }}\n  {rest} {{");
-    for l in inner {
-        let _ = writeln!(out, "{l}");
-    }
-    let _ = writeln!(out, "  }}");
+    });
+    s
 }
 
-/// The row loop of a prologue kernel ([`Group::prologue`]): its residual sum's
-/// ([`with_first`]) and its elements'.
-const ROW_LOOP: &str = "  for (i64 jj = threadIdx.x; jj < np.d; jj += blockDim.x) {";
+/// An unrolled trip loop (`trip`) — `const i64 v_0 = v + 0 * step, …;`, then each of
+/// `inner`'s statements [`UNROLL`] times, copy `k` by [`copy`] — and the remainder loop
+/// (`rest`) over `inner` as it is.
+fn interleaved(inner: &[Stmt], (var, step): (Local, Local), trip: Head, rest: Head) -> [Stmt; 2] {
+    let names = (0..UNROLL)
+        .map(|k| {
+            let at = cat![var, format!(" + {k} * "), step];
+            (
+                Ident {
+                    copy: Some(k),
+                    ..var.into()
+                },
+                Init::Eq(at),
+            )
+        })
+        .collect();
+    let mut body = vec![Stmt::Decl(Decl {
+        konst: true,
+        ty: "i64",
+        names,
+    })];
+    for s in inner {
+        body.extend((0..UNROLL).map(|k| copy(s, k)));
+    }
+    [Stmt::Loop(trip, body), Stmt::Loop(rest, inner.to_vec())]
+}
 
 /// A prologue kernel's `body` with each straight-line row loop taking [`UNROLL`] elements a
-/// trip, `blockDim.x` apart, the copies' lines interleaved so that every copy's loads are
-/// issued before any copy's store (the remainder in the loop as it was); the generator then has the
-/// statistics computed by `norm_stats4` (four loads before their adds, for the input's dtype
-/// and the norm's kind known here instead of switched on in the loop). Why:
+/// trip, `blockDim.x` apart, the copies' statements interleaved so that every copy's loads
+/// are issued before any copy's store (the remainder in the loop as it was); the generator
+/// then has the statistics computed by `norm_stats4` (four loads before their adds, for the
+/// input's dtype and the norm's kind known here instead of switched on in the loop). Why:
 /// the SASS of every norm kernel showed one load in flight — each load's use, or a store the
 /// compiler cannot prove apart from the next load, waited a memory latency per element; a
-/// step's row of 1,024 on 256 threads pays four of them a pass. Each element is computed by the
-/// same lines as before and each thread adds in the same order: the same bits. Loops holding
-/// a branch (a concat) are left as they are.
-pub fn rows_unrolled(body: &str) -> String {
-    let u = UNROLL;
-    let lines: Vec<&str> = body.lines().collect();
-    let mut out = String::with_capacity(body.len() * 5);
-    let mut k = 0;
-    while k < lines.len() {
-        let line = lines[k];
-        let end = (line == ROW_LOOP)
-            .then(|| lines[k + 1..].iter().position(|l| *l == "  }"))
-            .flatten()
-            .map(|e| k + 1 + e);
-        let Some(end) = end.filter(|&e| {
-            lines[k + 1..e]
-                .iter()
-                .all(|l| !l.contains('{') && !l.contains('}'))
-        }) else {
-            out.push_str(line);
-            out.push('\n');
-            k += 1;
-            continue;
-        };
-        let inner = &lines[k + 1..end];
-        let _ = writeln!(
-            out,
-            "  {{\n  const i64 bd = blockDim.x;\n  i64 jj = threadIdx.x;\n  for (; jj + {} * bd < np.d; jj += {u} * bd) {{",
-            u - 1
-        );
-        let rest = "for (; jj < np.d; jj += bd)";
-        interleaved(&mut out, inner, ("jj", "bd"), row_renamed, rest);
-        out.push_str("  }\n");
-        k = end + 1;
-    }
-    out
-}
-
-/// `line` of a row loop with its own names (`jj`, `i`, `r`, `nv`, `cN`, `vN`) suffixed `_k`.
-pub(super) fn row_renamed(line: &str, k: usize) -> String {
-    map_words(line, |w| {
-        let ours = matches!(w, "jj" | "i" | "r" | "nv")
-            || (w.len() > 1
-                && (w.starts_with('v') || w.starts_with('c'))
-                && w[1..].bytes().all(|c| c.is_ascii_digit()));
-        ours.then(|| format!("{w}_{k}"))
-    })
-}
-
-/// `line` with the loop's own names (`i`, `r`, `cN`, `vN`) suffixed `_k`.
-pub(super) fn renamed(line: &str, k: usize) -> String {
-    map_words(line, |w| {
-        let ours = w == "i"
-            || w == "r"
-            || (w.len() > 1
-                && (w.starts_with('v') || w.starts_with('c'))
-                && w[1..].bytes().all(|c| c.is_ascii_digit()));
-        ours.then(|| format!("{w}_{k}"))
-    })
+/// step's row of 1,024 on 256 threads pays four of them a pass. Each element is computed by
+/// the same statements as before and each thread adds in the same order: the same bits.
+/// Loops holding a branch (a concat) are left as they are.
+pub fn rows_unrolled(body: &[Stmt]) -> Vec<Stmt> {
+    let (jj, bd, np) = (Local::Jj, Local::Bd, Local::Np);
+    body.iter()
+        .map(|s| match s {
+            Stmt::Loop(head, inner)
+                if *head == Head::row() && inner.iter().all(Stmt::is_simple) =>
+            {
+                let mut b = vec![
+                    Stmt::decl(true, "i64", bd, cat![Grid::BlockDim, ".x"]),
+                    Stmt::decl(false, "i64", jj, cat![Grid::ThreadIdx, ".x"]),
+                ];
+                let trip = Head {
+                    init: None,
+                    cond: cat![jj, format!(" + {} * ", UNROLL - 1), bd, " < ", np, ".d"],
+                    var: jj.into(),
+                    step: cat![format!("{UNROLL} * "), bd],
+                };
+                let rest = Head {
+                    init: None,
+                    cond: cat![jj, " < ", np, ".d"],
+                    var: jj.into(),
+                    step: bd.into(),
+                };
+                b.extend(interleaved(inner, (jj, bd), trip, rest));
+                Stmt::Block(b)
+            }
+            s => s.clone(),
+        })
+        .collect()
 }

@@ -1,6 +1,8 @@
 //! The fused bf16 attention kernels (`pt_attn_logits`, `pt_attn_pv`, `pt_attn_cl`), compiled as
 //! their own module ([`super::attention_module_source`]).
 
+use super::layout::{Layout, layout, with_checks};
+
 /// bf16 attention as transformers' eager op order computes it — `l = bf16(q·kᵀ)`,
 /// `s = round(l·scale)`, `f = s + mask` in f32, `p = bf16(softmax(f))`, `out = bf16(p·v)` — in
 /// two launches instead of a logits GEMM, a softmax and a PV GEMM ([`crate::fuse::Attend`]).
@@ -10,7 +12,10 @@
 /// fixed order (so every run gives the same bits), forms `p` exactly as `pt_softmax` does
 /// (`exp(f - max) / sum`, rounded to bf16) and multiplies by v. K and v may come in two pieces
 /// along the keys (a concat of the prefix's K/V and the step's own, read in place).
-pub(super) const ATTN: &str = r#"
+///
+/// In pieces: the first ends with `AttnParams`, which [`text`] follows with its layout's checks.
+pub(super) const ATTN: [&str; 2] = [
+    r#"
 struct AttnParams {
   i64 nk; i64 n0; i64 rpg; i64 tiles; i64 h; i64 q;
   int shared; int d; int splits; int dscale; float scale; int has_mask; int dv; int splits2;
@@ -20,7 +25,8 @@ struct AttnParams {
   i64 msb, msh, msq, msk;
   i64 osb, osh, osq;
 };
-// Keys a pt_attn_logits block covers (AT_KS / 4 a warp: AT_NT n-tiles of 8; small blocks, many
+"#,
+    r#"// Keys a pt_attn_logits block covers (AT_KS / 4 a warp: AT_NT n-tiles of 8; small blocks, many
 // of them: more warps a scheduler to hide each one's latency); keys a pt_attn_pv block covers, and
 // the part of them each of its two v buffers holds; the longest head dims; shared-memory row
 // padding (keeps the fragment loads free of bank conflicts). Every global read is issued
@@ -573,4 +579,20 @@ extern "C" __global__ __launch_bounds__(512) void pt_attn_cl(AttnParams p, const
   at_cl_sync_relaxed();
 #endif
 }
-"#;
+"#,
+];
+
+/// [`ATTN`] with `AttnParams`'s layout checks after its definition.
+pub(super) fn text() -> String {
+    with_checks(&ATTN, &[attn_params()])
+}
+
+/// The fused attention kernels' block.
+#[rustfmt::skip] // a table: the C struct's fields, in its order
+pub(super) fn attn_params() -> Layout {
+    layout!(AttnParams {
+        nk, n0, rpg, tiles, h, q, shared, d, splits, dscale, scale, has_mask, dv, splits2, qsb,
+        qsh, qsq, ksb, ksh, ksk, k1sb, k1sh, vsb, vsh, vsk, v1sb, v1sh, msb, msh, msq, msk, osb,
+        osh, osq
+    })
+}

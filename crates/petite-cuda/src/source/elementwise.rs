@@ -1,6 +1,8 @@
 //! The elementwise kernel `pt_ew`: its parameter block, the per-op arithmetic that fused
 //! kernels share, and the strided kernel itself.
 
+use super::layout::{Layout, layout};
+
 pub(super) const EW_STRUCT: &str = r#"
 struct EwParams {
   i64 n;
@@ -112,3 +114,12 @@ extern "C" __global__ void pt_ew(EwParams p, const void* a, const void* b, const
   }
 }
 "#;
+
+/// `pt_ew`'s block ([`EW_STRUCT`]).
+#[rustfmt::skip] // a table: the C struct's fields, in its order
+pub(super) fn ew_params() -> Layout {
+    layout!(EwParams {
+        n, rank, op, cls, contig, da, db, dc, dout, scalar, scalar_lhs, fs, is, dims, sa, sb, sc,
+        so, oa, ob, oc, oo
+    })
+}

@@ -1,9 +1,15 @@
 //! The fixed module's other kernels: RoPE, row gather, cumsum, reductions, im2col, a
 //! pointer-batched GEMM's pointer arrays, and the bias pass after a GEMM.
 
-pub(super) const MISC: &str = r#"
-struct RopeParams { i64 n; i64 d; int rank; int dt; i64 dims[MAXR]; i64 sc[MAXR]; i64 ss[MAXR]; };
+use super::layout::{Layout, layout, with_checks};
 
+/// In pieces, each but the last ending with a parameter block's definition (`RopeParams`,
+/// `ConvParams`, `PtrParams`), which [`text`] follows with its layout's checks.
+pub(super) const MISC: [&str; 4] = [
+    r#"
+struct RopeParams { i64 n; i64 d; int rank; int dt; i64 dims[MAXR]; i64 sc[MAXR]; i64 ss[MAXR]; };
+"#,
+    r#"
 // y = x·cos + rotate_half(x)·sin, rotate_half(x) = cat(−x[..., D/2:], x[..., :D/2]).
 extern "C" __global__ void pt_rope(RopeParams p, const void* x, const void* cs, const void* sn, void* out) {
   PT_PDL();
@@ -121,7 +127,8 @@ extern "C" __global__ void pt_reduce(i64 rows, i64 n, int kind, int dt, const vo
 }
 
 struct ConvParams { i64 n; i64 c; i64 h; i64 w; i64 kh; i64 kw; i64 oh; i64 ow; i64 sh; i64 sw; i64 ph; i64 pw; int dt; };
-
+"#,
+    r#"
 // cols[(n·OH + y)·OW + x, (c·KH + i)·KW + j] = x[n, c, y·sh + i − ph, x·sw + j − pw] (0 outside).
 extern "C" __global__ void pt_im2col(ConvParams p, const void* x, void* cols) {
   PT_PDL();
@@ -141,7 +148,8 @@ extern "C" __global__ void pt_im2col(ConvParams p, const void* x, void* cols) {
 // A pointer-batched GEMM's A, B and C arrays: for operand t and problem i < n,
 // out[t·n + i] = base[t] + (i / batch)·outer[t] + (i % batch)·inner[t] (bytes).
 struct PtrParams { u64 base[3]; i64 outer[3]; i64 inner[3]; i64 batch; i64 n; };
-extern "C" __global__ void pt_ptrs(PtrParams p, u64* out) {
+"#,
+    r#"extern "C" __global__ void pt_ptrs(PtrParams p, u64* out) {
   PT_PDL();
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += (i64)gridDim.x * blockDim.x) {
     const i64 l = i / p.batch, j = i % p.batch;
@@ -159,4 +167,34 @@ extern "C" __global__ void pt_bias(i64 rows, i64 n, int has_bias, int db, int do
     stf(out, i, dout, v);
   }
 }
-"#;
+"#,
+];
+
+/// [`MISC`] with each parameter block's layout checks after its definition.
+pub(super) fn text() -> String {
+    with_checks(&MISC, &[rope_params(), conv_params(), ptr_params()])
+}
+
+/// `pt_rope`'s block.
+#[rustfmt::skip] // a table: the C struct's fields, in its order
+pub(super) fn rope_params() -> Layout {
+    layout!(RopeParams {
+        n, d, rank, dt, dims, sc, ss
+    })
+}
+
+/// `pt_im2col`'s block.
+#[rustfmt::skip] // a table: the C struct's fields, in its order
+pub(super) fn conv_params() -> Layout {
+    layout!(ConvParams {
+        n, c, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dt
+    })
+}
+
+/// `pt_ptrs`'s block.
+#[rustfmt::skip] // a table: the C struct's fields, in its order
+pub(super) fn ptr_params() -> Layout {
+    layout!(PtrParams {
+        base, outer, inner, batch, n
+    })
+}

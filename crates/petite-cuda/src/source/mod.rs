@@ -13,12 +13,15 @@
 //! CUDA C text lies by kernel family: `prelude` (types, dtype loads and stores, launch
 //! dependencies, `cp.async`), `elementwise` (`pt_ew` and its per-op arithmetic), `rows`
 //! (norms and softmax), `misc` (RoPE, gather, cumsum, reductions, im2col, GEMM pointer arrays,
-//! bias), `tf32_attention` (`pt_attn_tf32`) and `attention` (the fused bf16 attention).
+//! bias), `tf32_attention` (`pt_attn_tf32`) and `attention` (the fused bf16 attention);
+//! `layout` checks, in the CUDA C, that each parameter struct there lays out as its
+//! `#[repr(C)]` block in [`crate::plan`] (`static_assert`s from `offset_of!`).
 
 use petite_graph::{BinaryOp, CompareOp, Dtype, LogicalOp, UnaryOp};
 
 mod attention;
 mod elementwise;
+mod layout;
 mod misc;
 mod prelude;
 mod rows;
@@ -26,12 +29,9 @@ mod rows;
 mod tests;
 mod tf32_attention;
 
-use attention::ATTN;
-use elementwise::{EW, EW_FUNCS, EW_STRUCT};
-use misc::MISC;
+use elementwise::{EW, EW_FUNCS, EW_STRUCT, ew_params};
 use prelude::{CP_ASYNC, PRELUDE};
-use rows::{NORM_FUNCS, ROWS};
-use tf32_attention::TF32_ATTN;
+use rows::{norm_funcs, rows};
 
 /// Most dims a strided launch indexes (pi0.5's programs use at most 5).
 pub const MAX_RANK: usize = 8;
@@ -130,7 +130,7 @@ pub fn fused_prelude() -> String {
     s.push_str(PRELUDE);
     s.push_str(CP_ASYNC);
     s.push_str(EW_FUNCS);
-    s.push_str(NORM_FUNCS);
+    s.push_str(&norm_funcs());
     s
 }
 
@@ -142,12 +142,13 @@ pub fn module_source() -> String {
     s.push_str(PRELUDE);
     s.push_str(CP_ASYNC);
     s.push_str(EW_STRUCT);
+    s.push_str(&ew_params().checks());
     s.push_str(EW_FUNCS);
     s.push_str(EW);
-    s.push_str(NORM_FUNCS);
-    s.push_str(ROWS);
-    s.push_str(MISC);
-    s.push_str(TF32_ATTN);
+    s.push_str(&norm_funcs());
+    s.push_str(&rows());
+    s.push_str(&misc::text());
+    s.push_str(&tf32_attention::text());
     s
 }
 
@@ -157,7 +158,7 @@ pub fn module_source() -> String {
 /// for it), and once a process however many programs do.
 pub fn attention_module_source() -> String {
     let mut s = fused_prelude();
-    s.push_str(ATTN);
+    s.push_str(&attention::text());
     s
 }
 

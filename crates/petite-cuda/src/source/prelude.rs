@@ -23,6 +23,13 @@ pub(super) const PRELUDE: &str = r#"
 #define PT_U32_MAX 0x7fffffffLL
 typedef long long i64;
 typedef unsigned long long u64;
+// A member's byte offset, a constant (the parameter blocks' layout checks): NVRTC has no
+// <cstddef>, and no __builtin_offsetof before 13.4 (its front end's __INTADDR__ there).
+#if defined(__CUDACC_RTC__) && (__CUDACC_VER_MAJOR__ * 100 + __CUDACC_VER_MINOR__ < 1304)
+#define PT_OFFSETOF(T, m) ((unsigned long long)__INTADDR__(&((T*)0)->m))
+#else
+#define PT_OFFSETOF(T, m) __builtin_offsetof(T, m)
+#endif
 
 __device__ __forceinline__ float bf2f(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
 __device__ __forceinline__ unsigned short f2bf(float f) {

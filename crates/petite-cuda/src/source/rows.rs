@@ -1,11 +1,18 @@
 //! Row kernels: the norms' statistics and formula (shared with the fused prologue norms),
 //! `pt_norm` and `pt_softmax`.
 
+use super::layout::{Layout, layout, with_checks};
+
 /// The norms' row statistics and per-element formula: `pt_norm` and the fused kernels that
 /// compute a norm as their prologue share them, so both give the same bits.
-pub(super) const NORM_FUNCS: &str = r#"
+///
+/// In pieces: the first ends with `NormParams`, which [`norm_funcs`] follows with its layout's
+/// checks.
+pub(super) const NORM_FUNCS: [&str; 2] = [
+    r#"
 struct NormParams { i64 rows; i64 d; int kind; int has_w; int has_b; int dx; int dw; int db; int dout; float eps; float offset; };
-
+"#,
+    r#"
 // Row statistics, by the whole block: layer norm's f32 mean and 1/std (mean and biased variance
 // summed in f64), or RMS norm's 1/rms (*a unused).
 __device__ __forceinline__ void norm_stats(const NormParams& p, const void* x, i64 base, double* shd, float* a, float* r) {
@@ -100,9 +107,13 @@ __device__ __forceinline__ float norm_elem(const NormParams& p, const void* x, c
   }
   return y;
 }
-"#;
+"#,
+];
 
-pub(super) const ROWS: &str = r#"
+/// In pieces: the first ends with `SoftmaxParams`, which [`rows`] follows with its layout's
+/// checks.
+pub(super) const ROWS: [&str; 2] = [
+    r#"
 // One block a row: layer norm (kind 0, mean and biased variance in f64) or RMS norm (kind 1).
 extern "C" __global__ void pt_norm(NormParams p, const void* x, const void* w, const void* b, void* out) {
   PT_PDL();
@@ -119,7 +130,8 @@ struct SoftmaxParams {
   i64 rows; i64 n; int dx; int dout; int has_mask; int dm; float scale; int dscale;
   i64 h; i64 q; i64 msb; i64 msh; i64 msq; i64 msk;
 };
-
+"#,
+    r#"
 // Softmax input j of a row: x·scale (rounded to dscale when a 16-bit scaling was folded in),
 // plus the mask.
 __device__ __forceinline__ float sm_in(const SoftmaxParams& p, const void* x, const void* mask, i64 base, i64 mbase, i64 j) {
@@ -185,4 +197,31 @@ extern "C" __global__ void pt_softmax(SoftmaxParams p, const void* x, const void
     stf(out, base + j, p.dout, expf(v - m) / s);
   }
 }
-"#;
+"#,
+];
+
+/// [`NORM_FUNCS`] with `NormParams`'s layout checks after its definition.
+pub(super) fn norm_funcs() -> String {
+    with_checks(&NORM_FUNCS, &[norm_params()])
+}
+
+/// [`ROWS`] with `SoftmaxParams`'s layout checks after its definition.
+pub(super) fn rows() -> String {
+    with_checks(&ROWS, &[softmax_params()])
+}
+
+/// `pt_norm`'s block (and a fused prologue norm's).
+#[rustfmt::skip] // a table: the C struct's fields, in its order
+pub(super) fn norm_params() -> Layout {
+    layout!(NormParams {
+        rows, d, kind, has_w, has_b, dx, dw, db, dout, eps, offset
+    })
+}
+
+/// `pt_softmax`'s block.
+#[rustfmt::skip] // a table: the C struct's fields, in its order
+pub(super) fn softmax_params() -> Layout {
+    layout!(SoftmaxParams {
+        rows, n, dx, dout, has_mask, dm, scale, dscale, h, q, msb, msh, msq, msk
+    })
+}

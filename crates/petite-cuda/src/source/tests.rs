@@ -96,3 +96,139 @@ fn dtype_codes_match_the_defines() {
         assert!(s.contains(&format!("#define {name} {}\n", dtype_code(d))));
     }
 }
+
+/// The `#[repr(C)]` blocks mirrored in CUDA C, as [`layout`] lists them.
+fn layouts() -> Vec<layout::Layout> {
+    vec![
+        elementwise::ew_params(),
+        rows::norm_params(),
+        rows::softmax_params(),
+        misc::rope_params(),
+        misc::conv_params(),
+        misc::ptr_params(),
+        tf32_attention::tf_attn_params(),
+        attention::attn_params(),
+    ]
+}
+
+/// Struct `name`'s definition in `src` (its body between the braces) and the text after it.
+fn struct_in<'a>(src: &'a str, name: &str) -> (&'a str, &'a str) {
+    let at = src
+        .find(&format!("struct {name} {{"))
+        .unwrap_or_else(|| panic!("struct {name}"));
+    let open = at + src[at..].find('{').unwrap() + 1;
+    let close = open + src[open..].find("};\n").unwrap();
+    (&src[open..close], &src[close + 3..])
+}
+
+/// The fields of a CUDA C struct body (`i64 a, b[MAXR]; int c;`) with the offsets and size C
+/// gives them (natural alignment), computed here without a compiler.
+fn c_layout(body: &str) -> (Vec<(String, usize)>, usize) {
+    let (mut at, mut align, mut fields) = (0usize, 1usize, Vec::new());
+    for decl in body.split(';').map(str::trim).filter(|d| !d.is_empty()) {
+        let (ty, names) = decl.split_once(' ').unwrap();
+        let size = match ty {
+            "i64" | "u64" => 8,
+            "int" | "float" => 4,
+            other => panic!("type {other}"),
+        };
+        align = align.max(size);
+        for name in names.split(',').map(str::trim) {
+            let (name, n) = match name.split_once('[') {
+                Some((f, len)) => match len.trim_end_matches(']') {
+                    "MAXR" => (f, MAX_RANK),
+                    len => (f, len.parse().unwrap()),
+                },
+                None => (name, 1),
+            };
+            at = at.next_multiple_of(size);
+            fields.push((name.to_string(), at));
+            at += size * n;
+        }
+    }
+    (fields, at.next_multiple_of(align))
+}
+
+/// The `(field, number)` pairs of the `static_assert`s right after a struct (`sizeof` as
+/// field `""`).
+fn asserted(after: &str, name: &str) -> Vec<(String, usize)> {
+    after
+        .lines()
+        .map_while(|l| l.strip_prefix("static_assert("))
+        .map(|l| {
+            let (what, rest) = l.split_once(" == ").unwrap();
+            let n: usize = rest.split_once(',').unwrap().0.parse().unwrap();
+            let field = match what.strip_prefix(&format!("PT_OFFSETOF({name}, ")) {
+                Some(f) => f.trim_end_matches(')').to_string(),
+                None => {
+                    assert_eq!(what, format!("sizeof({name})"));
+                    String::new()
+                }
+            };
+            (field, n)
+        })
+        .collect()
+}
+
+#[test]
+fn every_parameter_struct_is_followed_by_checks_of_its_rust_layout() {
+    let (module, attn, fused) = (module_source(), attention_module_source(), fused_prelude());
+    let mut checked = 0;
+    for l in layouts() {
+        let src = if l.name == "AttnParams" {
+            &attn
+        } else {
+            &module
+        };
+        let (body, after) = struct_in(src, l.name);
+        // The C struct, laid out by C's rules, is the Rust block, field for field.
+        let (c_fields, c_size) = c_layout(body);
+        let rust: Vec<(String, usize)> =
+            l.fields.iter().map(|(f, o)| (f.to_string(), *o)).collect();
+        assert_eq!(c_fields, rust, "{}", l.name);
+        assert_eq!(c_size, l.size, "{}", l.name);
+        // What the source asserts is that layout: NVRTC checks the struct against it.
+        let mut want = vec![(String::new(), l.size)];
+        want.extend(rust);
+        assert_eq!(asserted(after, l.name), want, "{}", l.name);
+        checked += 1;
+    }
+    assert_eq!(checked, 8);
+    // The numbers are Rust's own, a few spelled out (arrays spelled as C fields included).
+    use crate::plan::{AttnParams, EwParams, NormParams, TfAttnParams};
+    use std::mem::offset_of;
+    let find = |src: &str, name: &str, field: &str| {
+        let (_, after) = struct_in(src, name);
+        asserted(after, name)
+            .into_iter()
+            .find(|(f, _)| f == field)
+            .unwrap()
+            .1
+    };
+    assert_eq!(find(&module, "EwParams", "is"), offset_of!(EwParams, is));
+    assert_eq!(find(&module, "EwParams", ""), size_of::<EwParams>());
+    assert_eq!(
+        find(&fused, "NormParams", "offset"),
+        offset_of!(NormParams, offset)
+    );
+    assert_eq!(
+        find(&module, "TfAttnParams", "osq"),
+        offset_of!(TfAttnParams, os) + 16
+    );
+    assert_eq!(
+        find(&attn, "AttnParams", "osq"),
+        offset_of!(AttnParams, osq)
+    );
+    // Every parameter struct of every module is checked.
+    for src in [&module, &attn, &fused] {
+        for (k, _) in src.match_indices("\nstruct ") {
+            let name = src[k + 8..].split_once(' ').unwrap().0;
+            let (_, after) = struct_in(src, name);
+            assert!(
+                after.starts_with(&format!("static_assert(sizeof({name})")),
+                "{name}"
+            );
+        }
+    }
+    assert!(module.contains("#define PT_OFFSETOF(T, m)"));
+}

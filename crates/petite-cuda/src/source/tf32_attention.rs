@@ -1,5 +1,7 @@
 //! `pt_attn_tf32`: the one-launch f32 attention without a mask whose products run as TF32.
 
+use super::layout::{Layout, layout, with_checks};
+
 /// `pt_attn_tf32`: f32 attention without a mask — SigLIP's, 256 queries and keys of head dim 72
 /// a camera and head — where the program's f32 products run as TF32 (lerobot's compiled mode,
 /// [`crate::F32Matmul::Tf32`]), in one launch instead of a logits GEMM, a softmax over f32
@@ -12,12 +14,17 @@
 /// (max, exp-sum, product) are then combined in a fixed order, divided by the sum. Against the
 /// unfused TF32 chain only the roundings of the probabilities (TF32 before, not after, the
 /// division) and where the max is taken differ; no scratch, the same bits every run.
-pub(super) const TF32_ATTN: &str = r#"
+///
+/// In pieces: the first ends with `TfAttnParams`, which [`text`] follows with its layout's
+/// checks.
+pub(super) const TF32_ATTN: [&str; 2] = [
+    r#"
 struct TfAttnParams {
   i64 qsb, qsh, qsq, ksb, ksh, ksk, vsb, vsh, vsk, osb, osh, osq;
   int h, kvh, nq, nk, d, dv, tiles; float scale;
 };
-#define TA_DMAX 80
+"#,
+    r#"#define TA_DMAX 80
 __device__ __forceinline__ unsigned ta_tf32(float x) {
   unsigned r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
@@ -160,4 +167,19 @@ extern "C" __global__ __launch_bounds__(512) void pt_attn_tf32(TfAttnParams p, c
     ob[(i64)(q0 + r) * p.osq + x] = acc / sum;
   }
 }
-"#;
+"#,
+];
+
+/// [`TF32_ATTN`] with `TfAttnParams`'s layout checks after its definition.
+pub(super) fn text() -> String {
+    with_checks(&TF32_ATTN, &[tf_attn_params()])
+}
+
+/// `pt_attn_tf32`'s block: its stride arrays are spelled as C fields, one a stride.
+#[rustfmt::skip] // a table: the C struct's fields, in its order
+pub(super) fn tf_attn_params() -> Layout {
+    layout!(TfAttnParams {
+        qs => [qsb, qsh, qsq], ks => [ksb, ksh, ksk], vs => [vsb, vsh, vsk],
+        os => [osb, osh, osq], h, kvh, nq, nk, d, dv, tiles, scale
+    })
+}

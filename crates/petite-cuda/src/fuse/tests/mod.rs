@@ -1,14 +1,15 @@
 //! The fusion planner's tests, by what they check: `grouping` (groups, launches, prologues,
-//! siblings), `source` (the generated text) and `views` (operands read in place, attentions).
+//! siblings), `source` (the generated text), `passes` (the statement IR's passes on bodies
+//! built by hand) and `views` (operands read in place, attentions).
 
 use std::fmt::Write as _;
 
-use super::codegen::index_type;
-use super::rewrite::{map_words, renamed, row_renamed};
+use super::regs::index_type;
 use super::*;
 use petite_graph::{Builder, Dtype, Op};
 
 mod grouping;
+mod passes;
 mod source;
 mod views;
 
@@ -67,4 +68,30 @@ fn plan_pairing(p: &Program) -> Fusion {
         fused_attention_queries((9, 0)),
     )
     .unwrap()
+}
+
+/// `line` of rendered text with each identifier-like word `w` replaced by `f(w)` where that
+/// is `Some`: how the tests put values back into, or names out of, generated text.
+fn map_words(line: &str, f: impl Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(line.len() + 16);
+    let b = line.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut j = 0;
+    while j < b.len() {
+        if !word(b[j]) {
+            out.push(b[j] as char);
+            j += 1;
+            continue;
+        }
+        let start = j;
+        while j < b.len() && word(b[j]) {
+            j += 1;
+        }
+        let w = &line[start..j];
+        match f(w) {
+            Some(x) => out.push_str(&x),
+            None => out.push_str(w),
+        }
+    }
+    out
 }
