@@ -18,6 +18,12 @@
 //! (variant, dtype) N times, the order reversed every other round, so that variants are
 //! compared within one call, alternating, as these machines' noise needs; each variant's
 //! actions are compared with the first's (bits, or the largest difference).
+//!
+//! `--settings` measures bf16 (TF32) at issue 49's three settings instead — lerobot's defaults
+//! (3 cameras, 200 tokens, chunk 50), LIBERO-like (2 cameras + 1 empty slot, 48 tokens, chunk
+//! 10) and the public ports' (2 cameras, chunk 10) — each with its own config (`petite pi05
+//! default-config` changed in cameras, tokens and chunk), inputs and floor, in one table with the
+//! issue's goal beside each.
 
 use std::process::Command;
 
@@ -55,6 +61,71 @@ pub struct Args {
     /// Rounds of every (variant, dtype), the order reversed every other round.
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
+    /// Instead of the dtypes at lerobot's settings: bf16 (TF32) at each of [`SETTINGS`] —
+    /// lerobot's defaults, LIBERO-like and the public ports' — each beside its own floor.
+    #[arg(long, conflicts_with_all = ["variants", "dtypes", "rounds"])]
+    pub settings: bool,
+}
+
+/// A setting of the real pi0.5 the `--settings` table measures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Setting {
+    /// Its name in the table.
+    pub name: &'static str,
+    /// One entry a camera slot: 1 a camera, 0 an always-empty slot (masked).
+    pub masks: &'static [u8],
+    /// Language tokens, and how many of them are real.
+    pub tokens: (usize, usize),
+    /// Actions a chunk.
+    pub chunk: usize,
+    /// Issue 49's goal for the chunk on the H200, ms (`None`: to beat the public ports).
+    pub goal_ms: Option<f64>,
+}
+
+/// Issue 49's settings: lerobot's defaults (3 cameras, 200 tokens, chunk 50), LIBERO-like (2
+/// cameras + 1 empty slot, 48 tokens, chunk 10) and the public ports' (2 cameras, chunk 10; their
+/// prompt length is not published: 48 tokens, as LIBERO's).
+pub const SETTINGS: [Setting; 3] = [
+    Setting {
+        name: "lerobot-defaults",
+        masks: &[1, 1, 1],
+        tokens: (200, 48),
+        chunk: 50,
+        goal_ms: Some(15.0),
+    },
+    Setting {
+        name: "libero-like",
+        masks: &[1, 1, 0],
+        tokens: (48, 48),
+        chunk: 10,
+        goal_ms: Some(12.0),
+    },
+    Setting {
+        name: "public-ports",
+        masks: &[1, 1],
+        tokens: (48, 48),
+        chunk: 10,
+        goal_ms: None,
+    },
+];
+
+/// `default` (the real pi0.5's config as `petite pi05 default-config` prints it) at `s`.
+fn setting_config(default: &Value, s: &Setting) -> Result<Value> {
+    let mut c = default.clone();
+    let o = c
+        .as_object_mut()
+        .context("petite pi05 default-config did not print an object")?;
+    for (k, v) in [
+        ("cameras", s.masks.len()),
+        ("tokens", s.tokens.0),
+        ("chunk", s.chunk),
+    ] {
+        if !o.contains_key(k) {
+            bail!("petite pi05 default-config has no {k:?}");
+        }
+        o.insert(k.into(), v.into());
+    }
+    Ok(c)
 }
 
 /// One round of a (variant, dtype): its (chunk, prefix, steps) medians and its actions' file.
@@ -330,6 +401,122 @@ fn peaks() -> Peaks {
     }
 }
 
+/// The physical floor of a run's chunk, ms, from its timing JSON: each product at its own
+/// rate — f32 products (all of them in f32 mode; SigLIP in lerobot's bf16 mode) at the f32 rate,
+/// or TF32's when they run as TF32, 16-bit ones at the bf16 rate — or its weights' bytes at the
+/// copy bandwidth, whichever is longer, for the prefix and each step.
+fn floor_ms(pk: &Peaks, v: &Value, f32_matmul: &str) -> Result<f64> {
+    let steps = num(v, "steps")?;
+    let f32_rate = if f32_matmul == "tf32" {
+        pk.tf32
+    } else {
+        pk.f32
+    };
+    let floor_s = |flops: f64, flops_f32: f64, bytes: f64| {
+        ((flops - flops_f32) / pk.bf16 + flops_f32 / f32_rate).max(bytes / pk.copy)
+    };
+    let floor = floor_s(
+        num(v, "prefix_flops")?,
+        num(v, "prefix_flops_f32")?,
+        num(v, "prefix_weight_bytes")?,
+    ) + steps
+        * floor_s(
+            num(v, "step_flops")?,
+            num(v, "step_flops_f32")?,
+            num(v, "step_weight_bytes")?,
+        );
+    Ok(floor * 1e3)
+}
+
+/// `--settings`: one bf16 (TF32) run a setting, each beside its own floor, in one table.
+fn run_settings(
+    a: &Args,
+    petite: &std::path::Path,
+    ck: &std::path::Path,
+    dir: &std::path::Path,
+    pk: &Peaks,
+) -> Result<()> {
+    let out = Command::new(petite)
+        .args(["pi05", "default-config"])
+        .output()
+        .context("petite pi05 default-config")?;
+    if !out.status.success() {
+        bail!(
+            "petite pi05 default-config failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let default: Value =
+        serde_json::from_slice(&out.stdout).context("petite pi05 default-config's JSON")?;
+    let mut rows = Vec::new();
+    for s in &SETTINGS {
+        let config = dir.join(format!("{}-config.json", s.name));
+        std::fs::write(
+            &config,
+            serde_json::to_string_pretty(&setting_config(&default, s)?)?,
+        )?;
+        let inputs = dir.join(format!("{}-inputs.safetensors", s.name));
+        super::pi05_run::write_inputs_for(&inputs, s.masks, s.tokens.0, s.tokens.1, s.chunk)?;
+        let json = dir.join(format!("{}.json", s.name));
+        util::run(
+            Command::new(petite)
+                .args([
+                    "pi05",
+                    "run",
+                    "--device",
+                    "cuda",
+                    "--dtype",
+                    "bf16",
+                    "--f32-matmul",
+                    "tf32",
+                ])
+                .arg("--config")
+                .arg(&config)
+                .arg("--checkpoint")
+                .arg(ck)
+                .arg("--inputs")
+                .arg(&inputs)
+                .arg("--out")
+                .arg(dir.join(format!("{}-actions.safetensors", s.name)))
+                .args(["--repeat", &a.chunks.to_string()])
+                .args(["--warmup", &a.warmup.to_string()])
+                .arg("--timing-json")
+                .arg(&json),
+        )?;
+        let v: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+        println!("gpu bench: {}: {}", s.name, serde_json::to_string(&v)?);
+        let floor = floor_ms(pk, &v, "tf32")?;
+        let median = num(&v, "median_chunk_ms")?;
+        if !(median.is_finite() && median > 0.0 && floor > 0.0) {
+            bail!(
+                "{}: unusable figures: median {median} ms, floor {floor} ms",
+                s.name
+            );
+        }
+        let empty = s.masks.iter().filter(|&&m| m == 0).count();
+        rows.push(format!(
+            "| {} | {} ({} empty) | {} ({} real) | {} | {median:.2} | {:.2} | {:.2} | {floor:.2} | {:.1}× | {} |",
+            s.name,
+            s.masks.len(),
+            empty,
+            s.tokens.0,
+            s.tokens.1,
+            s.chunk,
+            num(&v, "median_prefix_ms")?,
+            num(&v, "median_steps_ms")?,
+            median / floor,
+            s.goal_ms.map_or_else(|| "ahead of the ports".to_string(), |g| format!("≤ {g} ms{}", if median <= g { " (met)" } else { "" })),
+        ));
+    }
+    println!(
+        "\n| setting | camera slots | tokens | chunk | chunk ms (median) | prefix ms | 10 steps ms | floor ms | × floor | goal (H200) |\n|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in rows {
+        println!("{r}");
+    }
+    Ok(())
+}
+
 fn num(v: &Value, k: &str) -> Result<f64> {
     v[k].as_f64()
         .with_context(|| format!("timing JSON has no {k}"))
@@ -350,8 +537,6 @@ pub fn run(a: &Args) -> Result<()> {
         }
         None => tmp.path(),
     };
-    let inputs = dir.join("inputs.safetensors");
-    super::pi05_run::write_inputs(&inputs)?;
     let pk = peaks();
     println!(
         "gpu bench: rates {}: bf16 matmul {:.0} TFLOP/s, f32 matmul {:.1} TFLOP/s (TF32 {:.0}), copy {:.2} TB/s",
@@ -361,6 +546,11 @@ pub fn run(a: &Args) -> Result<()> {
         pk.tf32 / 1e12,
         pk.copy / 1e12
     );
+    if a.settings {
+        return run_settings(a, &petite, &ck, dir, &pk);
+    }
+    let inputs = dir.join("inputs.safetensors");
+    super::pi05_run::write_inputs(&inputs)?;
     let variants = or_default(&a.variants);
     if a.rounds == 0 {
         bail!("--rounds must be at least 1");
@@ -419,26 +609,7 @@ pub fn run(a: &Args) -> Result<()> {
         // Each product at its own rate: f32 products (all of them in f32 mode; SigLIP in
         // lerobot's bf16 mode) at the f32 rate, or TF32's when they run as TF32, 16-bit ones at
         // the bf16 rate.
-        let steps = num(&v, "steps")?;
-        let f32_rate = if f32_matmul == "tf32" {
-            pk.tf32
-        } else {
-            pk.f32
-        };
-        let floor_s = |flops: f64, flops_f32: f64, bytes: f64| {
-            ((flops - flops_f32) / pk.bf16 + flops_f32 / f32_rate).max(bytes / pk.copy)
-        };
-        let floor = floor_s(
-            num(&v, "prefix_flops")?,
-            num(&v, "prefix_flops_f32")?,
-            num(&v, "prefix_weight_bytes")?,
-        ) + steps
-            * floor_s(
-                num(&v, "step_flops")?,
-                num(&v, "step_flops_f32")?,
-                num(&v, "step_weight_bytes")?,
-            );
-        let floor_ms = floor * 1e3;
+        let floor_ms = floor_ms(&pk, &v, f32_matmul)?;
         let median = num(&v, "median_chunk_ms")?;
         if !(median.is_finite() && median > 0.0 && floor_ms > 0.0) {
             bail!("{label}: unusable figures: median {median} ms, floor {floor_ms} ms");
@@ -510,6 +681,39 @@ pub fn run(a: &Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_setting_is_the_real_config_with_its_cameras_tokens_and_chunk() {
+        let default = serde_json::json!({"cameras": 3, "tokens": 200, "chunk": 50, "steps": 10});
+        let c = setting_config(&default, &SETTINGS[1]).unwrap();
+        assert_eq!(
+            c,
+            serde_json::json!({"cameras": 3, "tokens": 48, "chunk": 10, "steps": 10})
+        );
+        assert_eq!(
+            setting_config(&default, &SETTINGS[2]).unwrap()["cameras"],
+            2
+        );
+        assert!(setting_config(&serde_json::json!({"chunk": 1}), &SETTINGS[0]).is_err());
+        // The inputs match: one image and mask a slot, tokens, noise [chunk, 32].
+        let dir = tempfile::tempdir().unwrap();
+        for s in &SETTINGS {
+            let p = dir.path().join(format!("{}.safetensors", s.name));
+            crate::bench::pi05_run::write_inputs_for(&p, s.masks, s.tokens.0, s.tokens.1, s.chunk)
+                .unwrap();
+            let f = petite_weights::MappedSafetensors::open(&p).unwrap();
+            let shape = |n: &str| {
+                let e = f.header().entries.iter().find(|e| e.name == n).unwrap();
+                e.shape.clone()
+            };
+            assert_eq!(shape("images"), [s.masks.len(), 3, 224, 224]);
+            assert_eq!(shape("image_masks"), [s.masks.len()]);
+            assert_eq!(shape("tokens"), [s.tokens.0]);
+            assert_eq!(shape("noise"), [s.chunk, 32]);
+            let bytes = std::fs::read(&p).unwrap();
+            assert_eq!(&bytes[f.file_range("image_masks").unwrap()], s.masks);
+        }
+    }
 
     #[test]
     fn variants_parse_and_refuse_what_is_not_one() {

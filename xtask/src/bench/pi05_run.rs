@@ -43,12 +43,25 @@ fn memcap(cmd: &Command, json: &Path) -> Result<crate::util::MemcapRun> {
 /// Inputs of the real config (3 cameras 224², 200 tokens of which 48 real, chunk 50 × 32):
 /// deterministic, images in [-1, 1], one camera masked.
 pub(super) fn write_inputs(path: &Path) -> Result<()> {
+    write_inputs_for(path, &[1, 0, 1], 200, 48, 50)
+}
+
+/// Deterministic inputs for the real pi0.5 at other settings: one image a slot of `masks` (0: an
+/// empty slot), `tokens` of which the first `real` are real, noise `[chunk, 32]`.
+pub(super) fn write_inputs_for(
+    path: &Path,
+    masks: &[u8],
+    tokens: usize,
+    real: usize,
+    chunk: usize,
+) -> Result<()> {
+    let cams = masks.len();
     let table = [
-        TensorSpec::new("images", Dtype::F32, &[3, 3, 224, 224]),
-        TensorSpec::new("image_masks", Dtype::U8, &[3]),
-        TensorSpec::new("tokens", Dtype::I64, &[200]),
-        TensorSpec::new("token_mask", Dtype::U8, &[200]),
-        TensorSpec::new("noise", Dtype::F32, &[50, 32]),
+        TensorSpec::new("images", Dtype::F32, &[cams, 3, 224, 224]),
+        TensorSpec::new("image_masks", Dtype::U8, &[cams]),
+        TensorSpec::new("tokens", Dtype::I64, &[tokens]),
+        TensorSpec::new("token_mask", Dtype::U8, &[tokens]),
+        TensorSpec::new("noise", Dtype::F32, &[chunk, 32]),
     ];
     let w = SafetensorsWriter::create(path, &table, &[])?;
     let mut x = 0x2545_f491_4f6c_dd1du64;
@@ -59,22 +72,22 @@ pub(super) fn write_inputs(path: &Path) -> Result<()> {
         x
     };
     let unit = |b: u64| (b >> 40) as f32 / (1u64 << 24) as f32;
-    let images: Vec<u8> = (0..3 * 3 * 224 * 224)
+    let images: Vec<u8> = (0..cams * 3 * 224 * 224)
         .flat_map(|_| (unit(next()) * 2.0 - 1.0).to_le_bytes())
         .collect();
     w.write_at("images", 0, &images)?;
-    w.write_at("image_masks", 0, &[1, 0, 1])?;
-    let tokens: Vec<u8> = (0..200)
+    w.write_at("image_masks", 0, masks)?;
+    let ids: Vec<u8> = (0..tokens)
         .flat_map(|i| {
-            let t = if i < 48 { 2 + next() % 257_000 } else { 0 };
+            let t = if i < real { 2 + next() % 257_000 } else { 0 };
             (t as i64).to_le_bytes()
         })
         .collect();
-    w.write_at("tokens", 0, &tokens)?;
-    let mask: Vec<u8> = (0..200).map(|i| u8::from(i < 48)).collect();
+    w.write_at("tokens", 0, &ids)?;
+    let mask: Vec<u8> = (0..tokens).map(|i| u8::from(i < real)).collect();
     w.write_at("token_mask", 0, &mask)?;
     // Standard normal noise (Box–Muller), as the sampler draws it.
-    let noise: Vec<u8> = (0..50 * 32)
+    let noise: Vec<u8> = (0..chunk * 32)
         .flat_map(|_| {
             let (u1, u2) = (unit(next()).max(1e-7), unit(next()));
             ((-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()).to_le_bytes()
