@@ -1,7 +1,7 @@
 //! The attention kernels' launches: the TF32 attention's ([`tf32_attention_launch`]) and the
 //! fused bf16 attention's, its tiles and thread-block clusters ([`attention_launch`]).
 
-use crate::source::dtype_code;
+use super::dtype_code;
 use crate::{Error, Result};
 use cudarc::driver::LaunchConfig;
 use petite_graph::Dtype;

@@ -1,7 +1,7 @@
 //! `pt_ew`'s parameter block ([`EwParams`]): an op over strided operands ([`Operand`]).
 
+use super::{EwOp, MAX_RANK, dtype_code};
 use super::{broadcast_strides, contiguous_strides, fill};
-use crate::source::{EwOp, MAX_RANK, dtype_code};
 use crate::{Error, Result};
 use petite_graph::Dtype;
 

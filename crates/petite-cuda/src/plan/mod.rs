@@ -6,13 +6,15 @@
 //! (the norm, softmax, RoPE and im2col blocks), `gemm` (cuBLAS GEMM shapes, pointer arrays,
 //! FLOP counts) and `attention` (the attention kernels' launches).
 
-use crate::source::MAX_RANK;
 use crate::{Error, Result};
 
 mod attention;
+mod codes;
 mod elementwise;
 mod gemm;
 mod params;
+
+pub use codes::{EwOp, MAX_RANK, dtype_code};
 #[cfg(test)]
 mod tests;
 

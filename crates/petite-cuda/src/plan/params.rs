@@ -1,8 +1,8 @@
 //! The parameter blocks of the norm, softmax, RoPE and im2col kernels, laid out as the CUDA C
 //! structs are.
 
+use super::{MAX_RANK, dtype_code};
 use super::{broadcast_strides, fill};
-use crate::source::{MAX_RANK, dtype_code};
 use crate::{Error, Result};
 use petite_graph::Dtype;
 

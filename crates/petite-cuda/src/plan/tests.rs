@@ -1,6 +1,6 @@
 //! Tests of launch planning: strides, parameter blocks, GEMM shapes, attention launches.
 
-use crate::source::{EwOp, dtype_code};
+use super::{EwOp, dtype_code};
 use petite_graph::Dtype;
 
 #[test]

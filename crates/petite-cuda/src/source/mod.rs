@@ -9,7 +9,8 @@
 //! (a Jetson's or a pip-installed libnvrtc works as well as a toolkit's).
 //!
 //! By concept: this file assembles the modules ([`module_source`], [`fused_prelude`],
-//! [`attention_module_source`]) and holds the codes the kernels share with the host; the
+//! [`attention_module_source`]) and re-exports the codes the kernels share with the host (they
+//! live with the parameter blocks, `plan::codes`); the
 //! CUDA C text lies by kernel family: `prelude` (types, dtype loads and stores, launch
 //! dependencies, `cp.async`), `elementwise` (`pt_ew` and its per-op arithmetic), `rows`
 //! (norms and softmax), `misc` (RoPE, gather, cumsum, reductions, im2col, GEMM pointer arrays,
@@ -17,7 +18,7 @@
 //! `layout` checks, in the CUDA C, that each parameter struct there lays out as its
 //! `#[repr(C)]` block in [`crate::plan`] (`static_assert`s from `offset_of!`).
 
-use petite_graph::{BinaryOp, CompareOp, Dtype, LogicalOp, UnaryOp};
+pub use crate::plan::{EwOp, MAX_RANK, dtype_code};
 
 mod attention;
 mod elementwise;
@@ -32,9 +33,6 @@ mod tf32_attention;
 use elementwise::{EW, EW_FUNCS, EW_STRUCT, ew_params};
 use prelude::{CP_ASYNC, PRELUDE};
 use rows::{norm_funcs, rows};
-
-/// Most dims a strided launch indexes (pi0.5's programs use at most 5).
-pub const MAX_RANK: usize = 8;
 
 /// Kernel entry points of the module, as [`module_source`] defines them.
 pub const KERNELS: &[&str] = &[
@@ -51,76 +49,6 @@ pub const KERNELS: &[&str] = &[
     "pt_ptrs",
     "pt_attn_tf32",
 ];
-
-/// The dtype code kernels use (`DT_*` in the source).
-pub fn dtype_code(d: Dtype) -> i32 {
-    match d {
-        Dtype::F32 => 0,
-        Dtype::Bf16 => 1,
-        Dtype::F16 => 2,
-        Dtype::I64 => 3,
-        Dtype::I32 => 4,
-        Dtype::U8 => 5,
-        Dtype::Bool => 6,
-    }
-}
-
-/// What `pt_ew` computes per element (its `op` parameter).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EwOp {
-    /// `out = a` converted to the output dtype (copies, casts, layout moves).
-    Copy,
-    /// `a (op) b`, or with a scalar in place of `b` (or of `a`).
-    Binary(BinaryOp),
-    /// `a (cmp) b` → bool.
-    Compare(CompareOp),
-    /// `a && b`, `a || b` on bools.
-    Logical(LogicalOp),
-    /// `!a`.
-    Not,
-    /// `f(a)`.
-    Unary(UnaryOp),
-    /// `a ? b : c`.
-    Where,
-}
-
-impl EwOp {
-    /// The op code of the kernel's switch.
-    pub fn code(self) -> i32 {
-        match self {
-            EwOp::Copy => 0,
-            EwOp::Binary(k) => match k {
-                BinaryOp::Add => 1,
-                BinaryOp::Sub => 2,
-                BinaryOp::Mul => 3,
-                BinaryOp::Div => 4,
-            },
-            EwOp::Compare(k) => match k {
-                CompareOp::Lt => 10,
-                CompareOp::Le => 11,
-                CompareOp::Eq => 12,
-                CompareOp::Ne => 13,
-                CompareOp::Gt => 14,
-                CompareOp::Ge => 15,
-            },
-            EwOp::Logical(LogicalOp::And) => 20,
-            EwOp::Logical(LogicalOp::Or) => 21,
-            EwOp::Not => 22,
-            EwOp::Unary(k) => match k {
-                UnaryOp::Neg => 30,
-                UnaryOp::Exp => 31,
-                UnaryOp::Sqrt => 32,
-                UnaryOp::Rsqrt => 33,
-                UnaryOp::Sin => 34,
-                UnaryOp::Cos => 35,
-                UnaryOp::Tanh => 36,
-                UnaryOp::GeluTanh => 37,
-                UnaryOp::Silu => 38,
-            },
-            EwOp::Where => 40,
-        }
-    }
-}
 
 /// What generated (fused) kernels build on: the dtype loads and stores, `pt_ew`'s per-op
 /// arithmetic and `pt_norm`'s formula, so a fused kernel computes each op exactly as `pt_ew`

@@ -2,6 +2,7 @@
 //! codes matching the CUDA C.
 
 use super::*;
+use petite_graph::{Dtype, LogicalOp};
 
 #[test]
 fn the_module_defines_every_kernel_once_and_its_braces_balance() {
