@@ -349,7 +349,9 @@ mod tests {
     #[test]
     fn devices_resolve_by_name_and_the_default_is_the_host() {
         let names: Vec<&str> = devices().iter().map(|d| d.name()).collect();
-        assert_eq!(names, ["cpu", "cuda"]);
+        assert!(names.starts_with(&["cpu", "cuda"]), "{names:?}");
+        let unique: std::collections::BTreeSet<&str> = names.iter().copied().collect();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
         assert!(Device::default().is_host());
         assert_eq!(devices().iter().filter(|d| d.is_host()).count(), 1);
         for d in devices() {
