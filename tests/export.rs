@@ -83,7 +83,7 @@ fn bf16_export_within_bound_f32_export_exact_on_every_golden() {
         let inputs = Inputs::from_file(c.join("inputs.safetensors"), &cfg).unwrap();
         let ck = open_checkpoint(c.join("model.safetensors")).unwrap();
         let whole = petite_pi05::run::run_model(&cfg, &ck, &inputs, Precision::Bf16).unwrap();
-        let pte = petite::bundle::run_pte(&bf, &cfg, &inputs, petite::runtimes::Device::Cpu)
+        let pte = petite::bundle::run_pte(&bf, &cfg, &inputs, petite::runtimes::Device::default())
             .unwrap()
             .actions;
         assert_eq!(
@@ -536,10 +536,10 @@ fn sharded_hub_layout_exports_the_same_model() {
     let cfg = Pi05Config::from_json_file(c.join("config.json")).unwrap();
     let inputs = Inputs::from_file(c.join("inputs.safetensors"), &cfg).unwrap();
     assert_eq!(
-        petite::bundle::run_pte(&a, &cfg, &inputs, petite::runtimes::Device::Cpu)
+        petite::bundle::run_pte(&a, &cfg, &inputs, petite::runtimes::Device::default())
             .unwrap()
             .actions,
-        petite::bundle::run_pte(&b, &cfg, &inputs, petite::runtimes::Device::Cpu)
+        petite::bundle::run_pte(&b, &cfg, &inputs, petite::runtimes::Device::default())
             .unwrap()
             .actions
     );

@@ -153,7 +153,7 @@ fn stages_at_once_give_the_same_bits_as_one_after_the_other() {
             seed: 0,
             python: None,
             max_error: None,
-            device: petite::runtimes::Device::Cpu,
+            device: petite::runtimes::Device::default(),
             stages,
         })
         .unwrap();

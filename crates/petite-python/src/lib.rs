@@ -384,15 +384,16 @@ impl Policy {
         seed: Option<u64>,
         queue: usize,
     ) -> PyResult<Self> {
-        let device = match device {
-            "cpu" => Device::Cpu,
-            "cuda" | "cuda:0" => Device::Cuda,
-            d => {
-                return Err(PyValueError::new_err(format!(
-                    "device: expected \"cpu\" or \"cuda\", found {d:?}"
-                )));
-            }
-        };
+        let device = Device::from_name(device).ok_or_else(|| {
+            let names: Vec<String> = petite::runtimes::devices()
+                .iter()
+                .map(|d| format!("{:?}", d.name()))
+                .collect();
+            PyValueError::new_err(format!(
+                "device: expected {}, found {device:?}",
+                names.join(" or ")
+            ))
+        })?;
         let opts = OpenOptions {
             device,
             tokenizer,

@@ -253,7 +253,7 @@ fn read_observation(opts: &ActOptions, spec: &PolicySpec) -> Result<(Observation
 /// whichever runtime it needs) and returns one chunk.
 pub fn act(opts: &ActOptions) -> Result<ActResult> {
     // `--device cuda` where CUDA cannot run is refused before anything is read.
-    crate::runtimes::check_device(opts.device)?;
+    opts.device.check()?;
     let dir = &opts.dir;
     let spec = crate::bundle::check_bundle(dir)?.ok_or_else(|| {
         Error::input(

@@ -7,7 +7,6 @@ pub mod act;
 pub mod backends;
 pub mod bundle;
 pub mod checkpoint;
-pub mod cuda_run;
 pub mod engines;
 pub mod export;
 pub mod guard;
@@ -52,6 +51,23 @@ pub enum Error {
         #[source]
         source: Box<petite_cuda::Error>,
     },
+    /// petite-cuda's error where no more context helps (a device call of `petite pi05 run`).
+    #[error(transparent)]
+    CudaCall(Box<petite_cuda::Error>),
+    /// A step of a command failed: what was being done, and its cause kept whole (the binary
+    /// prints the chain).
+    #[error("{what}")]
+    Context {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A run's result that petite refuses to write (non-finite actions, repeated chunks that
+    /// differ): says what and where.
+    #[error("{0}")]
+    Refused(String),
     /// An observation given to a policy is not what it takes (names the key, expected vs
     /// found); the policy stays usable.
     #[error("`{key}`: {reason}")]
@@ -183,6 +199,10 @@ impl Error {
             Error::Portable(petite_portable::Error::Weights(w)) => weights_changed(w),
             Error::Engine(e) => engine_changed(e),
             Error::Cuda { source, .. } => cuda_changed(source),
+            Error::CudaCall(e) => cuda_changed(e),
+            Error::Context { source, .. } => source
+                .downcast_ref::<Error>()
+                .is_some_and(Error::is_input_changed),
             _ => false,
         }
     }

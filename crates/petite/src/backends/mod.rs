@@ -268,7 +268,7 @@ mod tests {
         }
         let reference = Backend::named("reference").unwrap();
         let id = reference.spec().delegate_id().unwrap();
-        assert!(crate::runtimes::runtime(id, crate::runtimes::Device::Cpu).is_ok());
+        assert!(crate::runtimes::runtime(id, crate::runtimes::Device::default()).is_ok());
     }
 
     #[test]

@@ -83,7 +83,7 @@ fn open_runtimes(ptes: &[&PteFile], device: Device) -> Result<Runtimes> {
     let mut out = Runtimes::new();
     for (id, path) in ids {
         if !out.contains_key(id) {
-            let rt = crate::runtimes::runtime(id, device).map_err(|e| bad(path, e.to_string()))?;
+            let rt = crate::runtimes::runtime_for(path, id, device)?;
             out.insert(id.to_string(), rt);
         }
     }
@@ -628,7 +628,7 @@ pub fn run_pte(
 ) -> Result<PteRun> {
     let ptes = Ptes::open(pte_dir)?;
     let runtimes = open_runtimes(&[&ptes.prefix, &ptes.step], device)?;
-    let (prefix, step) = open_pair(&ptes, &runtimes, device, false)?;
+    let (prefix, step) = open_pair(&ptes, &runtimes, false)?;
     // Tests truncate a `.pte` here, while its engines are mapped.
     crate::guard::stop_point("verify");
     let steps = Steps::new(cfg, &ptes.step, &step)?;
@@ -653,10 +653,10 @@ pub fn run_pte(
 fn open_pair<'m>(
     ptes: &'m Ptes,
     runtimes: &'m Runtimes,
-    device: Device,
     resident: bool,
 ) -> Result<(Loaded<'m>, Loaded<'m>)> {
-    let read_ahead = device == Device::Cuda;
+    // Reading ahead helps a runtime that reads each engine whole when it opens it.
+    let read_ahead = runtimes.values().any(|r| r.read_ahead());
     Ok((
         Loaded::new(&ptes.prefix, !resident, runtimes, read_ahead, resident)?,
         Loaded::new(&ptes.step, false, runtimes, read_ahead, resident)?,
@@ -680,7 +680,7 @@ pub fn with_resident<T>(
 ) -> Result<T> {
     let ptes = Ptes::open(pte_dir)?;
     let runtimes = open_runtimes(&[&ptes.prefix, &ptes.step], device)?;
-    let (prefix, step) = open_pair(&ptes, &runtimes, device, true)?;
+    let (prefix, step) = open_pair(&ptes, &runtimes, true)?;
     let steps = Steps::new(cfg, &ptes.step, &step)?;
     let pprog = build_prefix(cfg, Precision::F32)?;
     let mut chunk = |inputs: &Inputs| -> Result<Vec<f32>> {

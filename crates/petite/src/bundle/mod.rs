@@ -153,15 +153,16 @@ impl BundleRunner {
         device: crate::runtimes::Device,
     ) -> Result<Self> {
         let kind = BundleKind::of(dir)?;
-        if device != crate::runtimes::Device::Cpu && kind != BundleKind::Engines {
+        if !device.is_host() && kind != BundleKind::Engines {
             return Err(Error::Usage(format!(
-                "--device {} runs petite's engine bundles only; this is a{} bundle (run it with --device cpu)",
+                "--device {} runs petite's engine bundles only; this is a{} bundle (run it with --device {})",
                 device.name(),
                 if kind == BundleKind::Onnx {
                     "n ONNX"
                 } else {
                     " portable"
-                }
+                },
+                crate::runtimes::Device::default().name()
             )));
         }
         let python = match kind {

@@ -74,7 +74,7 @@ pub struct ActArgs {
 /// Runs `petite act`.
 pub fn run(a: ActArgs) -> anyhow::Result<()> {
     // One line, before anything is read.
-    petite::runtimes::check_device(a.device)?;
+    a.device.check()?;
     let r = act(&ActOptions {
         dir: a.dir.clone(),
         observation: a.observation.clone(),
@@ -99,7 +99,7 @@ pub fn run(a: ActArgs) -> anyhow::Result<()> {
         let rest = &calls[1..];
         let ms = |f: &dyn Fn(&petite::policy::Timing) -> f64| {
             let v: Vec<f64> = rest.iter().map(|t| f(t) * 1e3).collect();
-            (petite::cuda_run::median(&v), percentile(&v, 0.99))
+            (petite::report::median(&v), percentile(&v, 0.99))
         };
         let (tm, tp) = ms(&|t| t.total);
         let (cm, cp) = ms(&|t| t.chunk);

@@ -129,7 +129,7 @@ pub struct RunArgs {
     /// `tf32` for `--dtype bf16` (the f32 SigLIP of lerobot's bf16 mode, inside bf16's error
     /// bound), `exact` for `--dtype f32` (the parity mode).
     #[arg(long, value_enum)]
-    f32_matmul: Option<F32MatmulArg>,
+    f32_matmul: Option<petite::runtimes::F32Matmul>,
     /// A/B only (`cargo xtask bench gpu --variant`), with `--device cuda`: KEY=VALUE of
     /// petite-cuda's tuning (fuse=on|off, offsets=params|literal, attention_queries=N|all|off),
     /// recorded in `--timing-json` as "tuning".
@@ -137,183 +137,24 @@ pub struct RunArgs {
     pub(crate) tune: Vec<String>,
 }
 
-/// `--f32-matmul`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum F32MatmulArg {
-    /// Exact f32 products.
-    Exact,
-    /// TF32 tensor cores, f32 accumulation.
-    Tf32,
-}
-
-impl F32MatmulArg {
-    /// The command-line name.
-    fn name(self) -> &'static str {
-        match self {
-            F32MatmulArg::Exact => "exact",
-            F32MatmulArg::Tf32 => "tf32",
-        }
-    }
-}
-
 fn run_cmd(a: RunArgs) -> anyhow::Result<()> {
-    if a.device == petite::runtimes::Device::Cuda {
-        return run_cuda(a);
-    }
-    if a.repeat > 0 || a.timing_json.is_some() || a.f32_matmul.is_some() || !a.tune.is_empty() {
-        return Err(petite::Error::Usage(
-            "--repeat, --timing-json, --f32-matmul and --tune are for the GPU path: add --device \
-             cuda"
-                .into(),
-        )
-        .into());
-    }
-    let files = petite_pi05::run::RunFiles {
+    // `--device cuda` where CUDA cannot run is refused before any work; then the device runs
+    // the model its own way (the registry's: `petite::runtimes`).
+    a.device.check()?;
+    let run = petite::runtimes::ModelRun {
         checkpoint: &a.checkpoint,
         config: a.config.as_deref(),
         inputs: &a.inputs,
         out: &a.out,
+        precision: a.dtype.into(),
+        repeat: a.repeat,
+        warmup: a.warmup,
+        timing_json: a.timing_json.as_deref(),
+        f32_matmul: a.f32_matmul,
+        tuned: !a.tune.is_empty(),
     };
-    let r = petite_pi05::run::run_files(&files, a.dtype.into())?;
-    let [table, prefix, steps] = r.seconds;
-    println!(
-        "pi05 run: wrote {} ({} steps); timestep table {table:.3} s, prefix {prefix:.3} s, steps {steps:.3} s, total {:.3} s",
-        a.out.display(),
-        r.trajectory.len(),
-        table + prefix + steps
-    );
-    Ok(())
-}
-
-/// `petite pi05 run --device cuda`: programs on GPU 0, K/V resident, optional timed repeats.
-fn run_cuda(a: RunArgs) -> anyhow::Result<()> {
-    use anyhow::Context;
-    use petite::cuda_run::{CudaPolicy, median};
-    petite::runtimes::check_device(a.device)?;
-    let dev = petite::runtimes::open_cuda()?;
-    let cfg = match &a.config {
-        Some(p) => petite_pi05::Pi05Config::from_json_file(p)?,
-        None => petite_pi05::Pi05Config::default(),
-    };
-    let ck = petite_pi05::inputs::open_checkpoint(&a.checkpoint)?;
-    let precision: petite_pi05::Precision = a.dtype.into();
-    let progs = petite_pi05::build_all(&cfg, precision)?;
-    petite_pi05::inputs::check_weights(
-        &ck,
-        &a.checkpoint.display().to_string(),
-        [&progs.timestep_table, &progs.prefix, &progs.step],
-    )?;
-    drop(progs);
-    let inputs = petite_pi05::inputs::Inputs::from_file(&a.inputs, &cfg)?;
-    let f32_matmul = a.f32_matmul.unwrap_or(match a.dtype {
-        super::PrecisionArg::Bf16 => F32MatmulArg::Tf32,
-        super::PrecisionArg::F32 => F32MatmulArg::Exact,
-    });
-    dev.reset_peak()?;
-    let math = match f32_matmul {
-        F32MatmulArg::Exact => petite_cuda::F32Matmul::Exact,
-        F32MatmulArg::Tf32 => petite_cuda::F32Matmul::Tf32,
-    };
-    let policy =
-        CudaPolicy::load(&dev, &cfg, &ck, precision, math).context("loading onto the GPU")?;
-    let (actions, first) = policy.chunk(&inputs)?;
-    if let Some((i, v)) = actions.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-        anyhow::bail!("actions are not finite ({v} at index {i}); nothing written");
-    }
-    petite_weights::WeightSource::check_unchanged(&ck)?;
-    petite_pi05::run::write_actions(&a.out, &cfg, &actions)?;
-    let info = dev.info().clone();
-    println!(
-        "pi05 run: wrote {} on {} (cuda, {}, f32 products {}); load {:.3} s (kernels compiled in {:.3} s), first chunk {:.3} ms (prefix {:.3} ms, steps {:.3} ms)",
-        a.out.display(),
-        info.name,
-        a.dtype.name(),
-        f32_matmul.name(),
-        policy.load_seconds,
-        dev.compile_seconds(),
-        first.total_ms,
-        first.prefix_ms,
-        first.steps_ms
-    );
-    let mut figures = serde_json::json!({
-        "device": info.name,
-        "compute_capability": format!("{}.{}", info.compute_capability.0, info.compute_capability.1),
-        "dtype": a.dtype.name(),
-        "f32_matmul": f32_matmul.name(),
-        "load_seconds": policy.load_seconds,
-        "compile_seconds": dev.compile_seconds(),
-        "weight_bytes": policy.weight_bytes(),
-        "first_chunk_ms": first.total_ms,
-        "steps": cfg.steps,
-        "prefix_flops": policy.flops[0],
-        "step_flops": policy.flops[1],
-        "prefix_flops_f32": policy.flops_f32[0],
-        "step_flops_f32": policy.flops_f32[1],
-        "prefix_weight_bytes": policy.program_weight_bytes()[0],
-        "step_weight_bytes": policy.program_weight_bytes()[1],
-        // What `--tune` applied, so a bench can check its variant reached this process.
-        "tuning": dev
-            .settings()
-            .tuning
-            .describe()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), serde_json::Value::from(v)))
-            .collect::<serde_json::Map<_, _>>(),
-    });
-    if a.repeat > 0 {
-        for _ in 0..a.warmup {
-            policy.chunk(&inputs)?;
-        }
-        dev.reset_peak()?;
-        let mut times = Vec::with_capacity(a.repeat);
-        for _ in 0..a.repeat {
-            let (again, t) = policy.chunk(&inputs)?;
-            if again != actions {
-                anyhow::bail!("a repeated chunk gave other actions than the first");
-            }
-            times.push(t);
-        }
-        let pick = |f: fn(&petite::cuda_run::ChunkTimes) -> f64| {
-            median(&times.iter().map(f).collect::<Vec<_>>())
-        };
-        let (total, prefix, steps, wall) = (
-            pick(|t| t.total_ms),
-            pick(|t| t.prefix_ms),
-            pick(|t| t.steps_ms),
-            pick(|t| t.wall_ms),
-        );
-        let peak = dev.peak_bytes();
-        let (free, all) = dev.mem_info()?;
-        println!(
-            "pi05 run: {} chunks after {} warm-up: median {total:.3} ms a chunk (prefix {prefix:.3} ms, {} steps {steps:.3} ms; wall {wall:.3} ms); weights {:.3} GiB; peak held by petite's buffers during the timed chunks {}; device memory in use {:.3} GiB",
-            a.repeat,
-            a.warmup,
-            cfg.steps,
-            policy.weight_bytes() as f64 / (1u64 << 30) as f64,
-            peak.map_or("unknown".to_string(), |p| format!(
-                "{:.3} GiB",
-                p as f64 / (1u64 << 30) as f64
-            )),
-            (all - free) as f64 / (1u64 << 30) as f64,
-        );
-        if let Some(o) = figures.as_object_mut() {
-            o.insert("chunks".into(), a.repeat.into());
-            o.insert("warmup".into(), a.warmup.into());
-            o.insert("median_chunk_ms".into(), total.into());
-            o.insert("median_prefix_ms".into(), prefix.into());
-            o.insert("median_steps_ms".into(), steps.into());
-            o.insert("median_wall_ms".into(), wall.into());
-            o.insert(
-                "chunk_ms".into(),
-                times.iter().map(|t| t.total_ms).collect::<Vec<_>>().into(),
-            );
-            o.insert("peak_pool_bytes".into(), peak.into());
-            o.insert("device_used_bytes".into(), (all - free).into());
-        }
-    }
-    if let Some(p) = &a.timing_json {
-        std::fs::write(p, serde_json::to_string_pretty(&figures)?)
-            .with_context(|| format!("writing {}", p.display()))?;
-    }
+    a.device
+        .spec()
+        .run_model(&run, &mut |line| println!("{line}"))?;
     Ok(())
 }

@@ -46,7 +46,7 @@ pub struct ServeArgs {
 
 /// Runs `petite serve`.
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    petite::runtimes::check_device(a.device)?;
+    a.device.check()?;
     if a.max_message_mib == 0 || a.max_message_mib > 4095 {
         return Err(petite::Error::Usage(format!(
             "--max-message {}: expected 1 to 4095 MiB (gRPC's frame length is 32 bits)",

@@ -58,12 +58,14 @@ pub struct VerifyArgs {
 /// Runs `petite verify`.
 pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     // One line, before anything is read.
-    if !a.tune.is_empty() && a.device != petite::runtimes::Device::Cuda {
-        return Err(
-            petite::Error::Usage("--tune is for the GPU path: add --device cuda".into()).into(),
-        );
+    if !a.tune.is_empty() && !a.device.spec().tunable() {
+        return Err(petite::Error::Usage(format!(
+            "--tune is for the GPU path: add --device {}",
+            petite::runtimes::tunable_names()
+        ))
+        .into());
     }
-    petite::runtimes::check_device(a.device)?;
+    a.device.check()?;
     let r = verify(&VerifyOptions {
         dir: a.dir.clone(),
         checkpoint: a.checkpoint,

@@ -194,7 +194,7 @@ pub struct OpenOptions {
 impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
-            device: Device::Cpu,
+            device: Device::default(),
             tokenizer: None,
             python: None,
             seed: None,
@@ -329,7 +329,7 @@ impl Policy {
     /// the tokenizer loaded, the programs opened on `opts.device` and kept. Returns once the
     /// policy can act (or with the first error).
     pub fn open(dir: &Path, opts: &OpenOptions) -> Result<Self> {
-        crate::runtimes::check_device(opts.device)?;
+        opts.device.check()?;
         let spec = crate::bundle::check_bundle(dir)?.ok_or_else(|| {
             Error::input(
                 dir,

@@ -150,14 +150,11 @@ fn stages_at_once(
     Ok(match (stages, device, kind) {
         (Stages::Serial, ..) => (false, "--stages serial".into()),
         (Stages::Concurrent, ..) => (true, "--stages concurrent".into()),
-        (Stages::Auto, Device::Cpu, _) => fit_on_cpu(crate::memory::machine_memory()),
-        (Stages::Auto, Device::Cuda, BundleKind::Engines) => {
-            let (free, _) = crate::runtimes::open_cuda()?
-                .mem_info()
-                .map_err(Error::cuda("--device cuda"))?;
-            fit_on_gpu(engines, reference, free)
+        (Stages::Auto, d, _) if d.is_host() => fit_on_cpu(crate::memory::machine_memory()),
+        (Stages::Auto, d, BundleKind::Engines) => {
+            fit_on_gpu(engines, reference, d.spec().free_memory()?)
         }
-        (Stages::Auto, Device::Cuda, _) => (false, "one after the other".into()),
+        (Stages::Auto, _, _) => (false, "one after the other".into()),
     })
 }
 
@@ -217,7 +214,7 @@ pub struct VerifyResult {
 /// into the export directory's `report.json` (not when it is missing: nothing to add it to).
 pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
     // `--device cuda` where CUDA cannot run is refused before anything is read.
-    crate::runtimes::check_device(opts.device)?;
+    opts.device.check()?;
     let rec = Recorder::start(Duration::from_millis(10));
     // Files of two exports are never run together.
     crate::bundle::check_bundle(&opts.dir)?;
@@ -294,23 +291,8 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         reference_bytes,
     )?;
     eprintln!("petite verify: the export's {stage_name} and the f32 reference: {why}");
-    let reference_stage = || -> Result<Vec<f32>> {
-        Ok(match opts.device {
-            Device::Cpu => petite_pi05::run::run_model(&cfg, &ck, &inputs, Precision::F32)?.actions,
-            Device::Cuda => {
-                // Its own device handle (stream, cuBLAS), whichever thread it runs on.
-                let dev = crate::runtimes::open_cuda()?;
-                let policy = crate::cuda_run::CudaPolicy::load(
-                    &dev,
-                    &cfg,
-                    &ck,
-                    Precision::F32,
-                    petite_cuda::F32Matmul::Exact,
-                )?;
-                policy.chunk(&inputs)?.0
-            }
-        })
-    };
+    let reference_stage =
+        || -> Result<Vec<f32>> { opts.device.spec().f32_reference(&cfg, &ck, &inputs) };
     let ((actions, runtime), reference, pte_rec, ref_rec) = if at_once {
         // Both stages begin now; while they overlap, each record's peaks and bytes are the
         // process's over its span.
@@ -404,11 +386,11 @@ mod tests {
         use crate::bundle::BundleKind;
         const G: u64 = 1 << 30;
         for kind in [BundleKind::Engines, BundleKind::Portable, BundleKind::Onnx] {
-            for device in [Device::Cpu, Device::Cuda] {
+            for &device in crate::runtimes::devices() {
                 let at = |s| stages_at_once(s, device, kind, 7 * G, 12 * G).unwrap();
                 assert_eq!(at(Stages::Serial), (false, "--stages serial".into()));
                 assert_eq!(at(Stages::Concurrent), (true, "--stages concurrent".into()));
-                if device == Device::Cpu {
+                if device.is_host() {
                     let (_, why) = at(Stages::Auto);
                     assert!(why.contains("on the CPU"), "{why}");
                 }

@@ -1,7 +1,12 @@
 //! `PetiteReference` engines on GPU 0: each engine's subgraph run by petite-cuda, its weights
 //! uploaded once from the mapped `.pte`. A whole method opens as a [`CudaMethod`]: values stay
 //! on the device between engines, and from its second run on the method is one CUDA graph
-//! replayed over fixed buffers.
+//! replayed over fixed buffers. Also GPU 0 as a device (`--device cuda`): whether CUDA can run
+//! here, its free memory, its f32 reference and `petite pi05 run` on it ([`policy`], [`run`]),
+//! its `petite doctor` lines.
+
+mod policy;
+mod run;
 
 use std::cell::{Cell, OnceCell};
 use std::collections::{BTreeMap, HashMap};
@@ -12,8 +17,75 @@ use petite_engine::reference::ReferenceEngine;
 use petite_engine::{EngineRuntime, HostTensor, IoBinding};
 use petite_reference::Tensor;
 
-use super::{Device, MethodSpec, ResidentMethod, Runtime, Value, open_cuda};
+use petite_pi05::Pi05Config;
+use petite_pi05::inputs::Inputs;
+use petite_weights::WeightSource;
+
+use super::{Device, DeviceSpec, MethodSpec, ModelRun, ResidentMethod, Runtime, Value};
 use crate::{Error, Result};
+
+/// GPU 0 through petite-cuda.
+pub(super) const CUDA: Device = Device(&Cuda);
+
+/// Opens CUDA device 0 for `--device cuda` with this process's settings
+/// ([`crate::settings::current`]: the environment's, and `--tune`), or refuses in one line (what
+/// is missing) before any work is done.
+fn open_cuda() -> Result<petite_cuda::Device> {
+    let settings = crate::settings::current()?.cuda;
+    petite_cuda::Device::open_with(settings).map_err(Error::cuda("--device cuda"))
+}
+
+/// GPU 0 as a device.
+struct Cuda;
+
+impl DeviceSpec for Cuda {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+    fn aliases(&self) -> &'static [&'static str] {
+        &["cuda:0"]
+    }
+    fn help(&self) -> &'static str {
+        "petite-cuda on GPU 0 (needs the NVIDIA driver, cuBLAS and NVRTC at run time)"
+    }
+    fn check(&self) -> Result<()> {
+        petite_cuda::probe()
+            .usable()
+            .map_err(Error::cuda("--device cuda"))
+    }
+    fn free_memory(&self) -> Result<u64> {
+        let (free, _) = open_cuda()?
+            .mem_info()
+            .map_err(Error::cuda("--device cuda"))?;
+        Ok(free)
+    }
+    fn f32_reference(
+        &self,
+        cfg: &Pi05Config,
+        weights: &dyn WeightSource,
+        inputs: &Inputs,
+    ) -> Result<Vec<f32>> {
+        // Its own device handle (stream, cuBLAS), whichever thread it runs on.
+        let dev = open_cuda()?;
+        let policy = policy::CudaPolicy::load(
+            &dev,
+            cfg,
+            weights,
+            petite_pi05::Precision::F32,
+            petite_cuda::F32Matmul::Exact,
+        )?;
+        Ok(policy.chunk(inputs)?.0)
+    }
+    fn tunable(&self) -> bool {
+        true
+    }
+    fn run_model(&self, a: &ModelRun<'_>, say: &mut dyn FnMut(String)) -> Result<()> {
+        run::run_model(&open_cuda()?, a, say)
+    }
+    fn doctor(&self) -> Vec<String> {
+        run::doctor()
+    }
+}
 
 fn cuda(what: &str) -> impl FnOnce(petite_cuda::Error) -> Error + '_ {
     move |e| Error::cuda(what)(e)
@@ -35,7 +107,10 @@ struct CudaEngine<'d> {
 
 impl Runtime for CudaReference {
     fn device(&self) -> Device {
-        Device::Cuda
+        CUDA
+    }
+    fn read_ahead(&self) -> bool {
+        true
     }
     fn describe(&self) -> String {
         let i = self.0.info();
