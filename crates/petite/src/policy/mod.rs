@@ -535,7 +535,14 @@ impl Policy {
             cfg.chunk, r.action_dim
         );
         let data = match a {
-            Array::F32 { data, .. } if shape[0] <= cfg.chunk && shape[1] <= r.action_dim => data,
+            Array::F32 { data, .. }
+                if shape.len() == 2
+                    && shape[0] <= cfg.chunk
+                    && shape[1] <= r.action_dim
+                    && data.len() == shape[0] * shape[1] =>
+            {
+                data
+            }
             a => return Err(expected(KEY, want, a.describe())),
         };
         let d = &r.rtc;
