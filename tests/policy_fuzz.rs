@@ -197,4 +197,39 @@ fn any_observation_gives_a_chunk_or_one_error_and_the_policy_stays_usable() {
         chunks > 0,
         "no random call was accepted: the accepted paths went unexercised"
     );
+    // Found by this test: a leftover of rank 1 (or a shape its values do not fill) was indexed
+    // as `[rows, cols]` and panicked.
+    for prev in [
+        Array::f32(&[5], vec![0.5; 5]),
+        Array::F32 {
+            shape: vec![2, 3],
+            data: vec![0.5; 4],
+        },
+    ] {
+        let rtc = Rtc {
+            prev_chunk_left_over: prev,
+            inference_delay: 1,
+            execution_horizon: None,
+            schedule: None,
+            max_guidance_weight: None,
+        };
+        let opts = Options {
+            rtc: Some(rtc),
+            seed: Some(3),
+            ..Options::default()
+        };
+        let e = p.act(&good, &opts).unwrap_err().to_string();
+        assert!(e.contains("`rtc.prev_chunk_left_over`"), "{e}");
+    }
+    // A shape claiming more elements than a usize counts is refused by its key, not overflowed.
+    let mut huge = good.clone();
+    huge.images.insert(
+        FRONT.to_string(),
+        Array::U8 {
+            shape: vec![1 << 40, 1 << 40, 3],
+            data: vec![0; 12],
+        },
+    );
+    let e = p.act(&huge, &seeded).unwrap_err().to_string();
+    assert!(e.contains(FRONT) && e.contains("fewer elements"), "{e}");
 }

@@ -115,6 +115,19 @@ impl Array {
     }
 }
 
+/// A shape's element count, `None` past `usize` (a client's shape can claim anything).
+fn elements(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
+/// "N values for its shape", for a shape whose values do not fill it.
+fn values_for(shape: &[usize]) -> String {
+    match elements(shape) {
+        Some(n) => format!("{n} values for its shape"),
+        None => format!("a shape of fewer elements than {shape:?} claims"),
+    }
+}
+
 fn observation(key: &str, reason: impl Into<String>) -> Error {
     Error::Observation {
         key: key.to_string(),
@@ -742,12 +755,8 @@ fn prepare(cfg: &Pi05Config, r: &Runner, obs: &Observation) -> Result<Seen> {
         };
         let want = "float32 [3, H, W] in [0, 1] or uint8 [H, W, 3]";
         let s = a.unbatched(&c.key, 3)?;
-        if a.len() != s.iter().product::<usize>() {
-            return Err(expected(
-                &c.key,
-                format!("{} values for its shape", s.iter().product::<usize>()),
-                a.len(),
-            ));
+        if elements(&s) != Some(a.len()) {
+            return Err(expected(&c.key, values_for(&s), a.len()));
         }
         let (h, w, chw) = match (a, s.as_slice()) {
             (Array::F32 { data, .. }, [3, h, w]) if *h > 0 && *w > 0 => (*h, *w, data.clone()),

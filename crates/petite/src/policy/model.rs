@@ -190,11 +190,10 @@ impl Policy {
 /// `[n]` or `[1, n]` integers: the values; a batch of more than one refused.
 fn row(key: &str, a: &Ints, n: usize) -> Result<Vec<i64>> {
     let want = format!("[{n}] (or [1, {n}])");
-    let len = a.shape.iter().product::<usize>();
-    if len != a.data.len() {
+    if super::elements(&a.shape) != Some(a.data.len()) {
         return Err(expected(
             key,
-            format!("{len} values for its shape {:?}", a.shape),
+            format!("{} {:?}", super::values_for(&a.shape), a.shape),
             a.data.len(),
         ));
     }
@@ -230,12 +229,8 @@ fn model_image(key: &str, a: &Array, res: usize) -> Result<Vec<f32>> {
             ));
         }
     };
-    if data.len() != s.iter().product::<usize>() {
-        return Err(expected(
-            key,
-            format!("{} values for its shape", s.iter().product::<usize>()),
-            data.len(),
-        ));
+    if super::elements(&s) != Some(data.len()) {
+        return Err(expected(key, super::values_for(&s), data.len()));
     }
     let (h, w, chw) = match s.as_slice() {
         [3, h, w] if *h > 0 && *w > 0 => (*h, *w, data.clone()),
