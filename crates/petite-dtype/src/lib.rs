@@ -30,11 +30,18 @@ pub enum Dtype {
     U8,
     /// Boolean, one byte (0 or 1).
     Bool,
+    /// Signed 8-bit integer: a quantized weight's codes ([`quant::Quant::Int8`]), read only by
+    /// dequantization.
+    I8,
+    /// FP8 E4M3 ("fn"): a quantized weight's codes ([`quant::Quant::Fp8E4M3`]), read only by
+    /// dequantization.
+    #[serde(rename = "f8e4m3")]
+    F8E4M3,
 }
 
 impl Dtype {
     /// Every dtype, in declaration order.
-    pub const ALL: [Dtype; 7] = [
+    pub const ALL: [Dtype; 9] = [
         Dtype::F32,
         Dtype::Bf16,
         Dtype::F16,
@@ -42,6 +49,8 @@ impl Dtype {
         Dtype::I32,
         Dtype::U8,
         Dtype::Bool,
+        Dtype::I8,
+        Dtype::F8E4M3,
     ];
 
     /// Bytes per element.
@@ -50,7 +59,7 @@ impl Dtype {
             Dtype::F32 | Dtype::I32 => 4,
             Dtype::Bf16 | Dtype::F16 => 2,
             Dtype::I64 => 8,
-            Dtype::U8 | Dtype::Bool => 1,
+            Dtype::U8 | Dtype::Bool | Dtype::I8 | Dtype::F8E4M3 => 1,
         }
     }
 
@@ -64,9 +73,33 @@ impl Dtype {
         matches!(self, Dtype::I64 | Dtype::I32 | Dtype::U8)
     }
 
-    /// True for floats and integers (everything but bool): the dtypes arithmetic accepts.
+    /// True for floats and integers (not bool, not quantized codes): the dtypes arithmetic
+    /// accepts.
     pub fn is_numeric(self) -> bool {
-        self != Dtype::Bool
+        self.is_float() || self.is_int()
+    }
+
+    /// True for i8 and f8e4m3: a quantized weight's codes, which only dequantization reads
+    /// (no arithmetic, no conversion).
+    pub fn is_quant_code(self) -> bool {
+        matches!(self, Dtype::I8 | Dtype::F8E4M3)
+    }
+
+    /// The code dtype of a weight quantized to `q`.
+    pub fn of_quant(q: quant::Quant) -> Dtype {
+        match q {
+            quant::Quant::Int8 => Dtype::I8,
+            quant::Quant::Fp8E4M3 => Dtype::F8E4M3,
+        }
+    }
+
+    /// The quantization whose codes this dtype holds.
+    pub fn quant(self) -> Option<quant::Quant> {
+        match self {
+            Dtype::I8 => Some(quant::Quant::Int8),
+            Dtype::F8E4M3 => Some(quant::Quant::Fp8E4M3),
+            _ => None,
+        }
     }
 
     /// Lower-case name as used in serialised programs and messages (`"bf16"`).
@@ -79,10 +112,12 @@ impl Dtype {
             Dtype::I32 => "i32",
             Dtype::U8 => "u8",
             Dtype::Bool => "bool",
+            Dtype::I8 => "i8",
+            Dtype::F8E4M3 => "f8e4m3",
         }
     }
 
-    /// Parses the safetensors spelling; `None` for dtypes petite does not handle (F64, I8, ...).
+    /// Parses the safetensors spelling; `None` for dtypes petite does not handle (F64, I16, ...).
     pub fn from_safetensors_name(s: &str) -> Option<Dtype> {
         Some(match s {
             "F32" => Dtype::F32,
@@ -92,6 +127,8 @@ impl Dtype {
             "I32" => Dtype::I32,
             "U8" => Dtype::U8,
             "BOOL" => Dtype::Bool,
+            "I8" => Dtype::I8,
+            "F8_E4M3" => Dtype::F8E4M3,
             _ => return None,
         })
     }
@@ -106,6 +143,8 @@ impl Dtype {
             Dtype::I32 => "I32",
             Dtype::U8 => "U8",
             Dtype::Bool => "BOOL",
+            Dtype::I8 => "I8",
+            Dtype::F8E4M3 => "F8_E4M3",
         }
     }
 }
@@ -223,6 +262,10 @@ mod tests {
             let json = serde_json::to_string(&d).unwrap();
             assert_eq!(json, format!("\"{}\"", d.name()));
             assert_eq!(serde_json::from_str::<Dtype>(&json).unwrap(), d);
+            assert_eq!(
+                d.quant().map(Dtype::of_quant),
+                d.is_quant_code().then_some(d)
+            );
         }
         assert_eq!(Dtype::from_safetensors_name("F64"), None);
     }

@@ -1130,5 +1130,7 @@ fn encode(dtype: Dtype, v: f64, out: &mut Vec<u8>) {
         Dtype::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
         Dtype::U8 => out.push(v as u8),
         Dtype::Bool => out.push((v != 0.0) as u8),
+        Dtype::I8 => out.push(v as i8 as u8),
+        Dtype::F8E4M3 => out.push(petite_dtype::quant::f8e4m3_bits(v as f32)),
     }
 }

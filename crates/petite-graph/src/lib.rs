@@ -27,6 +27,7 @@ mod hex;
 mod node;
 pub mod op;
 mod program;
+pub mod quant;
 
 pub use builder::Builder;
 pub use dtype::{Dtype, ShapeDisplay, TensorType, ValueType};

@@ -270,6 +270,17 @@ pub enum Op {
         /// Target dims.
         shape: Vec<usize>,
     },
+    /// A weight-only quantized weight back in a float dtype (issue 51): `y[r, …] =
+    /// code[r, …] · scale[r]`, computed in f32 and rounded once to `to`. Inputs `[codes,
+    /// scale]`: codes `[R, …]` (rank ≥ 1) of a quantized code dtype (`i8`: the integer; `f8e4m3`:
+    /// its FP8 value), scale `[R]` f32, one a row (an output channel of a linear weight, see
+    /// [`petite_dtype::quant`]). Output: codes' shape, dtype `to` (a float). The only op that reads
+    /// codes; a backend lowers it to its dequantize (ONNX `DequantizeLinear` on axis 0) or fuses
+    /// it into the product that reads its output.
+    Dequantize {
+        /// Float dtype of the output.
+        to: Dtype,
+    },
     /// Dtype conversion. Input `[x]`. Float → bf16/f16: round to nearest even; float → int:
     /// truncate toward zero (out of range is undefined); anything → bool: `x != 0`;
     /// bool → number: 0 or 1. Output: x's shape, dtype `to`.
@@ -363,6 +374,7 @@ impl Op {
             Op::Permute { .. } => "permute",
             Op::Expand { .. } => "expand",
             Op::Cast { .. } => "cast",
+            Op::Dequantize { .. } => "dequantize",
             Op::CumSum { .. } => "cumsum",
             Op::Where => "where",
             Op::Reduce { kind, .. } => match kind {
@@ -396,7 +408,7 @@ impl Op {
             Op::LayerNorm { .. } => (3, 3),
             Op::RmsNorm { .. } => (1, 2),
             Op::Binary { .. } | Op::Compare { .. } | Op::Logical { .. } => (2, 2),
-            Op::MatMul | Op::Embedding => (2, 2),
+            Op::MatMul | Op::Embedding | Op::Dequantize { .. } => (2, 2),
             Op::Rope | Op::Where => (3, 3),
             Op::Attention { .. } => (3, 4),
             Op::Concat { .. } => (1, usize::MAX),
@@ -571,6 +583,14 @@ pub fn broadcasts_to(from: &[usize], to: &[usize]) -> bool {
 }
 
 fn infer_tensor(op: &Op, t: &[&TensorType]) -> std::result::Result<Option<ValueType>, String> {
+    if !matches!(op, Op::Dequantize { .. })
+        && let Some((i, c)) = t.iter().enumerate().find(|(_, c)| c.dtype.is_quant_code())
+    {
+        return Err(format!(
+            "input {i}: {} codes are read only by dequantize (dequantize the weight first)",
+            c.dtype
+        ));
+    }
     let out = match op {
         Op::Input { .. } | Op::Weight { .. } | Op::Constant { .. } => return Ok(None),
         Op::GetItem { .. } => unreachable!("handled by Op::infer"),
@@ -943,7 +963,38 @@ fn infer_tensor(op: &Op, t: &[&TensorType]) -> std::result::Result<Option<ValueT
             }
             tt(x.dtype, shape.clone())
         }
-        Op::Cast { to } => tt(*to, t[0].shape.clone()),
+        Op::Cast { to } => {
+            if t[0].dtype.is_quant_code() || to.is_quant_code() {
+                return Err(format!(
+                    "no cast from {} to {to}: quantized codes are read only by dequantize",
+                    t[0].dtype
+                ));
+            }
+            tt(*to, t[0].shape.clone())
+        }
+        Op::Dequantize { to } => {
+            let (c, s) = (t[0], t[1]);
+            if !c.dtype.is_quant_code() {
+                return Err(format!(
+                    "input 0 (codes): expected a quantized code dtype (i8, f8e4m3), found {}",
+                    c.dtype
+                ));
+            }
+            need_min_rank(0, "codes", c, 1)?;
+            if s.dtype != Dtype::F32 || s.shape != [c.shape[0]] {
+                return Err(format!(
+                    "input 1 (scale): expected f32[{}] (one scale a row of codes {}), found {}{}",
+                    c.shape[0],
+                    shp(&c.shape),
+                    s.dtype,
+                    shp(&s.shape)
+                ));
+            }
+            if !to.is_float() {
+                return Err(format!("dequantize to {to}: expected a float dtype"));
+            }
+            tt(*to, c.shape.clone())
+        }
         Op::CumSum { axis } => {
             let x = t[0];
             if !x.dtype.is_numeric() {

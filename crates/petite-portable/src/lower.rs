@@ -352,6 +352,8 @@ impl<'p> Lowerer<'p> {
             Dtype::I32 => (x as i32).to_le_bytes().to_vec(),
             Dtype::U8 => vec![x as u8],
             Dtype::Bool => vec![(x != 0.0) as u8],
+            Dtype::I8 => vec![x as i8 as u8],
+            Dtype::F8E4M3 => vec![petite_dtype::quant::f8e4m3_bits(x as f32)],
         };
         self.slot(d, &[], Storage::Constant(bytes))
     }
@@ -827,6 +829,12 @@ impl<'p> Lowerer<'p> {
                 let x = self.input(0);
                 let t = self.expand(x, shape);
                 if t == x { self.clone_slot(x) } else { t }
+            }
+            Op::Dequantize { .. } => {
+                return Err(self.err(
+                    "quantized weights have no portable kernel here (ExecuTorch's \
+                     dequantize_per_channel is not linked): export with `--weights bf16`",
+                ));
             }
             Op::Cast { to } => {
                 let x = self.input(0);

@@ -28,6 +28,8 @@ pub fn scalar_type(d: Dtype) -> ScalarType {
         Dtype::I32 => ScalarType::INT,
         Dtype::U8 => ScalarType::BYTE,
         Dtype::Bool => ScalarType::BOOL,
+        Dtype::I8 => ScalarType::CHAR,
+        Dtype::F8E4M3 => ScalarType::FLOAT8E4M3FN,
     }
 }
 

@@ -24,6 +24,8 @@ fn npy_descr(d: Dtype) -> &'static str {
         Dtype::I32 => "<i4",
         Dtype::U8 => "|u1",
         Dtype::Bool => "|b1",
+        Dtype::I8 => "|i1",
+        Dtype::F8E4M3 => "|u1", // FP8 bits, as bf16's
     }
 }
 

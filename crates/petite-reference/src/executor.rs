@@ -514,6 +514,8 @@ macro_rules! with_data {
             Data::I32($v) => Data::I32($body),
             Data::U8($v) => Data::U8($body),
             Data::Bool($v) => Data::Bool($body),
+            Data::I8($v) => Data::I8($body),
+            Data::F8E4M3($v) => Data::F8E4M3($body),
         }
     };
 }
@@ -688,6 +690,7 @@ impl<'a> Ctx<'_, 'a> {
             | Op::Not
             | Op::Unary { .. }
             | Op::Cast { .. }
+            | Op::Dequantize { .. }
             | Op::Where
             | Op::CumSum { .. }
             | Op::Reduce { .. } => self.eval_elementwise(op),
@@ -920,6 +923,14 @@ impl<'a> Ctx<'_, 'a> {
                 let t = self.take_tensor(0)?;
                 Ok(Slot::Tensor(cast(t, *to)?))
             }
+            Op::Dequantize { to } => {
+                let c = self.tensor(0)?;
+                let s = self.tensor(1)?;
+                let scale = s
+                    .as_f32()
+                    .ok_or_else(|| err("dequantize: the scale must be f32"))?;
+                Ok(Slot::Tensor(dequantize(&c, scale, *to)?))
+            }
             Op::Where => {
                 let c = self.tensor(0)?;
                 let a = self.tensor(1)?;
@@ -954,6 +965,8 @@ impl<'a> Ctx<'_, 'a> {
                     Dtype::I32 => sel!(I32),
                     Dtype::U8 => sel!(U8),
                     Dtype::Bool => sel!(Bool),
+                    Dtype::I8 => sel!(I8),
+                    Dtype::F8E4M3 => sel!(F8E4M3),
                 };
                 Ok(Slot::Tensor(Tensor::new(&out_shape, data)?))
             }
@@ -1023,6 +1036,8 @@ impl<'a> Ctx<'_, 'a> {
                     Dtype::I32 => cat!(I32),
                     Dtype::U8 => cat!(U8),
                     Dtype::Bool => cat!(Bool),
+                    Dtype::I8 => cat!(I8),
+                    Dtype::F8E4M3 => cat!(F8E4M3),
                 };
                 Ok(Slot::Tensor(t))
             }
@@ -1410,6 +1425,12 @@ pub fn cast(t: Tensor, to: Dtype) -> Result<Tensor> {
     if t.dtype() == to {
         return Ok(t);
     }
+    if t.dtype().is_quant_code() || to.is_quant_code() {
+        return Err(Error::Tensor(format!(
+            "no cast from {} to {to}: quantized codes are only dequantized",
+            t.dtype()
+        )));
+    }
     let (shape, data) = t.into_parts();
     enum Mid {
         F(Vec<f32>),
@@ -1428,6 +1449,7 @@ pub fn cast(t: Tensor, to: Dtype) -> Result<Tensor> {
         Data::I32(v) => Mid::I(v.into_iter().map(i64::from).collect()),
         Data::U8(v) => Mid::I(v.into_iter().map(i64::from).collect()),
         Data::Bool(v) => Mid::B(v),
+        Data::I8(_) | Data::F8E4M3(_) => unreachable!("refused above"),
     };
     let as_f32 = |m: &Mid| -> Vec<f32> {
         match m {
@@ -1461,8 +1483,52 @@ pub fn cast(t: Tensor, to: Dtype) -> Result<Tensor> {
             Mid::I(v) => v.iter().map(|&x| x != 0).collect(),
             Mid::B(v) => v,
         }),
+        Dtype::I8 | Dtype::F8E4M3 => unreachable!("refused above"),
     };
     Tensor::new(&shape, data)
+}
+
+/// `codes · scale[row]` in f32, rounded once to `to` ([`Op::Dequantize`]): each row of `codes`
+/// (axis 0) times its scale, by [`petite_dtype::quant::Quant::dequantize`].
+fn dequantize(codes: &Tensor, scale: &[f32], to: Dtype) -> Result<Tensor> {
+    let err = |m: String| Error::Tensor(format!("dequantize: {m}"));
+    let rows = *codes
+        .shape()
+        .first()
+        .ok_or_else(|| err("codes of rank 0".into()))?;
+    if scale.len() != rows {
+        return Err(err(format!(
+            "{} scales for {rows} rows of codes",
+            scale.len()
+        )));
+    }
+    let per = codes.numel().checked_div(rows).unwrap_or(0);
+    let q = codes
+        .dtype()
+        .quant()
+        .ok_or_else(|| err(format!("{} is not a quantized code dtype", codes.dtype())))?;
+    let mut out = vec![0f32; codes.numel()];
+    if per > 0 {
+        let fill = |o: &mut [f32], c: &mut dyn Iterator<Item = u8>, s: f32| {
+            for (y, b) in o.iter_mut().zip(c) {
+                *y = q.dequantize(b, s);
+            }
+        };
+        match codes.data() {
+            Data::I8(v) => out
+                .par_chunks_mut(per)
+                .zip(v.par_chunks(per))
+                .zip(scale.par_iter())
+                .for_each(|((o, c), &s)| fill(o, &mut c.iter().map(|&b| b as u8), s)),
+            Data::F8E4M3(v) => out
+                .par_chunks_mut(per)
+                .zip(v.par_chunks(per))
+                .zip(scale.par_iter())
+                .for_each(|((o, c), &s)| fill(o, &mut c.iter().copied(), s)),
+            _ => unreachable!("quant() is Some only for code dtypes"),
+        }
+    }
+    Tensor::from_f32_as(to, codes.shape(), out)
 }
 
 /// Convenience: builds an [`Executor`] and runs it once.

@@ -27,6 +27,10 @@ pub enum Data {
     U8(Vec<u8>),
     /// bool.
     Bool(Vec<bool>),
+    /// i8: quantized weight codes.
+    I8(Vec<i8>),
+    /// FP8 E4M3 bits: quantized weight codes.
+    F8E4M3(Vec<u8>),
 }
 
 impl Data {
@@ -40,6 +44,8 @@ impl Data {
             Data::I32(_) => Dtype::I32,
             Data::U8(_) => Dtype::U8,
             Data::Bool(_) => Dtype::Bool,
+            Data::I8(_) => Dtype::I8,
+            Data::F8E4M3(_) => Dtype::F8E4M3,
         }
     }
 
@@ -53,6 +59,8 @@ impl Data {
             Data::I32(v) => v.len(),
             Data::U8(v) => v.len(),
             Data::Bool(v) => v.len(),
+            Data::I8(v) => v.len(),
+            Data::F8E4M3(v) => v.len(),
         }
     }
 
@@ -139,6 +147,8 @@ impl Tensor {
                 }
                 Data::Bool(bytes.iter().map(|&b| b == 1).collect())
             }
+            Dtype::I8 => Data::I8(bytes.iter().map(|&b| b as i8).collect()),
+            Dtype::F8E4M3 => Data::F8E4M3(bytes.to_vec()),
         };
         Self::new(shape, data)
     }
@@ -153,6 +163,8 @@ impl Tensor {
             Data::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Data::U8(v) => v.clone(),
             Data::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+            Data::I8(v) => v.iter().map(|&b| b as u8).collect(),
+            Data::F8E4M3(v) => v.clone(),
         }
     }
 

@@ -158,6 +158,13 @@ impl Emitter<'_> {
                     self.finish_native(id, &y);
                 }
             }
+            Op::Dequantize { .. } => {
+                // codes · scale[row] in f32 (ONNX: `(x − 0) · scale` on axis 0), then rounded
+                // once to the declared dtype, as the reference executor computes it.
+                let (c, s) = (self.input(id, 0), self.input(id, 1));
+                let y = self.op("DequantizeLinear", &[&c, &s], vec![("axis", Attr::I(0))]);
+                self.finish_f32(id, &y);
+            }
             Op::CumSum { axis } => {
                 let mut x = self.input(id, 0);
                 let narrow = matches!(out_d, Dtype::U8 | Dtype::Bool);

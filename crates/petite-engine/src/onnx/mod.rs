@@ -31,6 +31,26 @@ use crate::{Error, Result};
 pub const OPSET: i64 = 17;
 /// ONNX IR version matching opset 17.
 pub const IR_VERSION: i64 = 8;
+/// The opset of a model holding FP8 codes: 19 is the first whose `DequantizeLinear` takes
+/// `float8e4m3fn` (the ops petite emits mean the same from 17 to 19 on its dtypes).
+pub const OPSET_FP8: i64 = 19;
+/// ONNX IR version matching opset 19 (the first with the float8 types).
+pub const IR_VERSION_FP8: i64 = 9;
+
+/// The (opset, IR version) a model of `program` declares: [`OPSET`] unless it holds FP8 codes.
+pub fn opset_for(program: &Program) -> (i64, i64) {
+    let fp8 = program.ids().any(|id| {
+        program
+            .node(id)
+            .tensor()
+            .is_some_and(|t| t.dtype == Dtype::F8E4M3)
+    });
+    if fp8 {
+        (OPSET_FP8, IR_VERSION_FP8)
+    } else {
+        (OPSET, IR_VERSION)
+    }
+}
 
 /// Which model to emit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +100,8 @@ const INT64: i64 = 7;
 const BOOL: i64 = 9;
 const FLOAT16: i64 = 10;
 const BFLOAT16: i64 = 16;
+const INT8: i64 = 3;
+const FLOAT8E4M3FN: i64 = 17;
 
 /// ONNX `TensorProto.DataType` of a graph dtype.
 pub fn onnx_type(d: Dtype) -> i64 {
@@ -91,6 +113,8 @@ pub fn onnx_type(d: Dtype) -> i64 {
         Dtype::I32 => INT32,
         Dtype::U8 => UINT8,
         Dtype::Bool => BOOL,
+        Dtype::I8 => INT8,
+        Dtype::F8E4M3 => FLOAT8E4M3FN,
     }
 }
 
@@ -103,6 +127,8 @@ fn stored_type(d: Dtype) -> Option<i64> {
         Dtype::I32 => INT32,
         Dtype::U8 => UINT8,
         Dtype::Bool => BOOL,
+        Dtype::I8 => INT8,
+        Dtype::F8E4M3 => FLOAT8E4M3FN,
     })
 }
 
@@ -404,6 +430,7 @@ impl Emitter<'_> {
             | Op::Not
             | Op::Unary { .. }
             | Op::Cast { .. }
+            | Op::Dequantize { .. }
             | Op::Where
             | Op::CumSum { .. }
             | Op::Reduce { .. } => self.emit_elementwise(id, op),
@@ -526,12 +553,13 @@ pub fn emit_to(
             .map(|t| pb::field_len(5, t.0.len()))
             .sum::<usize>()
         + io_infos.0.len();
+    let (opset, ir_version) = opset_for(program);
     let mut head = Msg::new();
-    head.int(1, IR_VERSION)
+    head.int(1, ir_version)
         .str(2, "petite")
         .str(3, env!("CARGO_PKG_VERSION"));
     let mut tail = Msg::new();
-    tail.msg(8, Msg::new().str(1, "").int(2, OPSET));
+    tail.msg(8, Msg::new().str(1, "").int(2, opset));
     let io = |e: std::io::Error| Error::Io {
         path: "(ONNX model)".into(),
         op: "write",

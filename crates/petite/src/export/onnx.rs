@@ -136,6 +136,8 @@ fn onnx_type_name(d: Dtype) -> &'static str {
         Dtype::I32 => "tensor(int32)",
         Dtype::U8 => "tensor(uint8)",
         Dtype::Bool => "tensor(bool)",
+        Dtype::I8 => "tensor(int8)",
+        Dtype::F8E4M3 => "tensor(float8e4m3fn)",
     }
 }
 
