@@ -16,6 +16,15 @@
 
 use std::fmt;
 
+/// Suffix of a quantized weight's scale tensor: weight `W`'s codes keep its name, its scales
+/// (f32, one a row of axis 0) are `W.qscale`, in the mapping file and in programs alike.
+pub const SCALE_SUFFIX: &str = ".qscale";
+
+/// The name of weight `name`'s scale tensor ([`SCALE_SUFFIX`]).
+pub fn scale_name(name: &str) -> String {
+    format!("{name}{SCALE_SUFFIX}")
+}
+
 /// An 8-bit weight format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Quant {

@@ -11,15 +11,8 @@ use crate::error::{Error, Result};
 use crate::node::NodeId;
 use crate::op::Op;
 use crate::program::{Node, Program, WeightInfo};
-use petite_dtype::quant::Quant;
 
-/// Suffix of a quantized weight's scale tensor: `W` → `W.qscale` (f32, one a row of axis 0).
-pub const SCALE_SUFFIX: &str = ".qscale";
-
-/// The name of weight `name`'s scale tensor.
-pub fn scale_name(name: &str) -> String {
-    format!("{name}{SCALE_SUFFIX}")
-}
+pub use petite_dtype::quant::{Quant, SCALE_SUFFIX, scale_name};
 
 /// What [`quantize_weights`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use petite_dtype::quant::{SCALE_SUFFIX, scale_name};
+
 use crate::writeback::WriteBehind;
 use crate::{Dtype, Error, Result, SafetensorsLayout, SafetensorsWriter, TensorSpec, WeightSource};
 
@@ -191,6 +193,87 @@ pub fn convert_into(from: Dtype, to: Dtype, src: &[u8], out: &mut [u8]) {
     }
 }
 
+/// How a tensor of the output is made from the source.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Made<'a> {
+    /// Its source tensor's bytes, converted where the dtypes differ.
+    Plain,
+    /// Codes of the source's float rows (`row` elements each), quantized row by row.
+    Codes { row: usize },
+    /// The scales of the quantized weight `base` (`row` elements a row): written with its codes.
+    Scales { base: &'a str, row: usize },
+}
+
+/// How the output's tensor `name` (dtype `to` there) is made from `src`; `target` gives the
+/// output dtype of another output tensor (a scale tensor's weight).
+fn made<'a, S: WeightSource + ?Sized>(
+    src: &S,
+    name: &'a str,
+    to: Dtype,
+    target: impl Fn(&str) -> Option<Dtype>,
+) -> Result<Made<'a>> {
+    let row_of = |shape: &[usize]| shape.iter().skip(1).product::<usize>();
+    if to.is_quant_code() {
+        let info = src.info(name)?;
+        return Ok(if info.dtype.is_float() {
+            Made::Codes {
+                row: row_of(&info.shape),
+            }
+        } else {
+            Made::Plain
+        });
+    }
+    if let Some(base) = name.strip_suffix(SCALE_SUFFIX)
+        && src.info(name).is_err()
+        && target(base).is_some_and(Dtype::is_quant_code)
+    {
+        let info = src.info(base)?;
+        if info.dtype.is_float() {
+            return Ok(Made::Scales {
+                base,
+                row: row_of(&info.shape),
+            });
+        }
+    }
+    Ok(Made::Plain)
+}
+
+/// Quantizes rows `r0..r1` of the float tensor `name` of `src` (rows of `row` elements) to the
+/// codes of `to`: codes appended to `codes`, one scale a row to `scales` (by
+/// [`petite_dtype::quant::Quant::quantize_row`]). A row that is not all finite is an error
+/// naming the tensor and the row.
+fn quantized_rows<S: WeightSource + ?Sized>(
+    src: &S,
+    name: &str,
+    to: Dtype,
+    rows: std::ops::Range<usize>,
+    row: usize,
+    codes: &mut Vec<u8>,
+    scales: &mut Vec<f32>,
+) -> Result<()> {
+    let q = to.quant().expect("a quantized code dtype");
+    let view = src.tensor(name)?;
+    let es = view.dtype.size();
+    let mut wide = Vec::with_capacity(row);
+    for r in rows {
+        let bytes = &view.bytes[r * row * es..(r + 1) * row * es];
+        wide.clear();
+        wide.extend(
+            bytes
+                .chunks_exact(es)
+                .map(|c| petite_dtype::f32_from_le(view.dtype, c).unwrap_or(f32::NAN)),
+        );
+        let s = q.quantize_row(&wide, codes).map_err(|e| Error::Quantize {
+            tensor: name.to_string(),
+            row: r,
+            quant: q.name(),
+            reason: e.to_string(),
+        })?;
+        scales.push(s);
+    }
+    Ok(())
+}
+
 /// What [`convert`] writes at `out` with `opts`: its table (each tensor in its target dtype),
 /// the tensors left out, and its `__metadata__`.
 #[allow(clippy::type_complexity)]
@@ -203,22 +286,40 @@ fn plan<S: WeightSource>(
     let (kept, dropped) = opts.selection.apply(&names)?;
     let target = opts.dtype.dtype();
     let mut table = Vec::with_capacity(kept.len());
+    let mut scales = Vec::new();
     for n in &kept {
         let info = src.info(n)?;
-        let dtype = if info.dtype.is_float() {
+        let dtype = if info.dtype.is_float() || info.dtype.is_quant_code() {
             match opts.dtypes.get(n) {
-                Some(d) if d.is_float() => *d,
+                Some(d) if d.is_float() && info.dtype.is_float() => *d,
+                Some(d) if d.is_quant_code() && (info.dtype.is_float() || info.dtype == *d) => {
+                    // Codes, and beside them one f32 scale a row (see `quantized_rows`).
+                    let rows = *info.shape.first().ok_or_else(|| Error::InvalidTable {
+                        file: out.display().to_string(),
+                        tensor: Some(n.clone()),
+                        reason: "a scalar cannot be quantized by rows".into(),
+                    })?;
+                    scales.push(TensorSpec {
+                        name: scale_name(n),
+                        dtype: Dtype::F32,
+                        shape: vec![rows],
+                    });
+                    *d
+                }
                 Some(d) => {
                     return Err(Error::InvalidTable {
                         file: out.display().to_string(),
                         tensor: Some(n.clone()),
                         reason: format!(
-                            "target dtype {} is not a float dtype",
-                            d.safetensors_name()
+                            "target dtype {} is not a float or quantized code dtype for a {} \
+                             tensor",
+                            d.safetensors_name(),
+                            info.dtype.safetensors_name()
                         ),
                     });
                 }
-                None => target,
+                None if info.dtype.is_float() => target,
+                None => info.dtype,
             }
         } else {
             info.dtype
@@ -228,6 +329,17 @@ fn plan<S: WeightSource>(
             dtype,
             shape: info.shape,
         });
+    }
+    for s in scales {
+        if table.iter().any(|t: &TensorSpec| t.name == s.name) {
+            return Err(Error::InvalidTable {
+                file: out.display().to_string(),
+                tensor: Some(s.name),
+                reason: "the scale tensor of a quantized weight is also selected from the source"
+                    .into(),
+            });
+        }
+        table.push(s);
     }
     let mut metadata = vec![("format".to_string(), "pt".to_string())];
     metadata.extend(opts.metadata.iter().cloned());
@@ -264,19 +376,51 @@ pub fn seal_of<S: WeightSource>(src: &S, out: &Path, opts: &ConvertOptions) -> R
             };
             let rel = p - start;
             let k = ((len - rel) as usize).min(rest);
-            let step = |conv: &mut Vec<u8>| -> Result<()> {
-                let view = src.tensor(name)?;
-                let (from, es, ts) = (view.dtype, view.dtype.size(), to.size() as u64);
-                let (e0, e1) = (rel / ts, (rel + k as u64).div_ceil(ts));
-                let bytes = &view.bytes[e0 as usize * es..e1 as usize * es];
-                convert_chunk(from, to, bytes, conv);
-                Ok(())
+            let target = |b: &str| tensors.iter().find(|t| t.0 == b).map(|t| t.1);
+            // The planned bytes from `rel` on, and how many lead them in `conv`.
+            let step = |conv: &mut Vec<u8>| -> Result<usize> {
+                let r = rel as usize;
+                match made(src, name, to, target)? {
+                    Made::Plain => {
+                        let view = src.tensor(name)?;
+                        let (from, es, ts) = (view.dtype, view.dtype.size(), to.size() as u64);
+                        let (e0, e1) = (rel / ts, (rel + k as u64).div_ceil(ts));
+                        let bytes = &view.bytes[e0 as usize * es..e1 as usize * es];
+                        convert_chunk(from, to, bytes, conv);
+                        Ok((rel % ts) as usize)
+                    }
+                    Made::Codes { row } => {
+                        let (r0, r1) = (r / row.max(1), (r + k).div_ceil(row.max(1)));
+                        conv.clear();
+                        quantized_rows(src, name, to, r0..r1, row, conv, &mut Vec::new())?;
+                        Ok(r - r0 * row)
+                    }
+                    Made::Scales { base, row } => {
+                        let (r0, r1) = (r / 4, (r + k).div_ceil(4));
+                        let codes = target(base).expect("made() saw it");
+                        let mut scales = Vec::new();
+                        quantized_rows(
+                            src,
+                            base,
+                            codes,
+                            r0..r1,
+                            row,
+                            &mut Vec::new(),
+                            &mut scales,
+                        )?;
+                        conv.clear();
+                        conv.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
+                        Ok(r - r0 * 4)
+                    }
+                }
             };
-            if let Err(e) = step(&mut conv) {
-                failed = Some(e);
-                return Err(std::io::Error::other("source read failed"));
-            }
-            let skip = (rel % to.size() as u64) as usize;
+            let skip = match step(&mut conv) {
+                Ok(s) => s,
+                Err(e) => {
+                    failed = Some(e);
+                    return Err(std::io::Error::other("source read failed"));
+                }
+            };
             buf[filled..filled + k].copy_from_slice(&conv[skip..skip + k]);
             filled += k;
         }
@@ -319,6 +463,8 @@ struct Item {
     /// Byte range within the source tensor.
     start: usize,
     end: usize,
+    /// The rows of a quantized tensor's item (whole rows: a row's scale needs all of it).
+    rows: std::ops::Range<usize>,
 }
 
 /// Streams every tensor of `writer` from the tensor of the same name in `src`, converted from
@@ -339,21 +485,46 @@ pub fn stream<S: WeightSource + ?Sized>(
     let mut tensors = Vec::with_capacity(order.len());
     let mut items = Vec::new();
     for (i, &name) in order.iter().enumerate() {
-        let info = src.info(name)?;
-        let (from, to) = (info.dtype, writer.dtype(name)?);
-        let len = info.shape.iter().product::<usize>() * from.size();
-        let per = (opts.chunk_bytes / from.size()).max(1) * from.size();
-        let mut s = 0;
-        while s < len {
-            let e = (s + per).min(len);
-            items.push(Item {
-                tensor: i,
-                start: s,
-                end: e,
-            });
-            s = e;
+        let to = writer.dtype(name)?;
+        let how = made(src, name, to, |b| writer.dtype(b).ok())?;
+        if let Made::Scales { .. } = how {
+            // Written by the items of its weight's codes.
+            tensors.push((name, Dtype::F32, to, how));
+            continue;
         }
-        tensors.push((name, from, to));
+        let info = src.info(name)?;
+        let from = info.dtype;
+        let len = info.shape.iter().product::<usize>() * from.size();
+        if let Made::Codes { row } = how {
+            let row_bytes = row * from.size();
+            let per = (opts.chunk_bytes / row_bytes.max(1)).max(1);
+            let n = info.shape[0];
+            let mut r = 0;
+            while r < n {
+                let e = (r + per).min(n);
+                items.push(Item {
+                    tensor: i,
+                    start: r * row_bytes,
+                    end: e * row_bytes,
+                    rows: r..e,
+                });
+                r = e;
+            }
+        } else {
+            let per = (opts.chunk_bytes / from.size()).max(1) * from.size();
+            let mut s = 0;
+            while s < len {
+                let e = (s + per).min(len);
+                items.push(Item {
+                    tensor: i,
+                    start: s,
+                    end: e,
+                    rows: 0..0,
+                });
+                s = e;
+            }
+        }
+        tensors.push((name, from, to, how));
     }
     let threads = opts.threads.max(1);
     // Items asked for ahead of the ones being converted: enough to keep the disk busy while
@@ -378,15 +549,36 @@ pub fn stream<S: WeightSource + ?Sized>(
                 (&next, &items, &tensors, &first_err, &ask);
             scope.spawn(move || {
                 let mut buf = Vec::new();
+                let mut scales = Vec::new();
                 let mut flusher = WriteBehind::new(fd, 4);
-                let run = |buf: &mut Vec<u8>, flusher: &mut WriteBehind| -> Result<bool> {
+                let mut run = |buf: &mut Vec<u8>, flusher: &mut WriteBehind| -> Result<bool> {
                     let k = next.fetch_add(1, Ordering::Relaxed);
                     let Some(it) = items.get(k) else {
                         return Ok(false);
                     };
                     // The items before `k + ahead` were asked for by earlier picks.
                     ask(k + ahead)?;
-                    let (name, from, to) = tensors[it.tensor];
+                    let (name, from, to, how) = tensors[it.tensor];
+                    if let Made::Codes { row } = how {
+                        buf.clear();
+                        scales.clear();
+                        quantized_rows(src, name, to, it.rows.clone(), row, buf, &mut scales)?;
+                        let off = (it.rows.start * row) as u64;
+                        writer.write_at(name, off, buf)?;
+                        let (abs, _) = writer.placement(name)?;
+                        flusher.push(abs + off, buf.len() as u64);
+                        let sname = scale_name(name);
+                        let sb: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+                        let soff = (it.rows.start * 4) as u64;
+                        writer.write_at(&sname, soff, &sb)?;
+                        let (sabs, _) = writer.placement(&sname)?;
+                        flusher.push(sabs + soff, sb.len() as u64);
+                        if opts.release_behind {
+                            src.release_range(name, it.start, it.end)?;
+                        }
+                        done.fetch_add((it.end - it.start) as u64, Ordering::Relaxed);
+                        return Ok(true);
+                    }
                     let view = src.tensor(name)?;
                     let bytes = &view.bytes[it.start..it.end];
                     let off = (it.start / from.size() * to.size()) as u64;
@@ -457,6 +649,11 @@ pub fn convert<S: WeightSource>(
     let writer = SafetensorsWriter::create(out, &table, &metadata)?;
     let mut total_src = 0u64;
     for t in &table {
+        // A quantized weight's scales are computed from its rows: no source bytes of their own.
+        let target = |b: &str| table.iter().find(|t| t.name == b).map(|t| t.dtype);
+        if let Made::Scales { .. } = made(src, &t.name, t.dtype, target)? {
+            continue;
+        }
         let info = src.info(&t.name)?;
         total_src += (info.shape.iter().product::<usize>() * info.dtype.size()) as u64;
     }

@@ -189,6 +189,18 @@ pub enum Error {
         /// What changed.
         what: String,
     },
+    /// A weight could not be quantized (a row holds a value that is not finite).
+    #[error("tensor `{tensor}` row {row}: cannot quantize to {quant}: {reason}")]
+    Quantize {
+        /// The checkpoint tensor.
+        tensor: String,
+        /// The row (index on axis 0).
+        row: usize,
+        /// The format (`int8`, `fp8`).
+        quant: &'static str,
+        /// Why.
+        reason: String,
+    },
 }
 
 fn tensor_suffix(t: &Option<String>) -> String {

@@ -225,7 +225,7 @@ fn per_tensor_dtypes_keep_f32_bit_exact_and_widen_bf16_exactly() {
     bad.dtypes.insert("enc.b".into(), Dtype::I64);
     let err = convert(&src, &out2, &bad).unwrap_err().to_string();
     assert!(
-        err.contains("enc.b") && err.contains("not a float dtype"),
+        err.contains("enc.b") && err.contains("not a float or quantized code dtype"),
         "{err}"
     );
     assert!(!out2.exists());
