@@ -9,6 +9,7 @@ pub mod lerobot;
 pub mod names;
 pub mod policy;
 pub mod programs;
+pub mod quant;
 pub mod rtc;
 pub mod run;
 pub mod synth;
@@ -106,6 +107,9 @@ pub enum Error {
     /// petite-graph rejected a node (its error names the node, op and label).
     #[error("building a program: {0}")]
     Graph(#[from] petite_graph::Error),
+    /// `--quantize-skip` names no weight the rule quantizes (a typo would keep everything).
+    #[error("--quantize-skip `{0}` matches no weight that --weights quantizes")]
+    QuantizeSkip(String),
 }
 
 /// Result alias of this crate.

@@ -32,6 +32,9 @@ pub struct Report {
     /// The backend's part of the report.
     #[serde(flatten)]
     pub part: BackendPart,
+    /// Weight-only quantization (`--weights`), absent when every weight is in `dtype`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<QuantReport>,
     /// Every stage's measurements, in order.
     pub stages: Vec<StageRecord>,
     /// The export's totals ([`Totals::compute`]).
@@ -39,6 +42,21 @@ pub struct Report {
     /// `petite verify`'s result, once it ran on these files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<serde_json::Value>,
+}
+
+/// What `--weights` quantized.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct QuantReport {
+    /// `int8` or `fp8`.
+    pub weights: String,
+    /// The `--quantize-skip` patterns.
+    pub skip: Vec<String>,
+    /// Checkpoint tensors quantized.
+    pub tensors: usize,
+    /// Their bytes in the programs' dtype, and as codes and scales.
+    pub bytes_before: u64,
+    /// Bytes of their codes and scales.
+    pub bytes_after: u64,
 }
 
 /// The checkpoint an export read.

@@ -57,6 +57,10 @@ pub enum Flag {
     TrtTarget,
     /// `--weight-streaming-budget`.
     WeightStreamingBudget,
+    /// `--weights int8|fp8` (quantized weights: backends that lower `dequantize`).
+    Weights,
+    /// `--quantize-skip`.
+    QuantizeSkip,
 }
 
 impl Flag {
@@ -71,12 +75,11 @@ impl Flag {
             Flag::TrtPython => "--trt-python",
             Flag::TrtTarget => "--trt-target",
             Flag::WeightStreamingBudget => "--weight-streaming-budget",
+            Flag::Weights => "--weights",
+            Flag::QuantizeSkip => "--quantize-skip",
         }
     }
 }
-
-/// The flags every engine backend takes.
-pub(crate) const ENGINE_FLAGS: &[Flag] = &[Flag::EngineCap, Flag::KeepEngines, Flag::Placement];
 
 /// Backend settings from the command line (only TensorRT has any today). Its `Debug` text is
 /// part of the export id, so its fields are not renamed lightly.

@@ -15,6 +15,6 @@ impl BackendSpec for Onnx {
         Output::Onnx
     }
     fn flags(&self) -> &'static [Flag] {
-        &[]
+        &[Flag::Weights, Flag::QuantizeSkip]
     }
 }

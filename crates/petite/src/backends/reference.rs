@@ -3,7 +3,7 @@
 use petite_engine::EngineBuilder;
 use petite_engine::reference::{BACKEND_ID, ReferenceBuilder};
 
-use super::{BackendOptions, BackendSpec, ENGINE_FLAGS, Flag, Output};
+use super::{BackendOptions, BackendSpec, Flag, Output};
 use crate::Result;
 
 pub(super) struct Reference;
@@ -19,7 +19,13 @@ impl BackendSpec for Reference {
         Output::Engines
     }
     fn flags(&self) -> &'static [Flag] {
-        ENGINE_FLAGS
+        &[
+            Flag::EngineCap,
+            Flag::KeepEngines,
+            Flag::Placement,
+            Flag::Weights,
+            Flag::QuantizeSkip,
+        ]
     }
     fn builder(&self, _: &BackendOptions) -> Result<Box<dyn EngineBuilder>> {
         Ok(Box::new(ReferenceBuilder::default()))

@@ -79,6 +79,19 @@ pub struct ExportArgs {
     /// compute in the weights' dtype (bf16 matmuls round inside the kernel; see README).
     #[arg(long, value_enum, default_value = "bf16")]
     pub dtype: super::PrecisionArg,
+    /// Weight-only quantization for boards with little memory (reference, onnx): int8 or fp8
+    /// (E4M3) codes with one f32 scale per output channel, computed while the checkpoint
+    /// streams (no second pass). The rule: the linear layers of Gemma's and the action
+    /// expert's blocks; SigLIP, embeddings, norms and the expert's in/out projections keep
+    /// --dtype. Default: none (every weight in --dtype). Check the accuracy on your own
+    /// checkpoint with `petite verify`.
+    #[arg(long, value_name = "int8|fp8", value_parser = parse_quant)]
+    pub weights: Option<petite_graph::quant::Quant>,
+    /// With --weights: also keep the weights whose names match PATTERN in --dtype (`*` matches
+    /// any run of characters, e.g. `*.layers.17.*` or `*down_proj*`). Repeatable; a pattern
+    /// matching none of the rule's weights is refused.
+    #[arg(long, value_name = "PATTERN", requires = "weights")]
+    pub quantize_skip: Vec<String>,
     /// reference, tensorrt: where the delegates' inputs and outputs live: device (as ExecuTorch plans a device
     /// delegate: values between engines in a CUDA buffer, host↔device copies only at the
     /// method's inputs and outputs; what Torch-TensorRT's runtime on a Jetson needs) or host
@@ -93,6 +106,10 @@ pub struct ExportArgs {
     /// Sleep this many milliseconds after each engine (testing interruption).
     #[arg(long, hide = true)]
     pub pause_after_engine_ms: Option<u64>,
+}
+
+fn parse_quant(s: &str) -> Result<petite_graph::quant::Quant, String> {
+    petite_graph::quant::Quant::parse(s).ok_or_else(|| format!("`{s}`: expected int8 or fp8"))
 }
 
 /// How the state is written into the prompt (`--state-prompt`).
@@ -120,6 +137,8 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
     o.memory_budget = a.memory_budget;
     o.jobs = a.jobs.map(std::num::NonZeroUsize::get);
     o.precision = a.dtype.into();
+    o.weights = a.weights;
+    o.quantize_skip = a.quantize_skip.clone();
     o.keep_engines = a.keep_engines;
     o.placement = a.placement;
     o.handle_ctrl_c = true;

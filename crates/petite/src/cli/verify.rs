@@ -79,6 +79,22 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     })
     .with_context(|| format!("verify of {}", a.dir.display()))?;
     let report = a.dir.join(petite::layout::REPORT);
+    if let Some((q, groups)) = &r.weight_groups {
+        println!(
+            "{q} weights, one scale per output channel: their error against the checkpoint by \
+             layer group"
+        );
+        println!(
+            "  {:<18} {:>7} {:>13} {:>10} {:>13} {:>10}",
+            "group", "tensors", "params", "rel. RMS", "row rel. RMS", "max abs"
+        );
+        for g in groups {
+            println!(
+                "  {:<18} {:>7} {:>13} {:>10.3e} {:>13.3e} {:>10.3e}",
+                g.group, g.tensors, g.params, g.rel_rms, g.row_rel_rms, g.max_abs
+            );
+        }
+    }
     println!(
         "max abs action error: {:e} (bound {:e}: {}; max |reference action| {:.3}; {})",
         r.max_abs_error,

@@ -505,9 +505,17 @@ struct Built {
     max_concurrent: usize,
 }
 
+impl EngineStages<'_> {
+    /// Whether the convert stage writes the mapping file: the builder reads it, or the
+    /// programs read quantized weights (only the mapping file holds their codes and scales).
+    fn writes_mapping(&self) -> bool {
+        self.builder.needs_mapping_file() || mapping::has_quantized(&self.selection)
+    }
+}
+
 impl Stages for EngineStages<'_> {
     fn convert_stage(&self) -> &'static str {
-        if self.builder.needs_mapping_file() {
+        if self.writes_mapping() {
             "convert"
         } else {
             "fingerprint"
@@ -520,7 +528,7 @@ impl Stages for EngineStages<'_> {
         // The export id's fingerprint of the weights: the seal of the mapping file keyed by
         // content (the file a builder reads is keyed for reuse, with modification times).
         let cache = self.opts.out.join(crate::layout::CACHE);
-        if !self.builder.needs_mapping_file() {
+        if !self.writes_mapping() {
             // Every weight streams from the checkpoint; the mapping file is only the weights'
             // fingerprint in the export id, so only its seal is computed.
             self.seal = (!self.selection.is_empty())
@@ -672,7 +680,7 @@ impl Stages for EngineStages<'_> {
         let engine_bytes: u64 = self.records.iter().flatten().map(|r| r.file_bytes).sum();
         let pte_bytes = self.pte_bytes[0] + self.pte_bytes[1];
         // A builder that needs no mapping file writes none: nothing to report of it.
-        let mapping = self.builder.needs_mapping_file().then(|| MappingReport {
+        let mapping = self.writes_mapping().then(|| MappingReport {
             path: self.mapping().map(|m| m.path().display().to_string()),
             reused: self.mapping_reused,
             bytes: self.mapping().map_or(0, |m| m.mapped_len() as u64),

@@ -100,10 +100,27 @@ pub(super) fn selection(
     let mut wanted: BTreeMap<String, Dtype> = BTreeMap::new();
     let mut checkpoint_read = BTreeSet::new();
     for p in programs {
-        for w in p.weights() {
-            match builder.mapping_dtype(w.dtype) {
+        let weights = p.weights();
+        let codes: BTreeSet<&str> = weights
+            .iter()
+            .filter(|w| w.dtype.is_quant_code())
+            .map(|w| w.name.as_str())
+            .collect();
+        for w in &weights {
+            // Quantized weights are read from the mapping file whatever the builder: the
+            // converter writes their codes and scales there (the checkpoint has neither).
+            let quantized = codes.contains(w.name.as_str())
+                || w.name
+                    .strip_suffix(petite_graph::quant::SCALE_SUFFIX)
+                    .is_some_and(|b| codes.contains(b));
+            let to = if quantized {
+                Some(w.dtype)
+            } else {
+                builder.mapping_dtype(w.dtype)
+            };
+            match to {
                 None => {
-                    checkpoint_read.insert(w.name);
+                    checkpoint_read.insert(w.name.clone());
                 }
                 Some(d) => {
                     let slot = *wanted.entry(w.name.clone()).or_insert(d);
@@ -226,16 +243,39 @@ pub(super) fn engine_mapping_at(
     })
 }
 
-/// How the engine backends' mapping file of `selection`, written under `key`, is converted.
+/// Whether `selection` holds quantized weights (codes): the mapping file must then be
+/// written, whatever the builder, since only it holds their codes and scales.
+pub(super) fn has_quantized(selection: &[(String, Dtype)]) -> bool {
+    selection.iter().any(|(_, d)| d.is_quant_code())
+}
+
+/// How the engine backends' mapping file of `selection`, written under `key`, is converted: a
+/// quantized weight's scales are not selected from the source, the converter computes them
+/// beside its codes.
 fn convert_options(key: String, selection: &[(String, Dtype)]) -> ConvertOptions {
+    let codes: BTreeSet<&str> = selection
+        .iter()
+        .filter(|(_, d)| d.is_quant_code())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    let derived = |n: &str| {
+        n.strip_suffix(petite_graph::quant::SCALE_SUFFIX)
+            .is_some_and(|b| codes.contains(b))
+    };
     ConvertOptions {
         dtype: TargetDtype::Bf16,
-        selection: Selection::Keep(selection.iter().map(|(n, _)| n.clone()).collect()),
+        selection: Selection::Keep(
+            selection
+                .iter()
+                .filter(|(n, _)| !derived(n))
+                .map(|(n, _)| n.clone())
+                .collect(),
+        ),
         threads: 2,
         metadata: vec![(KEY_META.to_string(), key)],
         dtypes: selection
             .iter()
-            .filter(|(_, d)| *d != Dtype::Bf16)
+            .filter(|(n, d)| *d != Dtype::Bf16 && !derived(n))
             .map(|(n, d)| (n.clone(), *d))
             .collect(),
         seal: true,

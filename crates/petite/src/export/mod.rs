@@ -113,6 +113,11 @@ pub struct ExportOptions {
     /// lerobot 0.4.x checkpoints: the state is zero-padded to `max_state_dim` before it is
     /// written into the prompt (`policy.json`'s `state_padded`; 0.5+ write the real state).
     pub state_padded: bool,
+    /// Weight-only quantization of the rule's weights (`--weights`; `None`: every weight in
+    /// the programs' dtype). See [`petite_pi05::quant`].
+    pub weights: Option<petite_graph::quant::Quant>,
+    /// Weights the rule would quantize that stay float (`--quantize-skip` patterns).
+    pub quantize_skip: Vec<String>,
 }
 
 /// Where a `.pte`'s delegate inputs and outputs live in memory (`--placement`).
@@ -146,6 +151,8 @@ impl ExportOptions {
             pause_after_engine: None,
             placement: None,
             state_padded: false,
+            weights: None,
+            quantize_skip: Vec::new(),
         }
     }
 
@@ -160,6 +167,12 @@ impl ExportOptions {
         }
         if self.keep_engines {
             used.push((Flag::KeepEngines, Flag::KeepEngines.name().to_string()));
+        }
+        if let Some(q) = self.weights {
+            used.push((Flag::Weights, format!("--weights {q}")));
+        }
+        if !self.quantize_skip.is_empty() {
+            used.push((Flag::QuantizeSkip, Flag::QuantizeSkip.name().to_string()));
         }
         if let Some(p) = self.placement {
             let v = match p {
@@ -181,7 +194,21 @@ impl ExportOptions {
     /// not apply to it ([`Backend::check`], the one rule). [`export`] runs it first; the
     /// command line runs it before anything is read.
     pub fn check(&self) -> Result<()> {
+        if self.weights.is_none() && !self.quantize_skip.is_empty() {
+            return Err(Error::Usage(
+                "--quantize-skip applies with --weights int8|fp8 only".into(),
+            ));
+        }
         self.backend.check(self.precision, &self.flags())
+    }
+
+    /// What `policy.json` and `report.json` record as the weights: the quantization, else the
+    /// programs' dtype.
+    pub fn weights_name(&self) -> &'static str {
+        match self.weights {
+            Some(q) => q.name(),
+            None => dtype_name(self.precision),
+        }
     }
 }
 
@@ -352,6 +379,7 @@ fn timestep_values(
 fn report(
     opts: &ExportOptions,
     checkpoint: crate::report::CheckpointReport,
+    quantization: Option<&crate::report::QuantReport>,
     saved: &Saved,
     stages: Vec<StageRecord>,
     seconds: f64,
@@ -364,6 +392,7 @@ fn report(
         dtype: dtype_name(opts.precision).into(),
         backend: opts.backend.name().into(),
         part: saved.part.clone(),
+        quantization: quantization.cloned(),
         stages,
         totals,
         verify: None,
@@ -456,7 +485,7 @@ impl SaveTargets {
             export_id: self.export_id.clone(),
             backend: opts.backend.name().into(),
             dtype: dtype_name(opts.precision).into(),
-            weights: dtype_name(opts.precision).into(),
+            weights: opts.weights_name().into(),
             model: saved_cfg(saved).clone(),
             runner: saved.runner.clone(),
         };
@@ -481,6 +510,8 @@ struct Loaded {
     cfg: Pi05Config,
     ck: CanonicalCheckpoint,
     progs: petite_pi05::Programs,
+    /// What `--weights` quantized, for the report.
+    quantization: Option<crate::report::QuantReport>,
     ck_files: Vec<PathBuf>,
     /// RSS of the process before any stage's work: what a budget starts from.
     base: u64,
@@ -562,6 +593,20 @@ fn load(opts: &ExportOptions) -> Result<Loaded> {
     let layout = petite_pi05::names::detect_layout(&names);
     let shards = ck.inner().shards().len();
     let progs = build_all(&cfg, opts.precision)?;
+    let (progs, quantization) = match opts.weights {
+        Some(q) => {
+            let (p, done) = petite_pi05::quant::quantize(&progs, q, &opts.quantize_skip)?;
+            let r = crate::report::QuantReport {
+                weights: q.name().into(),
+                skip: opts.quantize_skip.clone(),
+                tensors: done.names.len(),
+                bytes_before: done.bytes_before as u64,
+                bytes_after: done.bytes_after as u64,
+            };
+            (p, Some(r))
+        }
+        None => (progs, None),
+    };
     check_weights(
         &ck,
         &resolved.weights.display().to_string(),
@@ -599,7 +644,7 @@ fn load(opts: &ExportOptions) -> Result<Loaded> {
     };
     let runner = resolved.lerobot.map(|(_, r)| r);
     let id_material = format!(
-        "{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{}",
+        "{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{}{}",
         env!("CARGO_PKG_VERSION"),
         cfg.to_json_pretty(),
         opts.backend.name(),
@@ -616,11 +661,17 @@ fn load(opts: &ExportOptions) -> Result<Loaded> {
                 serde_json::to_string(&r).unwrap_or_default()
             })
             .unwrap_or_default(),
+        // Quantized programs differ (unquantized ones hash as before).
+        match opts.weights {
+            Some(q) => format!("|weights {q} skip {:?}", opts.quantize_skip),
+            None => String::new(),
+        },
     );
     Ok(Loaded {
         cfg,
         ck,
         progs,
+        quantization,
         ck_files,
         base,
         checkpoint_desc,
@@ -695,6 +746,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     let report = report(
         opts,
         loaded.checkpoint_desc.clone(),
+        loaded.quantization.as_ref(),
         &saved,
         recorded,
         total,
