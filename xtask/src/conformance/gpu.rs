@@ -8,7 +8,14 @@
 //!    f32 within 1e-4 of the f32 reference (itself run on the GPU), bf16 within the bf16 bound;
 //!    the wall time of each verify printed.
 //!
-//! 4. petite-cuda's GPU tests (`crates/petite-cuda/tests/gpu.rs`: the fused bf16 attention
+//! 4. With `XTASK_POLICY_GOLDENS` (the gpu-bundle's lerobot policy folders and RTC goldens):
+//!    each folder exported (f32, bf16) and acted on the GPU (`petite act --device cuda`), the
+//!    plain chunk and the RTC goldens within the lerobot-policy tier's bounds; for the f32
+//!    export every RTC golden also through the Python package's `petite.Policy(device="cuda")`
+//!    and `petite.Client` against `petite serve --device cuda` (`conformance/lerobot/
+//!    gpu_rtc.py`, in `XTASK_GPU_PYTHON`, default `python3`).
+//!
+//! 5. petite-cuda's GPU tests (`crates/petite-cuda/tests/gpu.rs`: the fused bf16 attention
 //!    against the reference executor and the exact f64 attention; an embedding's index check
 //!    read back after a CUDA graph).
 //!
@@ -158,6 +165,9 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
+/// The RTC goldens through `petite.Policy` and `petite.Client` on the GPU.
+const GPU_RTC: &str = "conformance/lerobot/gpu_rtc.py";
+
 /// Each case folder under `goldens` (conformance/lerobot/make_policy_folders.py and
 /// make_rtc_goldens.py): the f32 export acted on the GPU (`petite act --device cuda`) for the
 /// plain observation and every RTC golden, each within the lerobot-policy tier's bound of
@@ -239,6 +249,30 @@ fn policy_goldens(
             println!(
                 "gpu: {case} petite act --device cuda ({dtype} export of lerobot's folder): plain within {plain:.2e}, {ran} RTC goldens within {worst:.2e} × max(1, |a|) of lerobot's f32 pipeline (bound {bound:e})"
             );
+            if dtype == "f32" {
+                // The same goldens through the Python package and `petite serve` on the GPU.
+                let python = std::env::var("XTASK_GPU_PYTHON").unwrap_or_else(|_| "python3".into());
+                let text = output(
+                    Command::new(&python)
+                        .arg(util::root().join(GPU_RTC))
+                        .arg("--petite")
+                        .arg(petite)
+                        .arg("--export")
+                        .arg(&bundle)
+                        .arg("--case")
+                        .arg(&dir)
+                        .arg("--tokenizer")
+                        .arg(&tokenizer),
+                )
+                .with_context(|| format!("{case}: RTC goldens through petite.Policy and serve"))?;
+                for l in text.lines().filter(|l| l.starts_with("gpu-rtc: petite")) {
+                    println!("gpu: {case} {l}");
+                }
+                rows.push(format!(
+                    "policy {case} f32: Python package and serve, RTC ×{} on cuda",
+                    gs.len()
+                ));
+            }
             rows.push(format!(
                 "policy {case} {dtype}: plain {plain:.2e}, RTC ×{ran} {worst:.2e}"
             ));

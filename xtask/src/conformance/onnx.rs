@@ -14,6 +14,11 @@
 //!    model is refused by ONNX Runtime's CPU provider (NOT_IMPLEMENTED, what `petite verify`
 //!    says before running one); `petite verify` (its embedded copy of the same driver) runs
 //!    each f32 model within 1e-4 of petite's f32 reference.
+//! 3. Quantized weights (`--weights int8|fp8`, f32 activations): per golden and mode, the
+//!    ONNX model (codes as INT8/FLOAT8E4M3FN initializers, `DequantizeLinear` on axis 0; opset
+//!    19 for FP8) passes the full checker, and ONNX Runtime's actions are as far from the f32
+//!    reference as the reference backend's export of the same mode — to [`QUANT_AGREE`] —
+//!    and within the mode's default bound (`petite verify`'s).
 
 use std::process::Command;
 
@@ -35,6 +40,11 @@ pub const REQUIREMENTS: &[&str] = &["onnx==1.23.2", "onnxruntime==1.31.1", "nump
 /// port, 2.6e-4 – 4.0e-4; testdata/pi05/README.md).
 const F32_BOUND: &str = "1e-4";
 const CASES: &[&str] = super::GOLDENS;
+
+/// How far the action errors of ONNX Runtime's and the reference executor's runs of one
+/// quantized f32 export may differ: both dequantize the same codes exactly (`code · scale` in
+/// f32) and then differ only by f32 summation order (measured 6e-8 on three_cams_masked_gqa).
+const QUANT_AGREE: f64 = 1e-5;
 
 /// Runs the tier.
 pub fn run() -> Result<()> {
@@ -104,6 +114,68 @@ pub fn run() -> Result<()> {
                     "1e-4",
                 ])?;
             }
+        }
+        for q in ["int8", "fp8"] {
+            let mut errors = Vec::new();
+            for backend in ["onnx", "reference"] {
+                let out = dir.join("export").join(format!("{case}-{q}-{backend}"));
+                let out_s = out.display().to_string();
+                util::petite(&[
+                    "export",
+                    "--backend",
+                    backend,
+                    "--dtype",
+                    "f32",
+                    "--weights",
+                    q,
+                    "--config",
+                    &cfg,
+                    "--checkpoint",
+                    &ck,
+                    "--out",
+                    &out_s,
+                ])?;
+                if backend == "onnx" {
+                    util::run(
+                        Command::new(&python)
+                            .arg(&driver)
+                            .arg(&out)
+                            .arg("--inputs")
+                            .arg(&inputs)
+                            .arg("--check"),
+                    )?;
+                }
+                // The mode's default bound.
+                util::petite(&[
+                    "verify",
+                    "--dir",
+                    &out_s,
+                    "--config",
+                    &cfg,
+                    "--checkpoint",
+                    &ck,
+                    "--inputs",
+                    &inputs.display().to_string(),
+                    "--python",
+                    &python.display().to_string(),
+                ])?;
+                let report: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(out.join("report.json"))?)?;
+                let e = report["verify"]["max_abs_action_error"]
+                    .as_f64()
+                    .ok_or_else(|| anyhow::anyhow!("{out_s}: no verify.max_abs_action_error"))?;
+                errors.push(e);
+            }
+            let d = (errors[0] - errors[1]).abs();
+            println!(
+                "onnx: {case} --weights {q}: ONNX Runtime {:.7e}, reference {:.7e} from the f32 \
+                 reference (apart {d:.1e}, allowed {QUANT_AGREE:e})",
+                errors[0], errors[1]
+            );
+            anyhow::ensure!(
+                d <= QUANT_AGREE,
+                "{case} --weights {q}: ONNX Runtime and the reference executor disagree: {errors:?}"
+            );
         }
     }
     Ok(())

@@ -206,12 +206,8 @@ impl Emitter<'_> {
                         let a = self.const_i64(&ax);
                         self.op("ReduceSum", &[&x, &a], vec![kd])
                     }
-                    ReduceOp::Mean => {
-                        self.op("ReduceMean", &[&x], vec![("axes", Attr::Ints(ax)), kd])
-                    }
-                    ReduceOp::Max => {
-                        self.op("ReduceMax", &[&x], vec![("axes", Attr::Ints(ax)), kd])
-                    }
+                    ReduceOp::Mean => self.reduce_axes("ReduceMean", &x, ax, *keepdim),
+                    ReduceOp::Max => self.reduce_axes("ReduceMax", &x, ax, *keepdim),
                 };
                 if float {
                     self.finish_f32(id, &y);

@@ -191,9 +191,23 @@ struct Emitter<'a> {
     inits: Vec<Msg>,
     names: Vec<String>,
     fresh: usize,
+    /// The model's opset ([`opset_for`]): from 18 on, `ReduceMean`/`ReduceMax` take their
+    /// axes as an input.
+    opset: i64,
 }
 
 impl Emitter<'_> {
+    /// `ReduceMean`/`ReduceMax` of `x` over `axes`, spelled for the model's opset.
+    fn reduce_axes(&mut self, op: &str, x: &str, axes: Vec<i64>, keepdims: bool) -> String {
+        let kd = ("keepdims", Attr::I(i64::from(keepdims)));
+        if self.opset >= 18 {
+            let a = self.const_i64(&axes);
+            self.op(op, &[x, &a], vec![kd])
+        } else {
+            self.op(op, &[x], vec![("axes", Attr::Ints(axes)), kd])
+        }
+    }
+
     /// Element type a value of declared dtype `d` has in this flavour.
     fn ty(&self, d: Dtype) -> i64 {
         match (self.flavor, d) {
@@ -501,6 +515,7 @@ pub fn emit_to(
         inits: Vec::new(),
         names,
         fresh: 0,
+        opset: opset_for(program).0,
     };
     let roots: Vec<NodeId> = program.outputs.iter().map(|o| o.value).collect();
     let live = program.ancestors(&roots);

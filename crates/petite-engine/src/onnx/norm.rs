@@ -20,11 +20,7 @@ impl Emitter<'_> {
             Op::RmsNorm { eps } => {
                 let x = self.in_f32(id, 0);
                 let sq = self.op("Mul", &[&x, &x], vec![]);
-                let ms = self.op(
-                    "ReduceMean",
-                    &[&sq],
-                    vec![("axes", Attr::Ints(vec![-1])), ("keepdims", Attr::I(1))],
-                );
+                let ms = self.reduce_axes("ReduceMean", &sq, vec![-1], true);
                 let e = self.const_f32(*eps as f32);
                 let a = self.op("Add", &[&ms, &e], vec![]);
                 let s = self.op("Sqrt", &[&a], vec![]);

@@ -14,7 +14,8 @@
 //! `inputs.safetensors`' names, dtypes and shapes); output `actions` f32 `[chunk, action_dim]`.
 //! Inside: the prefix once, the step inlined `steps` times over the same initializers
 //! ([`petite_pi05::build_policy`]), the timestep table one constant initializer. ONNX opset
-//! [`petite_engine::onnx::OPSET`] (17: the first with `LayerNormalization`; ONNX Runtime
+//! [`petite_engine::onnx::OPSET`] (17: the first with `LayerNormalization`; 19 with FP8
+//! weights, [`petite_engine::onnx::opset_for`]; ONNX Runtime
 //! runs it, TensorRT ≥ 10's parser takes it), IR version [`petite_engine::onnx::IR_VERSION`]
 //! (8, the one opset 17 was released with, so older readers accept the file). `linear` is
 //! `Gemm(transB=1)`, so ONNX Runtime reads each stored weight as it is rather than folding a
@@ -328,8 +329,8 @@ impl Stages for OnnxStages<'_> {
             "export_id": save.export_id,
             "model": MODEL,
             "external_data": [DATA],
-            "opset": onnx::OPSET,
-            "ir_version": onnx::IR_VERSION,
+            "opset": onnx::opset_for(policy).0,
+            "ir_version": onnx::opset_for(policy).1,
             "dtype": dtype,
             "inputs": inputs,
             "outputs": outputs,
@@ -373,6 +374,10 @@ impl Stages for OnnxStages<'_> {
             None => (false, None, 0),
         };
         let w = self.written.as_ref();
+        let (opset, ir_version) = self
+            .policy
+            .as_ref()
+            .map_or((onnx::OPSET, onnx::IR_VERSION), onnx::opset_for);
         let model_bytes = w.map_or(0, |w| w.model_bytes);
         let weight_bytes = w.map_or(0, |w| w.weight_bytes);
         let part = OnnxPart {
@@ -392,8 +397,8 @@ impl Stages for OnnxStages<'_> {
                 data: out.join(DATA).display().to_string(),
                 data_bytes: w.map(|w| w.data_bytes),
                 data_moved_from_cache: w.map(|w| w.data_moved),
-                opset: onnx::OPSET,
-                ir_version: onnx::IR_VERSION,
+                opset,
+                ir_version,
                 initializers: w.map(|w| w.initializers),
                 weight_bytes,
                 initializers_page_aligned: w.map(|w| w.page_aligned),
