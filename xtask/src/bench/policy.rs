@@ -47,6 +47,11 @@ pub struct Args {
     /// are not measured (said in the output).
     #[arg(long)]
     pub python: Option<PathBuf>,
+    /// `petite export --engine-cap` of the bundle (default: the export's, 512 MiB): a cap
+    /// above a program's weights makes each program one engine, to see what the engines'
+    /// boundaries cost a chunk.
+    #[arg(long, value_name = "SIZE")]
+    pub engine_cap: Option<String>,
 }
 
 /// The Python rows' script (`policy_faces.py` beside this file).
@@ -295,6 +300,9 @@ pub fn run(a: &Args) -> Result<()> {
     std::fs::write(folder.join("config.json"), config.to_string())?;
     let out = dir.join("export");
     export.arg("--out").arg(&out);
+    if let Some(cap) = &a.engine_cap {
+        export.args(["--engine-cap", cap]);
+    }
     util::run(&mut export)?;
     let tok = dir.join("tokenizer.json");
     write_tokenizer(&tok)?;
