@@ -52,6 +52,12 @@ fn quantized_exports_record_their_mode_and_verify_within_its_bound() {
                 .unwrap();
         assert_eq!(policy["weights"], q.name());
         assert_eq!(policy["dtype"], "bf16");
+        // The programs' resident weights shrink by exactly what the codes save.
+        let plain_policy: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(plain.join("policy.json")).unwrap())
+                .unwrap();
+        let wb = |p: &serde_json::Value| p["weight_bytes"].as_u64().unwrap();
+        assert_eq!(wb(&plain_policy) - wb(&policy), before - after);
         // The programs hold the codes: smaller files by about what the codes save.
         let saved = pte_bytes(&plain) as i64 - pte_bytes(&out) as i64;
         assert!(

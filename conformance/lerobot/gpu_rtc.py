@@ -9,7 +9,7 @@ folder, every RTC golden goes through
 with lerobot's keywords (`prev_chunk_left_over`, `inference_delay`, `execution_horizon`,
 `prefix_attention_schedule` by name, `max_guidance_weight`): `predict_action_chunk` (model
 space) and `act` (after the postprocessor) within BOUND × max(1, |a|) of lerobot's f32 values.
-A NaN, a shape or dtype mismatch fails. lerobot itself is not needed here (the goldens carry its
+A NaN, a shape or dtype mismatch fails (`python_policy.worst`). lerobot itself is not needed here (the goldens carry its
 values), so this runs on the device machine's Python with numpy and safetensors.
 
 Prints one line per face and a JSON summary (`gpu-rtc: {...}`); exits non-zero on any mismatch.
@@ -25,48 +25,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-from safetensors import safe_open
-from safetensors.numpy import load_file
-
 import petite
 
-BOUND = 1e-4
-
-
-def worst(got, want: np.ndarray, what: str) -> float:
-    got = np.asarray(got)
-    if got.shape != want.shape or got.dtype != np.float32:
-        raise AssertionError(f"{what}: {got.dtype}{list(got.shape)}, lerobot {want.dtype}{list(want.shape)}")
-    if not (np.isfinite(got).all() and np.isfinite(want).all()):
-        raise AssertionError(f"{what}: not finite")
-    rel = np.abs(got.astype(np.float64) - want) / np.maximum(1.0, np.abs(want.astype(np.float64)))
-    w = float(rel.max())
-    if w > BOUND:
-        raise AssertionError(f"{what}: off by {w:.3e} × max(1, |a|) > {BOUND:g}")
-    return w
+# The lerobot-policy tier's readers and comparison (this script's folder is on sys.path when it
+# runs; that module imports lerobot only inside the functions not used here).
+from python_policy import observations, rtc_goldens, worst
 
 
 def goldens(case: Path) -> list:
     """(observation, settings, tensors) of each RTC golden; the observations are the loop's."""
-    lp = case / "loop.safetensors"
-    lt = load_file(str(lp))
-    with safe_open(str(lp), "np") as f:
-        tasks = json.loads(f.metadata()["tasks"])
-    loop = []
-    for i, task in enumerate(tasks):
-        p = f"{i:02d}/"
-        obs = {k[len(p):]: v for k, v in lt.items() if k.startswith(p) and k[len(p):].startswith("observation.")}
-        obs["task"] = task
-        loop.append(obs)
-    rp = case / "rtc.safetensors"
-    rt = load_file(str(rp))
-    with safe_open(str(rp), "np") as f:
-        meta = json.loads(f.metadata()["rtc"])
-    return [
-        (loop[m["obs"]], m, {k: rt[f"{j:02d}/{k}"] for k in ("noise", "prev_chunk_left_over", "model", "action")})
-        for j, m in enumerate(meta)
-    ]
+    return rtc_goldens(case, observations(case / "loop.safetensors"))
 
 
 def check(face, gs, what: str) -> float:

@@ -43,6 +43,11 @@ pub struct PolicySpec {
     pub dtype: String,
     /// How the weights are stored: `bf16` or `f32` (the dtype's; quantized modes name theirs).
     pub weights: String,
+    /// Bytes of the weights the prefix and step programs hold as stored (codes and scales for a
+    /// quantized mode): what a runtime keeps resident for them — on a GPU, device memory
+    /// before any buffer. Absent from bundles written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_bytes: Option<u64>,
     /// The model config the programs were built for.
     pub model: Pi05Config,
     /// lerobot's processing; `None` for an export from a bare checkpoint.

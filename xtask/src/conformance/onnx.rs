@@ -61,11 +61,31 @@ pub fn run() -> Result<()> {
 
     // The whole policy as one model, per golden case.
     let driver = root.join(DRIVER);
+    let python_s = python.display().to_string();
     for case in CASES {
         let case_dir = root.join("testdata").join("pi05").join(case);
         let cfg = case_dir.join("config.json").display().to_string();
         let ck = case_dir.join("model.safetensors").display().to_string();
         let inputs = case_dir.join("inputs.safetensors");
+        let inputs_s = inputs.display().to_string();
+        // `petite verify` of an export in ONNX Runtime (this venv) on the case's inputs.
+        let verify = |out_s: &str, extra: &[&str]| -> Result<()> {
+            let mut args = vec![
+                "verify",
+                "--dir",
+                out_s,
+                "--config",
+                &cfg,
+                "--checkpoint",
+                &ck,
+                "--inputs",
+                &inputs_s,
+                "--python",
+                &python_s,
+            ];
+            args.extend_from_slice(extra);
+            util::petite(&args)
+        };
         for dtype in ["f32", "bf16"] {
             let out = dir.join("export").join(format!("{case}-{dtype}"));
             let out_s = out.display().to_string();
@@ -97,22 +117,8 @@ pub fn run() -> Result<()> {
             }
             util::run(&mut cmd)?;
             if dtype == "f32" {
-                util::petite(&[
-                    "verify",
-                    "--dir",
-                    &out_s,
-                    "--config",
-                    &cfg,
-                    "--checkpoint",
-                    &ck,
-                    "--inputs",
-                    &inputs.display().to_string(),
-                    "--python",
-                    &python.display().to_string(),
-                    // f32 model vs petite's f32 reference, both computed in this run.
-                    "--max-error",
-                    "1e-4",
-                ])?;
+                // f32 model vs petite's f32 reference, both computed in this run.
+                verify(&out_s, &["--max-error", "1e-4"])?;
             }
         }
         for q in ["int8", "fp8"] {
@@ -146,19 +152,7 @@ pub fn run() -> Result<()> {
                     )?;
                 }
                 // The mode's default bound.
-                util::petite(&[
-                    "verify",
-                    "--dir",
-                    &out_s,
-                    "--config",
-                    &cfg,
-                    "--checkpoint",
-                    &ck,
-                    "--inputs",
-                    &inputs.display().to_string(),
-                    "--python",
-                    &python.display().to_string(),
-                ])?;
+                verify(&out_s, &[])?;
                 let report: serde_json::Value =
                     serde_json::from_str(&std::fs::read_to_string(out.join("report.json"))?)?;
                 let e = report["verify"]["max_abs_action_error"]

@@ -732,6 +732,7 @@ impl Stages for EngineStages<'_> {
         Saved {
             cfg: None,
             runner: None,
+            weight_bytes: None,
             part: BackendPart::Engines(part),
             written: Written {
                 weight_bytes,

@@ -486,6 +486,7 @@ impl SaveTargets {
             backend: opts.backend.name().into(),
             dtype: dtype_name(opts.precision).into(),
             weights: opts.weights_name().into(),
+            weight_bytes: saved.weight_bytes,
             model: saved_cfg(saved).clone(),
             runner: saved.runner.clone(),
         };
@@ -537,6 +538,8 @@ struct Saved {
     cfg: Option<Pi05Config>,
     /// lerobot's runner metadata, filled in by [`export`].
     runner: Option<petite_pi05::policy::Runner>,
+    /// The prefix's and step's weight bytes as stored, filled in by [`export`].
+    weight_bytes: Option<u64>,
     part: BackendPart,
     written: Written,
     engines_reused: usize,
@@ -741,6 +744,12 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
     let mut saved = stages.report(&save);
     saved.cfg = Some(loaded.cfg.clone());
     saved.runner = loaded.runner.clone();
+    saved.weight_bytes = Some(
+        [&loaded.progs.prefix, &loaded.progs.step]
+            .iter()
+            .map(|p| p.weight_bytes() as u64)
+            .sum(),
+    );
     drop(stages);
     let table_text = crate::report::table(&recorded, total);
     let report = report(

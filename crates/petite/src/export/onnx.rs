@@ -414,6 +414,7 @@ impl Stages for OnnxStages<'_> {
         Saved {
             cfg: None,
             runner: None,
+            weight_bytes: None,
             part: BackendPart::Onnx(part),
             written: report::Written {
                 weight_bytes,

@@ -471,6 +471,7 @@ impl Stages for PortableStages<'_> {
         Saved {
             cfg: None,
             runner: None,
+            weight_bytes: None,
             part: BackendPart::Portable(part),
             written: Written {
                 weight_bytes,
