@@ -15,8 +15,9 @@ pub const ALLOWED: &[(&str, &str)] = &[
     ),
     (
         "unsupported dtype",
-        "dtypes safetensors knows but petite does not read (F64, I8, I16, U16, U32, U64, C64, F8_*, \
-         F6_*, F4): refused when the header is read rather than when a tensor is used",
+        "dtypes safetensors knows but petite does not read (F64, I16, U16, U32, U64, C64, F8_E5M2 \
+         and the other F8_* but F8_E4M3, F6_*, F4; I8 and F8_E4M3 are read, as quantized \
+         weights' codes): refused when the header is read rather than when a tensor is used",
     ),
     (
         "unknown field",
