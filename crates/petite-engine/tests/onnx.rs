@@ -129,3 +129,49 @@ fn a_row_range_weight_is_external_data_of_just_its_rows() {
     }
     assert_eq!(ranges, cfg.language.vocab.div_ceil(16));
 }
+
+/// A quantized weight's codes feed their `DequantizeLinear` straight from the initializer (as
+/// TensorRT requires of a quantized constant: no Identity between).
+#[test]
+fn quantized_codes_feed_dequantize_linear_directly() {
+    use petite_graph::{Builder, Dtype, quant};
+    use petite_weights::{SafetensorsWriter, TensorSpec};
+    let mut b = Builder::new();
+    let x = b.input("x", Dtype::Bf16, &[2, 4]).unwrap();
+    let w = b.weight("w", Dtype::Bf16, &[3, 4]).unwrap();
+    let y = b.linear(x, w, None).unwrap();
+    b.output("y", y).unwrap();
+    let p = b.finish().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for q in quant::Quant::ALL {
+        let (qp, _) = quant::quantize_weights(&p, q, |_| true).unwrap();
+        let file = dir.path().join(format!("{q}.safetensors"));
+        let table = [
+            TensorSpec::new("w", Dtype::of_quant(q), &[3, 4]),
+            TensorSpec::new("w.qscale", Dtype::F32, &[3]),
+        ];
+        let wr = SafetensorsWriter::create(&file, &table, &[]).unwrap();
+        for t in &table {
+            let mut s = wr.tensor(&t.name).unwrap();
+            std::io::Write::write_all(
+                &mut s,
+                &vec![1u8; t.dtype.size() * t.shape.iter().product::<usize>()],
+            )
+            .unwrap();
+            s.finish().unwrap();
+        }
+        wr.finish().unwrap();
+        let src = MappedSafetensors::open(&file).unwrap();
+        for flavor in [Flavor::TensorRt, Flavor::F32Twin] {
+            let model = emit(&qp, &locations(src.header()), "m.data", flavor).unwrap();
+            // A NodeProto whose first input is the codes' initializer and which has a second
+            // input (the scale): the dequantize. An Identity from the initializer would be
+            // followed by its output (field 2) instead.
+            let mut inputs = vec![0x0a, 3];
+            inputs.extend_from_slice(b"w:w");
+            inputs.push(0x0a);
+            assert!(contains(&model, &inputs), "{q} {flavor:?}");
+            assert!(contains(&model, b"DequantizeLinear"), "{q} {flavor:?}");
+        }
+    }
+}

@@ -385,6 +385,12 @@ impl Emitter<'_> {
         }
         tp.int(14, 1);
         self.inits.push(tp);
+        if t.dtype.is_quant_code() {
+            // Codes feed their `DequantizeLinear` straight from the initializer: TensorRT takes
+            // a quantized constant only as a DQ's input (no Identity between).
+            self.names[id.index()] = init;
+            return Ok(());
+        }
         let want = self.ty(t.dtype);
         if stored == want && stored == onnx_type(t.dtype) {
             self.finish_native(id, &init);
