@@ -223,8 +223,9 @@ fn made<'a, S: WeightSource + ?Sized>(
             Made::Plain
         });
     }
+    // The scales of a weight quantized here are computed, even where the source happens to hold
+    // a tensor of that name; those of a weight the source already holds as codes are copied.
     if let Some(base) = name.strip_suffix(SCALE_SUFFIX)
-        && src.info(name).is_err()
         && target(base).is_some_and(Dtype::is_quant_code)
     {
         let info = src.info(base)?;

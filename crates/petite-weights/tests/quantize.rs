@@ -145,3 +145,38 @@ fn a_non_finite_row_is_refused_naming_tensor_and_row() {
         .to_string();
     assert!(e.contains("`w` row 5") && e.contains("fp8"), "{e}");
 }
+
+/// A source that happens to hold a tensor named like a quantized weight's scales: the scales
+/// written are the ones computed from the weight's rows, never that tensor's values.
+#[test]
+fn scales_are_computed_even_where_the_source_has_a_tensor_of_their_name() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path().join("src.safetensors");
+    let table = vec![
+        TensorSpec::new("w", Dtype::F32, &[4, 8]),
+        TensorSpec::new(&scale_name("w"), Dtype::F32, &[4]),
+    ];
+    let w = SafetensorsWriter::create(&src, &table, &[]).unwrap();
+    let values: Vec<f32> = (0..32).map(|i| i as f32 / 8.0 - 2.0).collect();
+    for (t, v) in table.iter().zip([values.clone(), vec![999.0; 4]]) {
+        let mut s = w.tensor(&t.name).unwrap();
+        let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        s.write_all(&b).unwrap();
+        s.finish().unwrap();
+    }
+    w.finish().unwrap();
+    let m = MappedSafetensors::open(&src).unwrap();
+    let out = d.path().join("out.safetensors");
+    let o = ConvertOptions {
+        selection: Selection::Keep(vec!["w".into()]),
+        dtypes: [("w".to_string(), Dtype::I8)].into_iter().collect(),
+        ..ConvertOptions::default()
+    };
+    convert(&m, &out, &o).unwrap();
+    let got = MappedSafetensors::open(&out).unwrap();
+    let s = got.tensor(&scale_name("w")).unwrap();
+    for (r, row) in values.chunks(8).enumerate() {
+        let want = Quant::Int8.row_scale(row).unwrap();
+        assert_eq!(s.bytes[r * 4..r * 4 + 4], want.to_le_bytes(), "row {r}");
+    }
+}
