@@ -154,7 +154,7 @@ fn scales_are_computed_even_where_the_source_has_a_tensor_of_their_name() {
     let src = d.path().join("src.safetensors");
     let table = vec![
         TensorSpec::new("w", Dtype::F32, &[4, 8]),
-        TensorSpec::new(&scale_name("w"), Dtype::F32, &[4]),
+        TensorSpec::new(scale_name("w"), Dtype::F32, &[4]),
     ];
     let w = SafetensorsWriter::create(&src, &table, &[]).unwrap();
     let values: Vec<f32> = (0..32).map(|i| i as f32 / 8.0 - 2.0).collect();
