@@ -128,86 +128,108 @@ pub struct GroupError {
 
 /// Quantizes each weight of `names` read from `src` as `quant` at `granularity`, dequantizes
 /// it and measures the error against the stored values, summed by [`group`] (names outside
-/// every group count under `other`). Reads each tensor once, row by row, and gives its pages
-/// back after it. A non-finite value is an error naming the tensor.
+/// every group count under `other`). Reads each tensor row by row (one row widened at a time;
+/// per tensor, a first pass finds its largest magnitude) and gives its pages back after it. A
+/// non-finite value is an error naming the tensor.
 pub fn weight_errors<S: petite_weights::WeightSource + ?Sized>(
     src: &S,
     names: &[String],
     quant: Quant,
     granularity: Granularity,
 ) -> Result<Vec<GroupError>> {
-    // (tensors, params, Σ err², Σ w², max |err|, Σ row rel², rows) by group, first-seen order.
-    #[allow(clippy::type_complexity)]
-    let mut acc: Vec<(String, usize, u64, f64, f64, f64, f64, u64)> = Vec::new();
-    let mut codes = Vec::new();
+    /// One group's sums.
+    #[derive(Default)]
+    struct Sums {
+        tensors: usize,
+        params: u64,
+        err2: f64,
+        w2: f64,
+        max_abs: f64,
+        row_rel2: f64,
+        rows: u64,
+    }
+    let mut acc: Vec<(&'static str, Sums)> = Vec::new();
+    let (mut wide, mut codes) = (Vec::new(), Vec::new());
     for name in names {
         let view = src.tensor(name)?;
-        let wide = petite_dtype::widen_le(view.dtype, view.bytes).ok_or_else(|| {
-            Error::Internal(format!("`{name}`: {} is not a float dtype", view.dtype))
-        })?;
+        if !view.dtype.is_float() {
+            return Err(Error::Internal(format!(
+                "`{name}`: {} is not a float dtype",
+                view.dtype
+            )));
+        }
+        let es = view.dtype.size();
         let row = view.shape.iter().skip(1).product::<usize>().max(1);
+        let widen = |r: &[u8], out: &mut Vec<f32>| {
+            out.clear();
+            out.extend(
+                r.chunks_exact(es)
+                    .map(|c| petite_dtype::f32_from_le(view.dtype, c).unwrap_or(f32::NAN)),
+            );
+        };
+        let bad = |e: petite_dtype::quant::NonFinite| {
+            Error::Internal(format!("`{name}`: cannot quantize: {e}"))
+        };
         let tensor_scale = match granularity {
             Granularity::PerRow => None,
-            Granularity::PerTensor => Some(
-                quant
-                    .row_scale(&wide)
-                    .map_err(|e| Error::Internal(format!("`{name}`: cannot quantize: {e}")))?,
-            ),
+            Granularity::PerTensor => {
+                let mut amax = 0f32;
+                for r in view.bytes.chunks(row * es) {
+                    widen(r, &mut wide);
+                    quant.row_scale(&wide).map_err(bad)?; // finite, or an error
+                    amax = wide.iter().fold(amax, |m, x| m.max(x.abs()));
+                }
+                Some(if amax == 0.0 { 1.0 } else { amax / quant.max() })
+            }
         };
         let g = group(name).unwrap_or("other");
         let i = match acc.iter().position(|a| a.0 == g) {
             Some(i) => i,
             None => {
-                acc.push((g.to_string(), 0, 0, 0.0, 0.0, 0.0, 0.0, 0));
+                acc.push((g, Sums::default()));
                 acc.len() - 1
             }
         };
-        let a = &mut acc[i];
-        a.1 += 1;
-        a.2 += wide.len() as u64;
-        for (r, w) in wide.chunks(row).enumerate() {
+        let a = &mut acc[i].1;
+        a.tensors += 1;
+        a.params += (view.bytes.len() / es) as u64;
+        for r in view.bytes.chunks(row * es) {
+            widen(r, &mut wide);
             codes.clear();
             let scale = match tensor_scale {
                 Some(s) => {
-                    codes.extend(w.iter().map(|&x| quant.quantize(x, s)));
+                    codes.extend(wide.iter().map(|&x| quant.quantize(x, s)));
                     s
                 }
-                None => quant.quantize_row(w, &mut codes).map_err(|e| {
-                    Error::Internal(format!("`{name}` row {r}: cannot quantize: {e}"))
-                })?,
+                None => quant.quantize_row(&wide, &mut codes).map_err(bad)?,
             };
             let (mut re2, mut rw2) = (0f64, 0f64);
-            for (&x, &c) in w.iter().zip(&codes) {
+            for (&x, &c) in wide.iter().zip(&codes) {
                 let e = (quant.dequantize(c, scale) - x) as f64;
                 re2 += e * e;
                 rw2 += (x as f64) * (x as f64);
-                a.5 = a.5.max(e.abs());
+                a.max_abs = a.max_abs.max(e.abs());
             }
-            a.3 += re2;
-            a.4 += rw2;
+            a.err2 += re2;
+            a.w2 += rw2;
             if rw2 > 0.0 {
-                a.6 += re2 / rw2;
-                a.7 += 1;
+                a.row_rel2 += re2 / rw2;
+                a.rows += 1;
             }
         }
         src.release(&[name.as_str()])?;
     }
+    let root = |num: f64, den: f64| if den > 0.0 { (num / den).sqrt() } else { 0.0 };
     Ok(acc
         .into_iter()
-        .map(
-            |(group, tensors, params, e2, w2, max_abs, rr, rows)| GroupError {
-                group,
-                tensors,
-                params,
-                rel_rms: if w2 > 0.0 { (e2 / w2).sqrt() } else { 0.0 },
-                row_rel_rms: if rows > 0 {
-                    (rr / rows as f64).sqrt()
-                } else {
-                    0.0
-                },
-                max_abs,
-            },
-        )
+        .map(|(group, a)| GroupError {
+            group: group.to_string(),
+            tensors: a.tensors,
+            params: a.params,
+            rel_rms: root(a.err2, a.w2),
+            row_rel_rms: root(a.row_rel2, a.rows as f64),
+            max_abs: a.max_abs,
+        })
         .collect())
 }
 

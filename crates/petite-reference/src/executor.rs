@@ -1489,7 +1489,8 @@ pub fn cast(t: Tensor, to: Dtype) -> Result<Tensor> {
 }
 
 /// `codes · scale[row]` in f32, rounded once to `to` ([`Op::Dequantize`]): each row of `codes`
-/// (axis 0) times its scale, by [`petite_dtype::quant::Quant::dequantize`].
+/// (axis 0) times its scale, by [`petite_dtype::quant::Quant::dequantize`], written straight in
+/// `to` (no f32 copy of the weight beside the result).
 fn dequantize(codes: &Tensor, scale: &[f32], to: Dtype) -> Result<Tensor> {
     let err = |m: String| Error::Tensor(format!("dequantize: {m}"));
     let rows = *codes
@@ -1502,33 +1503,54 @@ fn dequantize(codes: &Tensor, scale: &[f32], to: Dtype) -> Result<Tensor> {
             scale.len()
         )));
     }
-    let per = codes.numel().checked_div(rows).unwrap_or(0);
+    let per = codes.numel().checked_div(rows).unwrap_or(0).max(1);
     let q = codes
         .dtype()
         .quant()
         .ok_or_else(|| err(format!("{} is not a quantized code dtype", codes.dtype())))?;
-    let mut out = vec![0f32; codes.numel()];
-    if per > 0 {
-        let fill = |o: &mut [f32], c: &mut dyn Iterator<Item = u8>, s: f32| {
-            for (y, b) in o.iter_mut().zip(c) {
-                *y = q.dequantize(b, s);
-            }
-        };
-        match codes.data() {
-            Data::I8(v) => out
-                .par_chunks_mut(per)
-                .zip(v.par_chunks(per))
-                .zip(scale.par_iter())
-                .for_each(|((o, c), &s)| fill(o, &mut c.iter().map(|&b| b as u8), s)),
-            Data::F8E4M3(v) => out
-                .par_chunks_mut(per)
-                .zip(v.par_chunks(per))
-                .zip(scale.par_iter())
-                .for_each(|((o, c), &s)| fill(o, &mut c.iter().copied(), s)),
-            _ => unreachable!("quant() is Some only for code dtypes"),
-        }
+    /// Each row of `codes` (`per` codes, the code's byte by `byte`) times its scale, rounded by
+    /// `round`.
+    fn rows_as<C: Copy + Sync, T: Copy + Default + Send>(
+        codes: &[C],
+        byte: impl Fn(C) -> u8 + Send + Sync,
+        per: usize,
+        scale: &[f32],
+        q: petite_dtype::quant::Quant,
+        round: impl Fn(f32) -> T + Send + Sync,
+    ) -> Vec<T> {
+        let mut out = vec![T::default(); codes.len()];
+        out.par_chunks_mut(per)
+            .zip(codes.par_chunks(per))
+            .zip(scale.par_iter())
+            .for_each(|((o, c), &s)| {
+                for (y, &b) in o.iter_mut().zip(c) {
+                    *y = round(q.dequantize(byte(b), s));
+                }
+            });
+        out
     }
-    Tensor::from_f32_as(to, codes.shape(), out)
+    fn to_dtype<C: Copy + Sync>(
+        codes: &[C],
+        byte: impl Fn(C) -> u8 + Send + Sync,
+        per: usize,
+        scale: &[f32],
+        q: petite_dtype::quant::Quant,
+        to: Dtype,
+    ) -> Option<Data> {
+        Some(match to {
+            Dtype::F32 => Data::F32(rows_as(codes, byte, per, scale, q, |x| x)),
+            Dtype::Bf16 => Data::Bf16(rows_as(codes, byte, per, scale, q, to_bf16)),
+            Dtype::F16 => Data::F16(rows_as(codes, byte, per, scale, q, f16::from_f32)),
+            _ => return None,
+        })
+    }
+    let data = match codes.data() {
+        Data::I8(v) => to_dtype(v, |b| b as u8, per, scale, q, to),
+        Data::F8E4M3(v) => to_dtype(v, |b| b, per, scale, q, to),
+        _ => unreachable!("quant() is Some only for code dtypes"),
+    }
+    .ok_or_else(|| err(format!("to {to}: expected a float dtype")))?;
+    Tensor::new(codes.shape(), data)
 }
 
 /// Convenience: builds an [`Executor`] and runs it once.
