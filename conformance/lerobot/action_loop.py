@@ -30,7 +30,6 @@ import argparse
 import json
 import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -42,7 +41,7 @@ import numpy as np
 import petite
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from python_policy import BOUND, observations  # noqa: E402
+from python_policy import BOUND, observations, start_serve  # noqa: E402
 
 FPS = 30
 SECONDS = 5.0
@@ -165,16 +164,8 @@ def run_case(out: Path, case: str, petite_bin: Path) -> dict:
     loop_obs = observations(d / "loop.safetensors")
     local = petite.Policy(str(d / "reference"), device="cpu", seed=0)
     chunk = local.info["chunk"]
-    server = subprocess.Popen(
-        [str(petite_bin), "serve", "--dir", str(d / "reference"), "--listen", "127.0.0.1:0", "--seed", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server, addr = start_serve(petite_bin, d / "reference", "--seed", "0")
     try:
-        line = server.stdout.readline()
-        if "listening on " not in line:
-            raise AssertionError(f"petite serve did not start: {line!r}")
-        addr = line.split("listening on ", 1)[1].split()[0]
         results = [{} for _ in range(ROBOTS)]
         threads = [threading.Thread(target=robot, args=(addr, r, loop_obs, chunk, results[r])) for r in range(ROBOTS)]
         for t in threads:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import petite
 
 # The lerobot-policy tier's readers and comparison (this script's folder is on sys.path when it
 # runs; that module imports lerobot only inside the functions not used here).
-from python_policy import observations, rtc_goldens, worst
+from python_policy import observations, rtc_goldens, start_serve, worst
 
 
 def goldens(case: Path) -> list:
@@ -66,17 +65,8 @@ def main() -> int:
     with petite.Policy(a.export, device=a.device, tokenizer=a.tokenizer) as policy:
         out["policy"] = check(policy, gs, f"petite.Policy({a.device})")
     print(f"gpu-rtc: petite.Policy on {a.device}: {len(gs)} RTC goldens within {out['policy']:.2e}", flush=True)
-    server = subprocess.Popen(
-        [a.petite, "serve", "--dir", a.export, "--device", a.device, "--tokenizer", a.tokenizer, "--listen",
-         "127.0.0.1:0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server, addr = start_serve(a.petite, a.export, "--device", a.device, "--tokenizer", a.tokenizer)
     try:
-        line = server.stdout.readline()
-        if "listening on " not in line:
-            raise AssertionError(f"petite serve did not start: {line!r}")
-        addr = line.split("listening on ", 1)[1].split()[0]
         with petite.Client(addr, timeout=120.0) as client:
             out["serve"] = check(client, gs, f"petite.Client(serve, {a.device})")
     finally:

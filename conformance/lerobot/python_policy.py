@@ -354,21 +354,28 @@ def run_case(out: Path, case: str) -> dict:
     return r
 
 
+def start_serve(petite_bin, export, *args: str) -> tuple[subprocess.Popen, str]:
+    """`petite serve --dir EXPORT ARGS… --listen 127.0.0.1:0`: the process and the address it
+    says it listens on (its first stdout line)."""
+    server = subprocess.Popen(
+        [str(petite_bin), "serve", "--dir", str(export), *args, "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = server.stdout.readline()
+    if "listening on " not in line:
+        server.kill()
+        raise AssertionError(f"petite serve did not start: {line!r}")
+    return server, line.split("listening on ", 1)[1].split()[0]
+
+
 def serve_case(out: Path, case: str, petite_bin: Path) -> dict:
     """`petite.Client` against `petite serve` of the case's reference export."""
     d = out / case
     loop = observations(d / "loop.safetensors")
     local = petite.Policy(str(d / "reference"), device="cpu", seed=0)
-    server = subprocess.Popen(
-        [str(petite_bin), "serve", "--dir", str(d / "reference"), "--listen", "127.0.0.1:0", "--seed", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server, addr = start_serve(petite_bin, d / "reference", "--seed", "0")
     try:
-        line = server.stdout.readline()
-        if "listening on " not in line:
-            raise AssertionError(f"petite serve did not start: {line!r}")
-        addr = line.split("listening on ", 1)[1].split()[0]
         client = petite.Client(addr, timeout=60.0)
         assert client.healthy()
         info = client.info
