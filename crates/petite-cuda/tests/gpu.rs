@@ -730,3 +730,105 @@ fn tf32_attention_in_one_launch_is_as_close_to_exact_as_the_tf32_gemms() {
         );
     }
 }
+
+/// Quantized weights (issue 51): `pt_dequant` gives the reference executor's bits for every
+/// code (all 256 int8 codes, all 254 finite FP8 E4M3 codes) into bf16 (eight codes a thread)
+/// and f32 (a row of 12 codes: one a thread), and the linears reading them agree with the
+/// reference executor's up to their GEMMs' summation order.
+#[test]
+#[ignore = "needs a GPU: cargo xtask conformance --only gpu"]
+fn dequantized_weights_give_the_reference_executors_bits() {
+    use petite_graph::quant::{Quant, quantize_weights, scale_name};
+    let dev = Device::open().expect("a CUDA GPU (this test fails without one)");
+    let (n, k, m) = (24, 64, 5);
+    let (n2, k2) = (7, 12);
+    let mut b = Builder::new();
+    let x = b.input("x", Dtype::Bf16, &[m, k]).unwrap();
+    let w = b.weight("w", Dtype::Bf16, &[n, k]).unwrap();
+    let y = b.linear(x, w, None).unwrap();
+    b.output("y", y).unwrap();
+    let wf = b.cast(w, Dtype::F32).unwrap();
+    b.output("w", wf).unwrap();
+    let x2 = b.input("x2", Dtype::F32, &[m, k2]).unwrap();
+    let v = b.weight("v", Dtype::F32, &[n2, k2]).unwrap();
+    let y2 = b.linear(x2, v, None).unwrap();
+    b.output("y2", y2).unwrap();
+    let vo = b.mul_scalar(v, 1.0).unwrap();
+    b.output("v", vo).unwrap();
+    let plain = b.finish().unwrap();
+    for quant in [Quant::Int8, Quant::Fp8E4M3] {
+        let (p, done) = quantize_weights(&plain, quant, |_| true).unwrap();
+        assert_eq!(done.names, ["w", "v"]);
+        let mut weights = petite_reference::MemoryWeights::new();
+        for (name, rows, per) in [("w", n, k), ("v", n2, k2)] {
+            let codes: Vec<u8> = (0..rows * per)
+                .map(|i| {
+                    let c = (i * 37 + i / per) as u8;
+                    // FP8's two NaN codes become zero (a quantizer never writes them).
+                    if quant == Quant::Fp8E4M3 && c & 0x7f == 0x7f {
+                        0
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            let seen: std::collections::BTreeSet<u8> = codes.iter().copied().collect();
+            if name == "w" {
+                assert!(seen.len() >= 254, "{} distinct codes", seen.len());
+            }
+            let scales: Vec<f32> = values(rows, 7)
+                .iter()
+                .map(|s| 0.01 + s.abs() * 0.05)
+                .collect();
+            weights
+                .insert_bytes(name, Dtype::of_quant(quant), &[rows, per], codes)
+                .unwrap();
+            weights
+                .insert_f32(&scale_name(name), &[rows], &scales)
+                .unwrap();
+        }
+        let ins = BTreeMap::from([
+            (
+                "x".to_string(),
+                tensor(Dtype::Bf16, &[m, k], values(m * k, 3)),
+            ),
+            (
+                "x2".to_string(),
+                tensor(Dtype::F32, &[m, k2], values(m * k2, 4)),
+            ),
+        ]);
+        let cpu = petite_reference::run(&p, &weights, ins.clone()).unwrap();
+        let gp = DeviceProgram::load(&dev, &p, &weights, false).unwrap();
+        let gpu = gp.run(ins).unwrap();
+        for name in ["w", "v", "y", "y2"] {
+            let (c, g) = (&cpu[name], &gpu[name]);
+            assert_eq!(c.shape(), g.shape(), "{quant} {name}");
+            let (c, g) = (c.float_values().unwrap(), g.float_values().unwrap());
+            assert!(!c.is_empty() && c.len() == g.len(), "{quant} {name}");
+            assert!(
+                g.iter().all(|v| v.is_finite()),
+                "{quant} {name}: not finite"
+            );
+            if name == "w" || name == "v" {
+                let differ = c
+                    .iter()
+                    .zip(g.iter())
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert_eq!(differ, 0, "{quant} {name}: {differ} of {} differ", c.len());
+            } else {
+                // One bf16 rounding of the output (y) or f32 sums in another order (y2).
+                let top = c.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let e = c
+                    .iter()
+                    .zip(g.iter())
+                    .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+                let bound = if name == "y" { top / 128.0 } else { top * 1e-5 };
+                println!(
+                    "case dequantize {quant} {name}: max |gpu - cpu| {e:.3e} (bound {bound:.3e})"
+                );
+                assert!(e <= bound, "{quant} {name}: {e} > {bound}");
+            }
+        }
+    }
+}

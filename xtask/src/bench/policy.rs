@@ -52,6 +52,45 @@ pub struct Args {
     /// boundaries cost a chunk.
     #[arg(long, value_name = "SIZE")]
     pub engine_cap: Option<String>,
+    /// `petite export --weights` of the full-size bundle: `int8` or `fp8` quantize Gemma's and
+    /// the expert's linears (issue 51); the chunk, the device memory and `--check-cpu` then
+    /// measure the quantized bundle (its CPU actions from the same quantized export).
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "int8", "fp8"])]
+    pub weights: String,
+}
+
+/// The most memory GPU 0 had in use (MiB, as `nvidia-smi` reports it: this process's context,
+/// libraries, weights and buffers, less what was in use before it started) while `cmd` ran,
+/// polled every 100 ms; `None` where `nvidia-smi` does not answer.
+fn run_measuring_gpu_memory(cmd: &mut Command) -> Result<Option<u64>> {
+    let used = || -> Option<u64> {
+        let out = Command::new("nvidia-smi")
+            .args([
+                "--query-gpu=memory.used",
+                "--format=csv,noheader,nounits",
+                "-i",
+                "0",
+            ])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    };
+    let before = used();
+    eprintln!("xtask: {cmd:?}");
+    let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+    let mut most = before;
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        most = most.max(used());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    anyhow::ensure!(status.success(), "{cmd:?} failed ({status})");
+    Ok(match (before, most) {
+        (Some(b), Some(m)) => Some(m.saturating_sub(b)),
+        _ => None,
+    })
 }
 
 /// The Python rows' script (`policy_faces.py` beside this file).
@@ -303,13 +342,21 @@ pub fn run(a: &Args) -> Result<()> {
     if let Some(cap) = &a.engine_cap {
         export.args(["--engine-cap", cap]);
     }
+    anyhow::ensure!(
+        a.weights == "bf16" || !small,
+        "--weights {} needs the full-size bundle (the small golden is an f32 export)",
+        a.weights
+    );
+    if a.weights != "bf16" {
+        export.args(["--weights", &a.weights]);
+    }
     util::run(&mut export)?;
     let tok = dir.join("tokenizer.json");
     write_tokenizer(&tok)?;
     let obs = dir.join("observation.safetensors");
     write_observation(&obs, &cameras, h, w, state, None)?;
     let timing = dir.join("act-timing.json");
-    util::run(
+    let gpu_mib = run_measuring_gpu_memory(
         Command::new(&petite)
             .args(["act", "--seed", "0", "--device", &a.device, "--dir"])
             .arg(&out)
@@ -389,14 +436,26 @@ pub fn run(a: &Args) -> Result<()> {
         "policy bench ({}, {}, {} calls): a call {tm:.3} ms (p99 {tp:.3}); the chunk alone {cm:.3} ms (p99 {cp:.3}); overhead {om:.3} ms (p99 {op:.3}); open {:.3} s, first call {:.1} ms; runtime {}",
         a.device,
         if small {
-            "small golden, f32"
+            "small golden, f32".to_string()
         } else {
-            "full size, bf16"
+            format!("full size, bf16, {} weights", a.weights)
         },
         total.len(),
         t["open_s"].as_f64().unwrap_or(f64::NAN),
         t["first_call_s"].as_f64().unwrap_or(f64::NAN) * 1e3,
         t["runtime"].as_str().unwrap_or("?"),
+    );
+    let policy: Value = serde_json::from_slice(&std::fs::read(out.join("policy.json"))?)?;
+    println!(
+        "policy bench: weights in the bundle {:.3} GiB (policy.json weight_bytes); GPU memory in use while acting: {}",
+        policy["weight_bytes"].as_f64().unwrap_or(f64::NAN) / (1u64 << 30) as f64,
+        match gpu_mib {
+            Some(m) => format!(
+                "{:.3} GiB at most (nvidia-smi, polled every 100 ms, less what was in use before)",
+                m as f64 / 1024.0
+            ),
+            None => "not measured (no nvidia-smi)".to_string(),
+        }
     );
     println!(
         "policy bench: the overhead's medians: preprocessing {pre:.3} ms, the owner thread's queue {queued:.3} ms, postprocessing {post:.3} ms"

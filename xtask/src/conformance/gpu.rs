@@ -356,6 +356,77 @@ fn one_case(petite: &Path, scratch: &Path, case: &str, rows: &mut Vec<String>) -
             rows.push(format!("verify {case} {dtype}: {e:.3e}, {wall:.2} s"));
             ensure!(e <= bound as f64, "{case} verify {dtype}: {e} > {bound}");
         }
+        if case == super::GOLDENS[0] {
+            quantized(petite, scratch, case, &dir, rows)?;
+        }
+    }
+    Ok(())
+}
+
+/// Quantized weights on the GPU (issue 51): `case` exported in bf16 with `--weights int8` and
+/// `fp8` (reference engines), acted on by petite-cuda (`pt_dequant` before each linear) and on
+/// the CPU. Both run the same dequantized bf16 weights, so they must agree within the bf16
+/// bound; and `petite verify --device cuda` holds the mode's own bound against the f32
+/// reference of the unquantized checkpoint.
+fn quantized(
+    petite: &Path,
+    scratch: &Path,
+    case: &str,
+    dir: &Path,
+    rows: &mut Vec<String>,
+) -> Result<()> {
+    for mode in ["int8", "fp8"] {
+        let pte = scratch.join(format!("{case}-{mode}-pte"));
+        output(
+            Command::new(petite)
+                .args(["export", "--dtype", "bf16", "--weights", mode])
+                .arg("--config")
+                .arg(dir.join("config.json"))
+                .arg("--checkpoint")
+                .arg(dir.join("model.safetensors"))
+                .arg("--out")
+                .arg(&pte),
+        )?;
+        let mut acted = Vec::new();
+        // The CPU first: the report then records the GPU's verify.
+        for device in ["cpu", "cuda"] {
+            let out = scratch.join(format!("{case}-{mode}-{device}.safetensors"));
+            let text = output(
+                Command::new(petite)
+                    .args(["verify", "--device", device, "--dir"])
+                    .arg(&pte)
+                    .arg("--config")
+                    .arg(dir.join("config.json"))
+                    .arg("--checkpoint")
+                    .arg(dir.join("model.safetensors"))
+                    .arg("--inputs")
+                    .arg(dir.join("inputs.safetensors"))
+                    .arg("--actions-out")
+                    .arg(&out),
+            )?;
+            acted.push(f32s(&out, "actions")?);
+            let report: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(pte.join("report.json"))?)?;
+            let v = &report["verify"];
+            ensure!(v["device"] == device, "verify did not run on {device}: {v}");
+            let err = v["max_abs_action_error"]
+                .as_f64()
+                .context("report.json: no verify.max_abs_action_error")?;
+            println!(
+                "gpu: {case} verify --device {device} ({mode} weights): max abs action error {err:.3e}; {}",
+                text.lines().last().unwrap_or("")
+            );
+            rows.push(format!("verify {case} {mode} on {device}: {err:.3e}"));
+        }
+        let e = max_err(&acted[1], &acted[0])?;
+        println!(
+            "gpu: {case} {mode} export on cuda against the same export on the cpu: max {e:.3e} (bound {BF16_BOUND:e})"
+        );
+        ensure!(
+            e <= BF16_BOUND,
+            "{case} {mode}: cuda vs cpu {e} > {BF16_BOUND}"
+        );
+        rows.push(format!("{mode} bundle {case} cuda vs cpu: {e:.3e}"));
     }
     Ok(())
 }

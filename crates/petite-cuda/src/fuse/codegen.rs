@@ -203,7 +203,7 @@ impl Gen<'_> {
             Dtype::I64 => ("i64", v),
             Dtype::I32 => ("int", wrap("(int)", v, "")),
             Dtype::U8 | Dtype::Bool => ("unsigned char", wrap("(unsigned char)", v, "")),
-            Dtype::I8 | Dtype::F8E4M3 => unreachable!("{}", crate::plan::QUANT_REFUSED),
+            Dtype::I8 | Dtype::F8E4M3 => unreachable!("{}", crate::plan::CODES_UNFUSED),
         };
         self.body.push(Stmt::Store {
             ptr: Name::Operand(Side::Own, Operand::Out).into(),

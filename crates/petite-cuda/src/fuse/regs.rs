@@ -23,7 +23,7 @@ pub(super) fn dt_macro(d: Dtype) -> &'static str {
         Dtype::I32 => "DT_I32",
         Dtype::U8 => "DT_U8",
         Dtype::Bool => "DT_BOOL",
-        Dtype::I8 | Dtype::F8E4M3 => unreachable!("{}", crate::plan::QUANT_REFUSED),
+        Dtype::I8 | Dtype::F8E4M3 => unreachable!("{}", crate::plan::CODES_UNFUSED),
     }
 }
 
@@ -60,7 +60,7 @@ pub(super) fn store_f(x: Expr, d: Dtype) -> Expr {
         Dtype::I32 => wrap("((i64)(int)(i64)(", x, "))"),
         Dtype::U8 => wrap("((i64)(unsigned char)(i64)(", x, "))"),
         Dtype::Bool => wrap("(((", x, ") != 0.0f) ? 1LL : 0LL)"),
-        Dtype::I8 | Dtype::F8E4M3 => unreachable!("{}", crate::plan::QUANT_REFUSED),
+        Dtype::I8 | Dtype::F8E4M3 => unreachable!("{}", crate::plan::CODES_UNFUSED),
     }
 }
 
@@ -74,7 +74,7 @@ pub(super) fn store_i(x: Expr, d: Dtype) -> Expr {
         Dtype::I32 => wrap("((i64)(int)(", x, "))"),
         Dtype::U8 => wrap("((i64)(unsigned char)(", x, "))"),
         Dtype::Bool => wrap("(((", x, ") != 0) ? 1LL : 0LL)"),
-        Dtype::I8 | Dtype::F8E4M3 => unreachable!("{}", crate::plan::QUANT_REFUSED),
+        Dtype::I8 | Dtype::F8E4M3 => unreachable!("{}", crate::plan::CODES_UNFUSED),
     }
 }
 

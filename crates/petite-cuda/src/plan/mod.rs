@@ -33,31 +33,11 @@ pub use params::{ConvParams, NormParams, RopeParams, SoftmaxParams};
 /// Threads a block for every kernel (a multiple of 32: the block reductions assume whole warps).
 pub const BLOCK: u32 = 256;
 
-/// Why no kernel sees a quantized weight's codes: [`refuse_quant_codes`] turns such programs
-/// away before planning.
-pub(crate) const QUANT_REFUSED: &str =
-    "quantized weight codes reach no kernel: programs holding them are refused at load";
-
-/// Refuses a program holding quantized weight codes (`i8`, `f8e4m3`, issue 51), naming the
-/// first such node: petite-cuda has no dequantizing GEMM yet.
-pub(crate) fn refuse_quant_codes(program: &petite_graph::Program) -> Result<()> {
-    for id in program.ids() {
-        let n = program.node(id);
-        if let Some(t) = n.tensor()
-            && t.dtype.is_quant_code()
-        {
-            return Err(crate::Error::Node {
-                node: program.describe(id),
-                message: format!(
-                    "petite-cuda does not run quantized weights ({} codes) yet; export this \
-                     device's bundle with `--weights bf16`",
-                    t.dtype
-                ),
-            });
-        }
-    }
-    Ok(())
-}
+/// Why no fused kernel sees a quantized weight's codes (`i8`, `f8e4m3`, issue 51): validation
+/// lets only [`petite_graph::Op::Dequantize`] read them, and the planner never fuses it
+/// (`pt_dequant` runs it on its own).
+pub(crate) const CODES_UNFUSED: &str =
+    "quantized weight codes are read only by dequantize (validation), which is never fused";
 
 /// Blocks of a grid-stride launch over `n` elements: enough to fill an H200 many times over,
 /// never more than the grid's x limit.

@@ -195,7 +195,7 @@ impl<'d> DeviceProgram<'d> {
             Op::Unary { kind } => self.ew(EwOp::Unary(*kind), &ins, out_ty, None)?,
             Op::Cast { .. } | Op::Expand { .. } => self.ew(EwOp::Copy, &ins, out_ty, None)?,
             Op::Where => self.ew(EwOp::Where, &ins, out_ty, None)?,
-            Op::Dequantize { .. } => return Err(err(crate::plan::QUANT_REFUSED)),
+            Op::Dequantize { .. } => self.dequantize(ins[0], ins[1], out_ty)?,
             Op::CumSum { axis } => {
                 let x = ins[0];
                 let s = x.shape();

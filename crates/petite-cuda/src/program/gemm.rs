@@ -1,5 +1,5 @@
 //! The products cuBLAS runs: linears (and their bias pass), matmuls read through views, the
-//! patch convolution.
+//! patch convolution; and the dequantization of a quantized weight the linear then reads.
 
 use petite_graph::{Dtype, NodeId, TensorType};
 
@@ -66,6 +66,51 @@ impl<'d> DeviceProgram<'d> {
             acc
         };
         self.bias(&acc, b, rows, n, &out)?;
+        Ok(out)
+    }
+
+    /// A quantized weight in its declared dtype ([`petite_graph::Op::Dequantize`]): `codes`
+    /// (`i8` or `f8e4m3`, axis 0 the rows) times each row's f32 scale, rounded once, as the
+    /// reference executor does (the same bits). The result is a value like any other: freed
+    /// after its last reader, so only the codes stay resident between runs.
+    pub(super) fn dequantize(
+        &self,
+        codes: &DevTensor,
+        scale: &DevTensor,
+        out_ty: &TensorType,
+    ) -> Result<DevTensor> {
+        let dev = self.dev;
+        let rows = codes.shape().first().copied().unwrap_or(1);
+        let per = codes.numel().checked_div(rows).unwrap_or(0);
+        if !codes.dtype().is_quant_code()
+            || scale.dtype() != Dtype::F32
+            || scale.numel() != rows
+            || out_ty.shape.iter().product::<usize>() != codes.numel()
+        {
+            return Err(err(format!(
+                "dequantize of {:?} codes with {:?} scales into {}{:?}",
+                codes,
+                scale,
+                out_ty.dtype.name(),
+                out_ty.shape
+            )));
+        }
+        let out = dev.alloc(out_ty.dtype, &out_ty.shape)?;
+        let (pc, ps, po) = (dev.ptr(codes), dev.ptr(scale), dev.ptr(&out));
+        let vec = i32::from(per % 8 == 0 && pc % 8 == 0 && po % 16 == 0);
+        let (r, n) = (rows as i64, per as i64);
+        let (dc, dout) = (dtype_code(codes.dtype()), dtype_code(out_ty.dtype));
+        let threads = if vec == 1 {
+            codes.numel().div_ceil(8)
+        } else {
+            codes.numel()
+        };
+        dev.launch("pt_dequant", Device::cfg_elems(threads), |bl| {
+            bl.arg(&r).arg(&n).arg(&dc).arg(&dout).arg(&vec);
+            Device::push_u64(bl, &pc);
+            Device::push_u64(bl, &ps);
+            Device::push_u64(bl, &po);
+        })?;
         Ok(out)
     }
 

@@ -39,7 +39,6 @@ impl<'d> DeviceProgram<'d> {
     ) -> Result<Self> {
         let t0 = std::time::Instant::now();
         program.validate()?;
-        crate::plan::refuse_quant_codes(program)?;
         let order = program.topo_order()?;
         let roots: Vec<NodeId> = program.outputs.iter().map(|o| o.value).collect();
         let live = program.ancestors(&roots);

@@ -167,6 +167,52 @@ extern "C" __global__ void pt_bias(i64 rows, i64 n, int has_bias, int db, int do
     stf(out, i, dout, v);
   }
 }
+
+// An FP8 E4M3 ("fn") code as f32, exact: subnormals m·2^-9, normals (1 + m/8)·2^(e-7) built
+// from their bits, 0x7f/0xff NaN (petite_dtype::quant's decoding).
+__device__ __forceinline__ float pt_f8e4m3(unsigned b) {
+  unsigned e = (b >> 3) & 15u, m = b & 7u;
+  float mag = (e == 15u && m == 7u) ? __int_as_float(0x7fc00000)
+            : e == 0u ? (float)m * 0.001953125f
+            : __uint_as_float(((e + 120u) << 23) | (m << 20));
+  return (b & 0x80u) ? -mag : mag;
+}
+__device__ __forceinline__ float pt_code(unsigned b, int dc) {
+  return dc == DT_I8 ? (float)(signed char)(unsigned char)b : pt_f8e4m3(b);
+}
+
+// A quantized weight back in its dtype: out[r, c] = code(codes[r, c]) · scale[r] in f32,
+// rounded once to the output dtype (int8 codes as two's complement, fp8 as E4M3). With `vec`
+// (rows of a multiple of eight codes, codes 8- and out 16-byte aligned, as every pi0.5 weight's
+// are), eight codes a thread: one 8-byte load, one 16-byte store of bf16.
+extern "C" __global__ void pt_dequant(i64 rows, i64 per, int dc, int dout, int vec, const unsigned char* codes, const float* scale, void* out) {
+  PT_PDL();
+  const i64 total = rows * per;
+  const i64 step = (i64)gridDim.x * blockDim.x;
+  if (vec) {
+    for (i64 g = (i64)blockIdx.x * blockDim.x + threadIdx.x; g * 8 < total; g += step) {
+      const i64 i = g * 8;
+      const float s = scale[i / per];
+      const uint2 w = *(const uint2*)(codes + i);
+      float v[8];
+      for (int k = 0; k < 4; ++k) {
+        v[k] = pt_code((w.x >> (8 * k)) & 255u, dc) * s;
+        v[k + 4] = pt_code((w.y >> (8 * k)) & 255u, dc) * s;
+      }
+      if (dout == DT_BF16) {
+        unsigned h[4];
+        for (int k = 0; k < 4; ++k) h[k] = (unsigned)f2bf(v[2 * k]) | ((unsigned)f2bf(v[2 * k + 1]) << 16);
+        *(uint4*)((unsigned short*)out + i) = make_uint4(h[0], h[1], h[2], h[3]);
+      } else {
+        for (int k = 0; k < 8; ++k) stf(out, i + k, dout, v[k]);
+      }
+    }
+    return;
+  }
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
+    stf(out, i, dout, pt_code(codes[i], dc) * scale[i / per]);
+  }
+}
 "#,
 ];
 

@@ -10,6 +10,8 @@ pub(super) const PRELUDE: &str = r#"
 #define DT_I32 4
 #define DT_U8 5
 #define DT_BOOL 6
+#define DT_I8 7
+#define DT_F8E4M3 8
 #define PT_INF __int_as_float(0x7f800000)
 // Programmatic dependent launch (sm_90+): the first statement of every kernel. Lets the next
 // kernel be scheduled once every block of this one runs, then waits until the kernel before

@@ -93,6 +93,8 @@ fn dtype_codes_match_the_defines() {
         (Dtype::I32, "DT_I32"),
         (Dtype::U8, "DT_U8"),
         (Dtype::Bool, "DT_BOOL"),
+        (Dtype::I8, "DT_I8"),
+        (Dtype::F8E4M3, "DT_F8E4M3"),
     ] {
         assert!(s.contains(&format!("#define {name} {}\n", dtype_code(d))));
     }

@@ -53,6 +53,11 @@ pub struct VerifyArgs {
     /// petite-cuda's tuning (fuse=on|off, offsets=params|literal, attention_queries=N|all|off).
     #[arg(long = "tune", value_name = "KEY=VALUE", hide = true)]
     pub tune: Vec<String>,
+    /// Also write the export's actions here (safetensors `actions`, f32 `[chunk, action_dim]`,
+    /// as `petite pi05 run --out` writes the reference's), whether or not they are within the
+    /// bound: to compare two runs of one export (the GPU's and the CPU's) directly.
+    #[arg(long, value_name = "PATH")]
+    pub actions_out: Option<PathBuf>,
 }
 
 /// Runs `petite verify`.
@@ -66,6 +71,11 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         .into());
     }
     a.device.check()?;
+    let cfg = match &a.config {
+        Some(p) if a.actions_out.is_some() => Some(petite_pi05::Pi05Config::from_json_file(p)?),
+        None if a.actions_out.is_some() => Some(petite_pi05::Pi05Config::default()),
+        _ => None,
+    };
     let r = verify(&VerifyOptions {
         dir: a.dir.clone(),
         checkpoint: a.checkpoint,
@@ -78,6 +88,10 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         stages: a.stages,
     })
     .with_context(|| format!("verify of {}", a.dir.display()))?;
+    if let (Some(out), Some(cfg)) = (&a.actions_out, &cfg) {
+        let path = petite_pi05::run::write_actions(out, cfg, &r.actions)?;
+        println!("actions written to {}", path.display());
+    }
     let report = a.dir.join(petite::layout::REPORT);
     if let Some((q, groups)) = &r.weight_groups {
         println!(
