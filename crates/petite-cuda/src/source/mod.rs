@@ -46,6 +46,7 @@ pub const KERNELS: &[&str] = &[
     "pt_reduce",
     "pt_im2col",
     "pt_bias",
+    "pt_dequant",
     "pt_ptrs",
     "pt_attn_tf32",
 ];
