@@ -75,7 +75,17 @@ pub enum Role {
     /// The logits product, softmax or narrowing cast of a bf16 attention that the product
     /// reading its probabilities computes whole ([`Fusion::attentions`]): never computed alone.
     Attended,
+    /// A dequantize to bf16 whose only readers are linears of at most [`WQ_ROWS`] bf16 rows
+    /// (pi0.5's steps): they read its codes and scales themselves (`pt_wq_gemm`), so no bf16
+    /// copy of the weight is made; never computed.
+    WeightOnly,
 }
+
+/// The most rows a linear reads a quantized weight's codes itself ([`Role::WeightOnly`]):
+/// `pt_wq_gemm`'s tile holds 64 rows (four `mma` row tiles). Above it (the prefix's ~800
+/// rows) the weight is dequantized once and cuBLAS runs the product: its cost is spread over
+/// many rows.
+pub const WQ_ROWS: usize = 64;
 
 /// A matmul operand read in place: `base`'s buffer seen with `shape` and element `strides`.
 #[derive(Debug, Clone, PartialEq, Eq)]

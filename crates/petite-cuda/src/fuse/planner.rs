@@ -583,6 +583,7 @@ pub fn plan_opts(
             offsets,
         });
     }
+    weight_only(program, live, &consumers, &mut role);
     let attention_kernels = (!attentions.is_empty()).then(|| {
         let at = kernels.len();
         kernels.extend(crate::source::ATTENTION_KERNELS.map(String::from));
@@ -599,4 +600,43 @@ pub fn plan_opts(
         biases,
         attention_kernels,
     })
+}
+
+/// Marks [`Role::WeightOnly`] each live dequantize to bf16 read only (as their weight) by
+/// linears of bf16 inputs with at most [`super::WQ_ROWS`] rows and in features a multiple of
+/// 32 (`pt_wq_gemm`'s K step), which is not an output.
+fn weight_only(program: &Program, live: &[bool], consumers: &[Vec<NodeId>], role: &mut [Role]) {
+    for id in program.ids() {
+        let node = program.node(id);
+        let (Op::Dequantize { to: Dtype::Bf16 }, Some(w)) = (&node.op, node.tensor()) else {
+            continue;
+        };
+        if !live[id.index()]
+            || w.shape.len() != 2
+            || !w.shape[1].is_multiple_of(32)
+            || program.outputs.iter().any(|o| o.value == id)
+        {
+            continue;
+        }
+        let readers: Vec<NodeId> = consumers[id.index()]
+            .iter()
+            .copied()
+            .filter(|c| live[c.index()])
+            .collect();
+        let small_linear = |c: &NodeId| {
+            let n = program.node(*c);
+            let x = program.node(n.inputs[0]).tensor();
+            matches!(n.op, Op::Linear)
+                && n.inputs.get(1) == Some(&id)
+                && n.inputs[0] != id
+                && n.inputs.get(2) != Some(&id)
+                && x.is_some_and(|x| {
+                    x.dtype == Dtype::Bf16
+                        && x.shape.iter().product::<usize>() / w.shape[1].max(1) <= super::WQ_ROWS
+                })
+        };
+        if !readers.is_empty() && readers.iter().all(small_linear) {
+            role[id.index()] = Role::WeightOnly;
+        }
+    }
 }

@@ -108,6 +108,31 @@ impl<'d> DeviceProgram<'d> {
                 out_ty,
             )?));
         }
+        // A linear reading a quantized weight's codes itself ([`Role::WeightOnly`]).
+        if let Op::Linear = node.op
+            && let Some(&wv) = node.inputs.get(1)
+            && self.fusion.role[wv.index()] == Role::WeightOnly
+        {
+            let dq = p.node(wv);
+            let source = |j: usize| match dq.inputs.get(j).map(|v| &slots[v.index()]) {
+                Some(Slot::T(t)) => Ok(t),
+                _ => Err(err(format!(
+                    "the weight's dequantize input {j} is not available"
+                ))),
+            };
+            let b = match self.fusion.biases.contains_key(&id) {
+                true => None,
+                false if node.inputs.len() > 2 => Some(operand(id, 2)?),
+                false => None,
+            };
+            return Ok(Slot::T(self.linear_wq(
+                operand(id, 0)?,
+                source(0)?,
+                source(1)?,
+                b,
+                out_ty,
+            )?));
+        }
         let dev = self.dev;
         let n_in = node.inputs.len();
         let ins: Vec<&DevTensor> = (0..n_in)

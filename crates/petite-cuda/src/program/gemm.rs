@@ -114,6 +114,83 @@ impl<'d> DeviceProgram<'d> {
         Ok(out)
     }
 
+    /// `y = x·dequant(W)ᵀ (+ b)` for a weight whose dequantize no kernel runs
+    /// ([`Role::WeightOnly`]): `pt_wq_gemm` reads the codes and scales itself (the same bf16
+    /// weight values as [`DeviceProgram::dequantize`] gives, multiplied on the tensor cores),
+    /// split along K so that ~256 blocks share the weight's bytes; `pt_wq_sum` adds the splits
+    /// in order and the bias, rounding once. Rows, alignment or dtypes it does not take (a
+    /// view's offset) go through the dequantized weight and cuBLAS instead.
+    pub(super) fn linear_wq(
+        &self,
+        x: &DevTensor,
+        codes: &DevTensor,
+        scale: &DevTensor,
+        b: Option<&DevTensor>,
+        out_ty: &TensorType,
+    ) -> Result<DevTensor> {
+        let dev = self.dev;
+        let (n, k) = match codes.shape() {
+            [n, k] => (*n, *k),
+            s => return Err(err(format!("codes of shape {s:?} for a linear"))),
+        };
+        let rows = x.numel().checked_div(k).unwrap_or(0);
+        let (px, pc, ps) = (dev.ptr(x), dev.ptr(codes), dev.ptr(scale));
+        if rows == 0
+            || rows > crate::fuse::WQ_ROWS
+            || x.dtype() != Dtype::Bf16
+            || !k.is_multiple_of(32)
+            || px % 16 != 0
+            || pc % 16 != 0
+        {
+            let wt = TensorType {
+                dtype: Dtype::Bf16,
+                shape: codes.shape().to_vec(),
+            };
+            let w = self.dequantize(codes, scale, &wt)?;
+            return self.linear(x, &w, b, out_ty);
+        }
+        if scale.dtype() != Dtype::F32 || scale.numel() != n {
+            return Err(err(format!("{scale:?} scales for {n} rows of codes")));
+        }
+        // K steps of 32 a split, so that the feature tiles times the splits make ~256 blocks.
+        let tiles = n.div_ceil(128);
+        let steps = k / 32;
+        let per = steps.div_ceil(256usize.div_ceil(tiles).clamp(1, steps));
+        let splits = steps.div_ceil(per);
+        let part = dev.alloc(Dtype::F32, &[splits, rows, n])?;
+        let pp = dev.ptr(&part);
+        let (m, nn, kk, kc) = (rows as i64, n as i64, k as i64, (per * 32) as i64);
+        let dc = dtype_code(codes.dtype());
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (
+                u32::try_from(tiles).map_err(|_| err(format!("{n} features")))?,
+                splits as u32,
+                1,
+            ),
+            block_dim: (crate::plan::BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        dev.launch("pt_wq_gemm", cfg, |bl| {
+            bl.arg(&m).arg(&nn).arg(&kk).arg(&kc).arg(&dc);
+            Device::push_u64(bl, &px);
+            Device::push_u64(bl, &pc);
+            Device::push_u64(bl, &ps);
+            Device::push_u64(bl, &pp);
+        })?;
+        let out = dev.alloc(out_ty.dtype, &out_ty.shape)?;
+        let (sp, has) = (splits as i64, i32::from(b.is_some()));
+        let db = b.map_or(0, |t| dtype_code(t.dtype()));
+        let dout = dtype_code(out_ty.dtype);
+        let (pb, po) = (b.map_or(0, |t| dev.ptr(t)), dev.ptr(&out));
+        dev.launch("pt_wq_sum", Device::cfg_elems(rows * n), |bl| {
+            bl.arg(&m).arg(&nn).arg(&sp).arg(&has).arg(&db).arg(&dout);
+            Device::push_u64(bl, &pp);
+            Device::push_u64(bl, &pb);
+            Device::push_u64(bl, &po);
+        })?;
+        Ok(out)
+    }
+
     /// `out[r, c] = acc[r, c] + bias[c]` rounded to out's dtype (acc and out may alias).
     pub(super) fn bias(
         &self,

@@ -76,6 +76,16 @@ impl<'d> DeviceProgram<'d> {
                 attention_kernels: None,
             }
         };
+        // `pt_wq_gemm` multiplies on bf16 `mma`, sm_80 and later: before, the weight is
+        // dequantized and cuBLAS runs the product.
+        let mut fusion = fusion;
+        if dev.info().compute_capability.0 < 8 {
+            for r in &mut fusion.role {
+                if *r == Role::WeightOnly {
+                    *r = Role::Plain;
+                }
+            }
+        }
         // Uses count the nodes that read a value from its buffer: fused roots read their
         // leaves; inlined nodes read nothing.
         let mut reads: Vec<Vec<NodeId>> = vec![Vec::new(); program.len()];
@@ -102,11 +112,12 @@ impl<'d> DeviceProgram<'d> {
             };
             let mut r = match fusion.role[i] {
                 // A cast that runs a narrowed softmax reads the softmax's operands, a permute
-                // that runs a transposed product the product's.
+                // that runs a transposed product the product's, a linear reading codes
+                // itself the dequantize's (codes and scales).
                 Role::Plain => operands(i)
                     .into_iter()
                     .flat_map(|v| match fusion.role[v.index()] {
-                        Role::Narrowed | Role::Transposed => operands(v.index()),
+                        Role::Narrowed | Role::Transposed | Role::WeightOnly => operands(v.index()),
                         _ => vec![v],
                     })
                     .collect(),
@@ -115,7 +126,8 @@ impl<'d> DeviceProgram<'d> {
                 | Role::Narrowed
                 | Role::Transposed
                 | Role::Prologue
-                | Role::Attended => Vec::new(),
+                | Role::Attended
+                | Role::WeightOnly => Vec::new(),
                 // An absorbed group's leaves are read by the kernel that computes it.
                 Role::Root(g) if fusion.groups[g].absorbed => Vec::new(),
                 Role::Root(g) => {

@@ -122,6 +122,7 @@ impl<'d> DeviceProgram<'d> {
                         | Role::Transposed
                         | Role::Prologue
                         | Role::Attended
+                        | Role::WeightOnly
                 )
             {
                 continue;

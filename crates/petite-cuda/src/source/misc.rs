@@ -213,6 +213,116 @@ extern "C" __global__ void pt_dequant(i64 rows, i64 per, int dc, int dout, int v
     stf(out, i, dout, pt_code(codes[i], dc) * scale[i / per]);
   }
 }
+
+// d += a·b on the tensor cores: m16n8k16, bf16 operands, f32 accumulation (sm_80 and later;
+// the host runs pt_wq_gemm only there).
+__device__ __forceinline__ void wq_mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// y = x · dequant(W)ᵀ for at most 64 rows of bf16 x (pi0.5's steps: 50), the weight's codes
+// read directly. A block dequantizes a [128 features × 32] tile of codes into shared memory as
+// bf16 (code · scale rounded once: pt_dequant's bits) beside x's [64 rows × 32] tile, and its
+// eight warps multiply them on the tensor cores, 16 features a warp. Block (bx, s) covers
+// features bx·128.. and columns s·kc.. of K (kc a multiple of 32, as k is), and writes its f32
+// sums to part[s] (no atomics: pt_wq_sum adds the splits in order, so runs repeat bit for bit).
+extern "C" __global__ __launch_bounds__(256) void pt_wq_gemm(i64 m, i64 n, i64 k, i64 kc, int dc, const unsigned short* x, const unsigned char* codes, const float* scale, float* part) {
+  PT_PDL();
+  __shared__ __align__(16) unsigned short xs[64][40];
+  __shared__ __align__(16) unsigned short ws[128][40];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const i64 n0 = (i64)blockIdx.x * 128;
+  const i64 k_begin = (i64)blockIdx.y * kc;
+  const i64 k_end = k_begin + kc < k ? k_begin + kc : k;
+  const int mt = (int)((m + 15) / 16);
+  float acc[4][2][4];
+#pragma unroll
+  for (int a = 0; a < 4; ++a)
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[a][b][c] = 0.0f;
+  // This thread's loads: x's row t/4, eight columns from (t%4)·8; codes' row t/2, sixteen
+  // columns from (t%2)·16.
+  const int xr = t >> 2, xc = (t & 3) * 8;
+  const int wr = t >> 1, wc = (t & 1) * 16;
+  const i64 wn = n0 + wr;
+  const float sc = wn < n ? scale[wn] : 0.0f;
+  for (i64 k0 = k_begin; k0 < k_end; k0 += 32) {
+    uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+    if (xr < m) xv = *(const uint4*)(x + xr * k + k0 + xc);
+    *(uint4*)&xs[xr][xc] = xv;
+    uint4 cv = make_uint4(0u, 0u, 0u, 0u);
+    if (wn < n) cv = *(const uint4*)(codes + wn * k + k0 + wc);
+    const unsigned words[4] = {cv.x, cv.y, cv.z, cv.w};
+    unsigned h[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const unsigned w = words[j];
+      h[2 * j] = (unsigned)f2bf(pt_code(w & 255u, dc) * sc) | ((unsigned)f2bf(pt_code((w >> 8) & 255u, dc) * sc) << 16);
+      h[2 * j + 1] = (unsigned)f2bf(pt_code((w >> 16) & 255u, dc) * sc) | ((unsigned)f2bf(pt_code(w >> 24, dc) * sc) << 16);
+    }
+    *(uint4*)&ws[wr][wc] = make_uint4(h[0], h[1], h[2], h[3]);
+    *(uint4*)&ws[wr][wc + 8] = make_uint4(h[4], h[5], h[6], h[7]);
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < 32; ks += 16) {
+      unsigned b[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int col = warp * 16 + nt * 8 + g;
+        b[nt][0] = *(const unsigned*)&ws[col][ks + 2 * q];
+        b[nt][1] = *(const unsigned*)&ws[col][ks + 2 * q + 8];
+      }
+#pragma unroll
+      for (int a = 0; a < 4; ++a) {
+        if (a < mt) {
+          const int r = a * 16 + g;
+          const unsigned a0 = *(const unsigned*)&xs[r][ks + 2 * q];
+          const unsigned a1 = *(const unsigned*)&xs[r + 8][ks + 2 * q];
+          const unsigned a2 = *(const unsigned*)&xs[r][ks + 2 * q + 8];
+          const unsigned a3 = *(const unsigned*)&xs[r + 8][ks + 2 * q + 8];
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) wq_mma(acc[a][nt], a0, a1, a2, a3, b[nt][0], b[nt][1]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  float* out = part + (i64)blockIdx.y * m * n;
+#pragma unroll
+  for (int a = 0; a < 4; ++a) {
+    if (a < mt) {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const i64 col = n0 + warp * 16 + nt * 8 + 2 * q;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const i64 row = a * 16 + g + hh * 8;
+          if (row < m && col < n) out[row * n + col] = acc[a][nt][2 * hh];
+          if (row < m && col + 1 < n) out[row * n + col + 1] = acc[a][nt][2 * hh + 1];
+        }
+      }
+    }
+  }
+}
+
+// pt_wq_gemm's splits added in order (+ bias[c]), rounded once to the output dtype.
+extern "C" __global__ void pt_wq_sum(i64 m, i64 n, i64 splits, int has_bias, int db, int dout, const float* part, const void* bias, void* out) {
+  PT_PDL();
+  const i64 total = m * n;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (i64)gridDim.x * blockDim.x) {
+    float v = 0.0f;
+    for (i64 s = 0; s < splits; ++s) v += part[s * total + i];
+    if (has_bias) v += ldf(bias, i % n, db);
+    stf(out, i, dout, v);
+  }
+}
 "#,
 ];
 

@@ -47,6 +47,8 @@ pub const KERNELS: &[&str] = &[
     "pt_im2col",
     "pt_bias",
     "pt_dequant",
+    "pt_wq_gemm",
+    "pt_wq_sum",
     "pt_ptrs",
     "pt_attn_tf32",
 ];

@@ -12,8 +12,9 @@ fn the_module_defines_every_kernel_once_and_its_braces_balance() {
         assert_eq!(s.matches(&decl).count(), 1, "{k}");
     }
     // And every kernel the module defines is listed (the device loads only the listed ones).
-    for def in s.split("__global__ void ").skip(1) {
-        let name = def.split('(').next().unwrap_or("");
+    for def in s.split("__global__ ").skip(1) {
+        let after = def.split_once("void ").map_or("", |(_, a)| a);
+        let name = after.split('(').next().unwrap_or("");
         assert!(KERNELS.contains(&name), "{name} is not in KERNELS");
     }
     // Braces and parentheses balance outside comments.
