@@ -59,10 +59,12 @@ pub struct Args {
     pub weights: String,
 }
 
-/// The most memory GPU 0 had in use (MiB, as `nvidia-smi` reports it: this process's context,
-/// libraries, weights and buffers, less what was in use before it started) while `cmd` ran,
-/// polled every 100 ms; `None` where `nvidia-smi` does not answer.
-fn run_measuring_gpu_memory(cmd: &mut Command) -> Result<Option<u64>> {
+/// What `cmd` held while it ran, polled every 100 ms: the most memory GPU 0 had in use (MiB,
+/// as `nvidia-smi` reports it: the context, libraries, weights and buffers, less what was in
+/// use before it started; `None` where `nvidia-smi` does not answer), and the most host memory
+/// it held (VmRSS, KiB: mapped weight pages count while resident, so a runtime that keeps the
+/// weights both in the page cache and on the GPU shows them twice).
+fn run_measuring_memory(cmd: &mut Command) -> Result<(Option<u64>, Option<u64>)> {
     let used = || -> Option<u64> {
         let out = Command::new("nvidia-smi")
             .args([
@@ -75,11 +77,17 @@ fn run_measuring_gpu_memory(cmd: &mut Command) -> Result<Option<u64>> {
             .ok()?;
         String::from_utf8_lossy(&out.stdout).trim().parse().ok()
     };
+    let rss = |pid: u32| -> Option<u64> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let l = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+        l.split_whitespace().nth(1)?.parse().ok()
+    };
     let before = used();
     eprintln!("xtask: {cmd:?}");
     let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
-    let mut most = before;
+    let (mut most, mut host) = (before, None);
     let status = loop {
+        host = host.max(rss(child.id()));
         if let Some(s) = child.try_wait()? {
             break s;
         }
@@ -87,10 +95,11 @@ fn run_measuring_gpu_memory(cmd: &mut Command) -> Result<Option<u64>> {
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
     anyhow::ensure!(status.success(), "{cmd:?} failed ({status})");
-    Ok(match (before, most) {
+    let gpu = match (before, most) {
         (Some(b), Some(m)) => Some(m.saturating_sub(b)),
         _ => None,
-    })
+    };
+    Ok((gpu, host))
 }
 
 /// The Python rows' script (`policy_faces.py` beside this file).
@@ -356,7 +365,7 @@ pub fn run(a: &Args) -> Result<()> {
     let obs = dir.join("observation.safetensors");
     write_observation(&obs, &cameras, h, w, state, None)?;
     let timing = dir.join("act-timing.json");
-    let gpu_mib = run_measuring_gpu_memory(
+    let (gpu_mib, host_kib) = run_measuring_memory(
         Command::new(&petite)
             .args(["act", "--seed", "0", "--device", &a.device, "--dir"])
             .arg(&out)
@@ -447,7 +456,7 @@ pub fn run(a: &Args) -> Result<()> {
     );
     let policy: Value = serde_json::from_slice(&std::fs::read(out.join("policy.json"))?)?;
     println!(
-        "policy bench: weights in the bundle {:.3} GiB (policy.json weight_bytes); GPU memory in use while acting: {}",
+        "policy bench: weights in the bundle {:.3} GiB (policy.json weight_bytes); GPU memory in use while acting: {}; the act process's host memory (VmRSS): {}",
         policy["weight_bytes"].as_f64().unwrap_or(f64::NAN) / (1u64 << 30) as f64,
         match gpu_mib {
             Some(m) => format!(
@@ -455,6 +464,10 @@ pub fn run(a: &Args) -> Result<()> {
                 m as f64 / 1024.0
             ),
             None => "not measured (no nvidia-smi)".to_string(),
+        },
+        match host_kib {
+            Some(k) => format!("{:.1} MiB at most (polled every 100 ms)", k as f64 / 1024.0),
+            None => "not measured".to_string(),
         }
     );
     println!(
