@@ -291,3 +291,38 @@ fn attention_reads_heads_split_out_of_a_projection_in_place() {
     assert!(!f.views.contains_key(&(at, 1)));
     assert!(matches!(f.role[k.index()], Role::Root(_)));
 }
+
+/// Issue 51: in pi0.5's quantized step (50 rows) every dequantized weight is read by its linear
+/// from the codes ([`Role::WeightOnly`]: no bf16 copy of the expert's weights); in the prefix
+/// (hundreds of rows) none is, so cuBLAS runs those products on the dequantized weight.
+#[test]
+fn pi05s_quantized_step_reads_codes_and_its_prefix_dequantizes() {
+    let cfg = petite_pi05::Pi05Config::default();
+    let bf16 = petite_pi05::build_all(&cfg, petite_pi05::Precision::Bf16).unwrap();
+    for q in [
+        petite_graph::quant::Quant::Int8,
+        petite_graph::quant::Quant::Fp8E4M3,
+    ] {
+        let (progs, done) = petite_pi05::quant::quantize(&bf16, q, &[]).unwrap();
+        assert!(!done.names.is_empty());
+        for (name, p, weight_only) in [
+            ("step", &progs.step, true),
+            ("prefix", &progs.prefix, false),
+        ] {
+            let f = plan_all(p);
+            let dq: Vec<_> = p
+                .ids()
+                .filter(|&i| matches!(p.node(i).op, Op::Dequantize { .. }))
+                .collect();
+            assert!(!dq.is_empty(), "{q} {name}: no dequantize");
+            for i in dq {
+                assert_eq!(
+                    f.role[i.index()] == Role::WeightOnly,
+                    weight_only,
+                    "{q} {name}: {}",
+                    p.describe(i)
+                );
+            }
+        }
+    }
+}
