@@ -281,6 +281,20 @@ fn policy_goldens(
     Ok(())
 }
 
+/// A golden case's `--config` and `--checkpoint` (and with `inputs`, `--inputs`) arguments.
+fn golden(dir: &Path, inputs: bool) -> Vec<std::ffi::OsString> {
+    let mut a: Vec<std::ffi::OsString> = vec![
+        "--config".into(),
+        dir.join("config.json").into(),
+        "--checkpoint".into(),
+        dir.join("model.safetensors").into(),
+    ];
+    if inputs {
+        a.extend(["--inputs".into(), dir.join("inputs.safetensors").into()]);
+    }
+    a
+}
+
 fn one_case(petite: &Path, scratch: &Path, case: &str, rows: &mut Vec<String>) -> Result<()> {
     {
         let dir = util::root().join("testdata/pi05").join(case);
@@ -291,12 +305,7 @@ fn one_case(petite: &Path, scratch: &Path, case: &str, rows: &mut Vec<String>) -
             let text = output(
                 Command::new(petite)
                     .args(["pi05", "run", "--device", "cuda", "--dtype", dtype])
-                    .arg("--config")
-                    .arg(dir.join("config.json"))
-                    .arg("--checkpoint")
-                    .arg(dir.join("model.safetensors"))
-                    .arg("--inputs")
-                    .arg(dir.join("inputs.safetensors"))
+                    .args(golden(&dir, true))
                     .arg("--out")
                     .arg(&out),
             )?;
@@ -312,10 +321,7 @@ fn one_case(petite: &Path, scratch: &Path, case: &str, rows: &mut Vec<String>) -
             output(
                 Command::new(petite)
                     .args(["export", "--dtype", dtype])
-                    .arg("--config")
-                    .arg(dir.join("config.json"))
-                    .arg("--checkpoint")
-                    .arg(dir.join("model.safetensors"))
+                    .args(golden(&dir, false))
                     .arg("--out")
                     .arg(&pte),
             )?;
@@ -331,12 +337,7 @@ fn one_case(petite: &Path, scratch: &Path, case: &str, rows: &mut Vec<String>) -
                     ])
                     .arg("--dir")
                     .arg(&pte)
-                    .arg("--config")
-                    .arg(dir.join("config.json"))
-                    .arg("--checkpoint")
-                    .arg(dir.join("model.safetensors"))
-                    .arg("--inputs")
-                    .arg(dir.join("inputs.safetensors")),
+                    .args(golden(&dir, true)),
             )?;
             let wall = t0.elapsed().as_secs_f64();
             let report: serde_json::Value =
@@ -380,10 +381,7 @@ fn quantized(
         output(
             Command::new(petite)
                 .args(["export", "--dtype", "bf16", "--weights", mode])
-                .arg("--config")
-                .arg(dir.join("config.json"))
-                .arg("--checkpoint")
-                .arg(dir.join("model.safetensors"))
+                .args(golden(dir, false))
                 .arg("--out")
                 .arg(&pte),
         )?;
@@ -395,12 +393,7 @@ fn quantized(
                 Command::new(petite)
                     .args(["verify", "--device", device, "--dir"])
                     .arg(&pte)
-                    .arg("--config")
-                    .arg(dir.join("config.json"))
-                    .arg("--checkpoint")
-                    .arg(dir.join("model.safetensors"))
-                    .arg("--inputs")
-                    .arg(dir.join("inputs.safetensors"))
+                    .args(golden(dir, true))
                     .arg("--actions-out")
                     .arg(&out),
             )?;
