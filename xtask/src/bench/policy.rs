@@ -562,7 +562,12 @@ pub fn run(a: &Args) -> Result<()> {
             }
         }
     }
-    if let (true, Some(ck)) = (cuda, ck) {
+    if cuda && a.weights != "bf16" {
+        println!(
+            "policy bench: pi05 run not timed beside a {} bundle (it builds bf16 programs from the checkpoint): compare with a bf16 run of this bench in the same call",
+            a.weights
+        );
+    } else if let (true, Some(ck)) = (cuda, ck) {
         let inputs = dir.join("inputs.safetensors");
         super::pi05_run::write_inputs(&inputs)?;
         for f32_matmul in ["exact", "tf32"] {
