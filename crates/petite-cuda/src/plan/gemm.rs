@@ -380,3 +380,36 @@ pub fn program_flops_by_dtype(p: &petite_graph::Program) -> [f64; 2] {
     }
     by
 }
+
+/// `pt_wq_gemm`'s grid for `n` features of `k` in features (a multiple of 32): 128 features a
+/// block (`tiles`), K split into `splits` runs of `kc` columns (a multiple of 32) so that the
+/// blocks number about [`WQ_BLOCKS`]: each split's f32 partials are written whole, and
+/// `pt_wq_sum` adds them in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WqGrid {
+    /// Blocks along the features (128 each).
+    pub tiles: usize,
+    /// Columns of K a split covers (the last may cover fewer).
+    pub kc: usize,
+    /// Splits along K.
+    pub splits: usize,
+}
+
+/// The blocks [`wq_grid`] aims at: about two for each of an H100's or H200's 132 multiprocessors,
+/// so that every one streams weight bytes.
+pub const WQ_BLOCKS: usize = 256;
+
+/// See [`WqGrid`]; `None` where `k` is not a positive multiple of 32 or `n` is 0.
+pub fn wq_grid(n: usize, k: usize) -> Option<WqGrid> {
+    if n == 0 || k == 0 || !k.is_multiple_of(32) {
+        return None;
+    }
+    let tiles = n.div_ceil(128);
+    let steps = k / 32;
+    let per = steps.div_ceil(WQ_BLOCKS.div_ceil(tiles).clamp(1, steps));
+    Some(WqGrid {
+        tiles,
+        kc: per * 32,
+        splits: steps.div_ceil(per),
+    })
+}

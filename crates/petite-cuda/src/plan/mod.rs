@@ -25,8 +25,8 @@ pub use attention::{
 };
 pub use elementwise::{EwParams, Operand};
 pub use gemm::{
-    Gemm, HeadLayout, MatOperand, PtrParams, attention_gemms, attention_gemms_per_head,
-    matmul_gemm, program_flops, program_flops_by_dtype,
+    Gemm, HeadLayout, MatOperand, PtrParams, WQ_BLOCKS, WqGrid, attention_gemms,
+    attention_gemms_per_head, matmul_gemm, program_flops, program_flops_by_dtype, wq_grid,
 };
 pub use params::{ConvParams, NormParams, RopeParams, SoftmaxParams};
 

@@ -354,3 +354,39 @@ fn tf32_attention_launches_take_siglips_shape_and_refuse_the_rest() {
     let siglip = [3, 16, 16, 256, 256, 72, 72];
     assert!(tf32_attention_launch(siglip, odd, s, s, s, 1.0, h200).is_none());
 }
+
+/// `pt_wq_gemm`'s splits cover K exactly once, in whole 32-column steps, and give the weights
+/// of pi0.5's step (and odd shapes) about `WQ_BLOCKS` blocks, never fewer than the features
+/// need.
+#[test]
+fn weight_only_grids_cover_k_once_with_about_256_blocks() {
+    for (n, k) in [
+        (2048, 1024),
+        (256, 1024),
+        (1024, 2048),
+        (4096, 1024),
+        (1024, 4096),
+        (300, 2048),
+        (24, 64),
+        (16384, 2048),
+        (7, 32),
+    ] {
+        let g = wq_grid(n, k).unwrap();
+        assert!(g.kc.is_multiple_of(32) && g.kc > 0, "{n}×{k}: {g:?}");
+        assert!(
+            g.splits * g.kc >= k && (g.splits - 1) * g.kc < k,
+            "{n}×{k}: {g:?}"
+        );
+        assert_eq!(g.tiles, n.div_ceil(128));
+        let blocks = g.tiles * g.splits;
+        // Whole-K splits only where K has fewer 32-column steps than the blocks want.
+        assert!(
+            blocks >= WQ_BLOCKS.min(g.tiles * (k / 32)) / 2
+                && (g.splits == 1 || blocks <= 2 * WQ_BLOCKS),
+            "{n}×{k}: {blocks} blocks ({g:?})"
+        );
+    }
+    assert_eq!(wq_grid(24, 48), None);
+    assert_eq!(wq_grid(0, 64), None);
+    assert_eq!(wq_grid(24, 0), None);
+}

@@ -152,14 +152,12 @@ impl<'d> DeviceProgram<'d> {
         if scale.dtype() != Dtype::F32 || scale.numel() != n {
             return Err(err(format!("{scale:?} scales for {n} rows of codes")));
         }
-        // K steps of 32 a split, so that the feature tiles times the splits make ~256 blocks.
-        let tiles = n.div_ceil(128);
-        let steps = k / 32;
-        let per = steps.div_ceil(256usize.div_ceil(tiles).clamp(1, steps));
-        let splits = steps.div_ceil(per);
+        let grid = crate::plan::wq_grid(n, k)
+            .ok_or_else(|| err(format!("no pt_wq_gemm grid for {n} × {k}")))?;
+        let (tiles, splits) = (grid.tiles, grid.splits);
         let part = dev.alloc(Dtype::F32, &[splits, rows, n])?;
         let pp = dev.ptr(&part);
-        let (m, nn, kk, kc) = (rows as i64, n as i64, k as i64, (per * 32) as i64);
+        let (m, nn, kk, kc) = (rows as i64, n as i64, k as i64, grid.kc as i64);
         let dc = dtype_code(codes.dtype());
         let cfg = cudarc::driver::LaunchConfig {
             grid_dim: (
