@@ -35,6 +35,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   bash .gpu/run.sh bench ARGS...     cargo xtask bench gpu ARGS... (--variant, --rounds, --dtypes)
 #   bash .gpu/run.sh all ARGS...       both
 #   bash .gpu/run.sh xtask ARGS...     any xtask command (e.g. bench gpu-verify) with the same setup
+#   bash .gpu/run.sh profile DIR       the bundle's kernels against pi05 run's (ncu), after
+#                                      `run.sh xtask bench policy --device cuda --keep DIR`
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export XTASK_PETITE_BIN="$here/petite" XTASK_CUDA_TESTS="$here/petite-cuda-gpu-tests" XTASK_ROOT="$PWD"
@@ -53,9 +55,15 @@ case "$what" in
   bench) "$here/xtask" bench gpu "$@" ;;
   all) "$here/xtask" conformance --only gpu && "$here/xtask" bench gpu "$@" ;;
   xtask) "$here/xtask" "$@" ;;
-  *) echo "usage: run.sh tier | bench ARGS... | all ARGS... | xtask ARGS..." >&2; exit 2 ;;
+  profile) bash "$here/profile_bundle.sh" "$@" ;;
+  *) echo "usage: run.sh tier | bench ARGS... | all ARGS... | xtask ARGS... | profile DIR" >&2; exit 2 ;;
 esac
 "#;
+
+/// `run.sh profile`'s script and its summary (issue 50 item 0: where the bundle's chunk spends
+/// what `pi05 run`'s does not).
+const PROFILE_SH: &str = include_str!("profile_bundle.sh");
+const NCU_SUM_PY: &str = include_str!("ncu_sum.py");
 
 /// The release build of petite-cuda's `tests/gpu.rs`, from cargo's JSON messages.
 fn gpu_tests() -> Result<PathBuf> {
@@ -222,6 +230,8 @@ pub fn run(a: &Args) -> Result<()> {
     bytes += python_package(&out.join("python"))?;
     bytes += policy_goldens(&out.join("policy-goldens"))?;
     std::fs::write(out.join("run.sh"), RUN_SH)?;
+    std::fs::write(out.join("profile_bundle.sh"), PROFILE_SH)?;
+    std::fs::write(out.join("ncu_sum.py"), NCU_SUM_PY)?;
     std::fs::write(out.join("COMMIT"), format!("{commit}\n"))?;
     let dirty = Command::new("git")
         .args(["status", "--porcelain", "--untracked-files=no"])
@@ -276,5 +286,6 @@ mod tests {
             assert!(RUN_SH.contains(v), "{v}");
         }
         assert!(RUN_SH.contains("conformance --only gpu") && RUN_SH.contains("bench gpu"));
+        assert!(RUN_SH.contains("profile_bundle.sh") && PROFILE_SH.contains("ncu_sum.py"));
     }
 }
