@@ -25,6 +25,13 @@ pub fn scale_name(name: &str) -> String {
     format!("{name}{SCALE_SUFFIX}")
 }
 
+/// The weight whose scale tensor `name` would be (the inverse of [`scale_name`]): `None` for a
+/// name without [`SCALE_SUFFIX`]. Whether that weight is quantized is the caller's question
+/// (a program's codes, a converter's targets).
+pub fn scaled_weight(name: &str) -> Option<&str> {
+    name.strip_suffix(SCALE_SUFFIX).filter(|b| !b.is_empty())
+}
+
 /// An 8-bit weight format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Quant {
@@ -164,6 +171,13 @@ pub fn f8e4m3_bits_to_f32(b: u8) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scale_names_invert() {
+        assert_eq!(scaled_weight(&scale_name("a.weight")), Some("a.weight"));
+        assert_eq!(scaled_weight("a.weight"), None);
+        assert_eq!(scaled_weight(SCALE_SUFFIX), None);
+    }
 
     #[test]
     fn fp8_codes_round_trip_and_are_ordered() {

@@ -12,7 +12,7 @@ use crate::node::NodeId;
 use crate::op::Op;
 use crate::program::{Node, Program, WeightInfo};
 
-pub use petite_dtype::quant::{Quant, SCALE_SUFFIX, scale_name};
+pub use petite_dtype::quant::{Quant, SCALE_SUFFIX, scale_name, scaled_weight};
 
 /// What [`quantize_weights`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

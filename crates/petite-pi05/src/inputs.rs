@@ -273,7 +273,7 @@ pub fn check_weights<'a, S: WeightSource>(
         let weights = p.weights();
         for w in &weights {
             // A quantized weight's scales are computed from its rows (checked as its codes).
-            if let Some(base) = w.name.strip_suffix(petite_graph::quant::SCALE_SUFFIX)
+            if let Some(base) = petite_graph::quant::scaled_weight(&w.name)
                 && weights
                     .iter()
                     .any(|c| c.name == base && c.dtype.is_quant_code())

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use petite_dtype::quant::{SCALE_SUFFIX, scale_name};
+use petite_dtype::quant::{scale_name, scaled_weight};
 
 use crate::writeback::WriteBehind;
 use crate::{Dtype, Error, Result, SafetensorsLayout, SafetensorsWriter, TensorSpec, WeightSource};
@@ -225,7 +225,7 @@ fn made<'a, S: WeightSource + ?Sized>(
     }
     // The scales of a weight quantized here are computed, even where the source happens to hold
     // a tensor of that name; those of a weight the source already holds as codes are copied.
-    if let Some(base) = name.strip_suffix(SCALE_SUFFIX)
+    if let Some(base) = scaled_weight(name)
         && target(base).is_some_and(Dtype::is_quant_code)
     {
         let info = src.info(base)?;

@@ -110,9 +110,7 @@ pub(super) fn selection(
             // Quantized weights are read from the mapping file whatever the builder: the
             // converter writes their codes and scales there (the checkpoint has neither).
             let quantized = codes.contains(w.name.as_str())
-                || w.name
-                    .strip_suffix(petite_graph::quant::SCALE_SUFFIX)
-                    .is_some_and(|b| codes.contains(b));
+                || petite_graph::quant::scaled_weight(&w.name).is_some_and(|b| codes.contains(b));
             let to = if quantized {
                 Some(w.dtype)
             } else {
@@ -258,10 +256,8 @@ fn convert_options(key: String, selection: &[(String, Dtype)]) -> ConvertOptions
         .filter(|(_, d)| d.is_quant_code())
         .map(|(n, _)| n.as_str())
         .collect();
-    let derived = |n: &str| {
-        n.strip_suffix(petite_graph::quant::SCALE_SUFFIX)
-            .is_some_and(|b| codes.contains(b))
-    };
+    let derived =
+        |n: &str| petite_graph::quant::scaled_weight(n).is_some_and(|b| codes.contains(b));
     ConvertOptions {
         dtype: TargetDtype::Bf16,
         selection: Selection::Keep(
