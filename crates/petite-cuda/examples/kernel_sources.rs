@@ -109,6 +109,8 @@ fn main() -> Res<()> {
                                 pairs,
                                 offset_params,
                                 unrolled_rows,
+                                // No quantized weights in these programs: nothing to vary.
+                                ..Options::new(q)
                             };
                             let f = fuse::plan_program(p, o)?;
                             let set = format!(

@@ -24,6 +24,10 @@ pub struct Options {
     /// full-size bf16 chunk 25.25/25.17 → 24.27/23.98 ms on the H200 (0.961×, bit-identical
     /// actions; issue 49, docs/MEASUREMENTS.md). Off only to compare.
     pub unrolled_rows: bool,
+    /// Linears of at most [`super::WQ_ROWS`] bf16 rows read a quantized weight's codes
+    /// themselves ([`super::Role::WeightOnly`], `pt_wq_gemm`: bf16 `mma`, sm_80 and later);
+    /// off, every quantized weight is dequantized and cuBLAS runs the product.
+    pub weight_only: bool,
 }
 
 impl Options {
@@ -34,15 +38,17 @@ impl Options {
             pairs: true,
             offset_params: true,
             unrolled_rows: true,
+            weight_only: true,
         }
     }
 
     /// What a device of compute capability `cc` plans with `tuning`: its attention query
-    /// limit ([`fused_attention_queries`], unless `tuning` sets one) and slice starts as
-    /// `tuning` says.
+    /// limit ([`fused_attention_queries`], unless `tuning` sets one), slice starts as
+    /// `tuning` says, and weight-only products where it has bf16 `mma` (sm_80 and later).
     pub fn for_device(cc: (i32, i32), tuning: &Tuning) -> Self {
         Options {
             offset_params: tuning.offset_params,
+            weight_only: cc.0 >= 8,
             ..Options::new(
                 tuning
                     .attention_queries

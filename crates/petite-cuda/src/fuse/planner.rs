@@ -98,6 +98,7 @@ pub fn plan_opts(
         pairs,
         offset_params,
         unrolled_rows,
+        weight_only: weight_only_products,
     } = options;
     let order = program.topo_order()?;
     let consumers = program.consumers();
@@ -583,7 +584,9 @@ pub fn plan_opts(
             offsets,
         });
     }
-    weight_only(program, live, &consumers, &mut role);
+    if weight_only_products {
+        weight_only(program, live, &consumers, &mut role);
+    }
     let attention_kernels = (!attentions.is_empty()).then(|| {
         let at = kernels.len();
         kernels.extend(crate::source::ATTENTION_KERNELS.map(String::from));

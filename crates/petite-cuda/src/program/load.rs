@@ -48,18 +48,16 @@ impl<'d> DeviceProgram<'d> {
         }
         let fusing = dev.settings().tuning.fuse;
         let fusion = if fusing {
-            // The fused attention's products are bf16 `mma.sync`, sm_80 and later.
-            let attention = if dev.info().compute_capability.0 >= 8 {
-                options.attention_queries
-            } else {
-                0
-            };
+            // The fused attention's and `pt_wq_gemm`'s products are bf16 `mma.sync`, sm_80
+            // and later, whatever the caller's options.
+            let mma = dev.info().compute_capability.0 >= 8;
             crate::fuse::plan_opts(
                 program,
                 &live,
                 &is_output,
                 crate::fuse::Options {
-                    attention_queries: attention,
+                    attention_queries: if mma { options.attention_queries } else { 0 },
+                    weight_only: options.weight_only && mma,
                     ..options
                 },
             )?
@@ -76,16 +74,6 @@ impl<'d> DeviceProgram<'d> {
                 attention_kernels: None,
             }
         };
-        // `pt_wq_gemm` multiplies on bf16 `mma`, sm_80 and later: before, the weight is
-        // dequantized and cuBLAS runs the product.
-        let mut fusion = fusion;
-        if dev.info().compute_capability.0 < 8 {
-            for r in &mut fusion.role {
-                if *r == Role::WeightOnly {
-                    *r = Role::Plain;
-                }
-            }
-        }
         // Uses count the nodes that read a value from its buffer: fused roots read their
         // leaves; inlined nodes read nothing.
         let mut reads: Vec<Vec<NodeId>> = vec![Vec::new(); program.len()];

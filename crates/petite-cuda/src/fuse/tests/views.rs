@@ -323,6 +323,11 @@ fn pi05s_quantized_step_reads_codes_and_its_prefix_dequantizes() {
                     p.describe(i)
                 );
             }
+            // Without bf16 `mma` (before sm_80) every weight is dequantized.
+            let off = Options::for_device((7, 5), &crate::Tuning::default());
+            assert!(!off.weight_only);
+            let f = plan_program(p, off).unwrap();
+            assert!(!f.role.contains(&Role::WeightOnly), "{q} {name}");
         }
     }
 }
