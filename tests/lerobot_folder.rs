@@ -96,7 +96,9 @@ fn a_lerobot_folder_exports_with_its_interface_and_verifies() {
     );
     let id = policy["export_id"].as_str().unwrap();
     assert_eq!(id.len(), 32);
-    // verify takes the folder too and runs with its interface.
+    // verify takes the folder too and runs with its interface; `--actions-out` writes the
+    // actions in the shape of the config verify resolved (the folder's chunk and action dims).
+    let acts = s.0.join("actions.safetensors");
     ok(petite()
         .args(["verify", "--max-error", "1e-4", "--pte-dir"])
         .arg(&out)
@@ -104,8 +106,20 @@ fn a_lerobot_folder_exports_with_its_interface_and_verifies() {
         .arg(&ck)
         .arg("--config")
         .arg(case(CASE).join("config.json"))
+        .arg("--actions-out")
+        .arg(&acts)
         .output()
         .unwrap());
+    let bytes = std::fs::read(&acts).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let a = st.tensor("actions").unwrap();
+    assert_eq!(a.shape(), [6, 8]);
+    let vals: Vec<f32> = a
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert!(vals.iter().all(|v| v.is_finite()) && vals.iter().any(|&v| v != 0.0));
     // A training output resolves to its pretrained_model.
     let run = s.0.join("run");
     folder(

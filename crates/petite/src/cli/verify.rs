@@ -71,11 +71,6 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         .into());
     }
     a.device.check()?;
-    let cfg = match &a.config {
-        Some(p) if a.actions_out.is_some() => Some(petite_pi05::Pi05Config::from_json_file(p)?),
-        None if a.actions_out.is_some() => Some(petite_pi05::Pi05Config::default()),
-        _ => None,
-    };
     let r = verify(&VerifyOptions {
         dir: a.dir.clone(),
         checkpoint: a.checkpoint,
@@ -88,8 +83,8 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         stages: a.stages,
     })
     .with_context(|| format!("verify of {}", a.dir.display()))?;
-    if let (Some(out), Some(cfg)) = (&a.actions_out, &cfg) {
-        let path = petite_pi05::run::write_actions(out, cfg, &r.actions)?;
+    if let Some(out) = &a.actions_out {
+        let path = petite_pi05::run::write_actions(out, &r.cfg, &r.actions)?;
         println!("actions written to {}", path.display());
     }
     let report = a.dir.join(petite::layout::REPORT);

@@ -213,6 +213,9 @@ pub const FP8_MAX_ERROR: f32 = 5e-1;
 /// What a verification measured.
 #[derive(Debug, Clone)]
 pub struct VerifyResult {
+    /// The config the run used (`--config`, else the checkpoint folder's, else the real
+    /// pi0.5): the actions' shape.
+    pub cfg: petite_pi05::Pi05Config,
     /// Actions of the exported programs, f32 `[chunk, action_dim]`.
     pub actions: Vec<f32>,
     /// Actions of the f32 reference.
@@ -406,6 +409,7 @@ pub fn verify(opts: &VerifyOptions) -> Result<VerifyResult> {
         why,
     })?;
     Ok(VerifyResult {
+        cfg,
         actions,
         reference,
         max_abs_error,
