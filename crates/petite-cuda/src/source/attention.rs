@@ -52,13 +52,6 @@ __device__ __forceinline__ const unsigned short* at_key(const AttnParams& p, con
   int sb1 = (int)(v ? p.v1sb : p.k1sb), sh1 = (int)(v ? p.v1sh : p.k1sh);
   return (const unsigned short*)k1 + (b * sb1 + h * sh1 + (j - (int)p.n0) * sk);
 }
-__device__ __forceinline__ void at_mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
 __device__ __forceinline__ unsigned at_u32(const unsigned short* s) { return *(const unsigned*)s; }
 // Stages rows j0 .. j0 + rows of K (or of v: all dv columns) into buf, 16 bytes a copy, and
 // commits them as one group. Thread t copies column chunk t % ch of every (blockDim / ch)-th

@@ -214,16 +214,6 @@ extern "C" __global__ void pt_dequant(i64 rows, i64 per, int dc, int dout, int v
   }
 }
 
-// d += a·b on the tensor cores: m16n8k16, bf16 operands, f32 accumulation (sm_80 and later;
-// the host runs pt_wq_gemm only there).
-__device__ __forceinline__ void wq_mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
-
 // y = x · dequant(W)ᵀ for at most 64 rows of bf16 x (pi0.5's steps: 50), the weight's codes
 // read directly. A block dequantizes a [128 features × 32] tile of codes into shared memory as
 // bf16 (code · scale rounded once: pt_dequant's bits) beside x's [64 rows × 32] tile, and its
@@ -288,7 +278,7 @@ extern "C" __global__ __launch_bounds__(256) void pt_wq_gemm(i64 m, i64 n, i64 k
           const unsigned a2 = *(const unsigned*)&xs[r][ks + 2 * q + 8];
           const unsigned a3 = *(const unsigned*)&xs[r + 8][ks + 2 * q + 8];
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) wq_mma(acc[a][nt], a0, a1, a2, a3, b[nt][0], b[nt][1]);
+          for (int nt = 0; nt < 2; ++nt) at_mma(acc[a][nt], a0, a1, a2, a3, b[nt][0], b[nt][1]);
         }
       }
     }

@@ -119,10 +119,21 @@ __device__ __forceinline__ float block_max_f(float v, float* sh) {
 }
 "#;
 
-/// Asynchronous copies into shared memory (`cp.async`, sm_80 and later; plain copies before),
-/// shared by the attention kernels of the fixed module and of a program's fused source (after
-/// [`PRELUDE`] in both).
+/// Asynchronous copies into shared memory (`cp.async`, sm_80 and later; plain copies before)
+/// and the bf16 tensor-core product (`at_mma`), after [`PRELUDE`] in the fixed module
+/// (`pt_attn_tf32`'s copies, `pt_wq_gemm`'s products) and in every fused source (the attention
+/// module's kernels use both).
 pub(super) const CP_ASYNC: &str = r#"
+// d += a·b on the tensor cores: m16n8k16, bf16 operands, f32 accumulation (sm_80 and later;
+// the host launches its callers only there).
+__device__ __forceinline__ void at_mma(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
 // 16 bytes from global to shared memory without waiting (zeros when !valid; src stays a valid
 // address either way).
 __device__ __forceinline__ void at_cp16(void* dst, const void* src, bool valid) {
