@@ -59,11 +59,13 @@ pub struct Args {
     pub weights: String,
 }
 
-/// What `cmd` held while it ran, polled every 100 ms: the most memory GPU 0 had in use (MiB,
-/// as `nvidia-smi` reports it: the context, libraries, weights and buffers, less what was in
-/// use before it started; `None` where `nvidia-smi` does not answer), and the most host memory
-/// it held (VmRSS, KiB: mapped weight pages count while resident, so a runtime that keeps the
-/// weights both in the page cache and on the GPU shows them twice).
+/// What `cmd` held while it ran: the most memory GPU 0 had in use (MiB, as `nvidia-smi`
+/// reports it: the context, libraries, weights and buffers, less what was in use before it
+/// started; `None` where `nvidia-smi` does not answer), polled once a second — each poll starts
+/// a process on the machine whose calls are being timed —, and the most host memory it held
+/// (its VmHWM, KiB, read from `/proc` every 100 ms from 100 ms on; `None` for a process gone
+/// by then: mapped weight pages count while resident, so a runtime that keeps the weights
+/// both in the page cache and on the GPU shows them twice).
 fn run_measuring_memory(cmd: &mut Command) -> Result<(Option<u64>, Option<u64>)> {
     let used = || -> Option<u64> {
         let out = Command::new("nvidia-smi")
@@ -79,19 +81,26 @@ fn run_measuring_memory(cmd: &mut Command) -> Result<(Option<u64>, Option<u64>)>
     };
     let rss = |pid: u32| -> Option<u64> {
         let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let l = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let l = s.lines().find(|l| l.starts_with("VmHWM:"))?;
         l.split_whitespace().nth(1)?.parse().ok()
     };
     let before = used();
     eprintln!("xtask: {cmd:?}");
     let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
     let (mut most, mut host) = (before, None);
+    let mut tick = 0u64;
     let status = loop {
-        host = host.max(rss(child.id()));
+        // After the first sleep: the child has run its own program by then (not the fork's).
+        if tick > 0 {
+            host = host.max(rss(child.id()));
+        }
         if let Some(s) = child.try_wait()? {
             break s;
         }
-        most = most.max(used());
+        if tick.is_multiple_of(10) {
+            most = most.max(used());
+        }
+        tick += 1;
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
     anyhow::ensure!(status.success(), "{cmd:?} failed ({status})");
@@ -456,18 +465,18 @@ pub fn run(a: &Args) -> Result<()> {
     );
     let policy: Value = serde_json::from_slice(&std::fs::read(out.join("policy.json"))?)?;
     println!(
-        "policy bench: weights in the bundle {:.3} GiB (policy.json weight_bytes); GPU memory in use while acting: {}; the act process's host memory (VmRSS): {}",
+        "policy bench: weights in the bundle {:.3} GiB (policy.json weight_bytes); GPU memory in use while acting: {}; the act process's host memory (peak VmHWM): {}",
         policy["weight_bytes"].as_f64().unwrap_or(f64::NAN) / (1u64 << 30) as f64,
         match gpu_mib {
             Some(m) => format!(
-                "{:.3} GiB at most (nvidia-smi, polled every 100 ms, less what was in use before)",
+                "{:.3} GiB at most (nvidia-smi, polled once a second, less what was in use before)",
                 m as f64 / 1024.0
             ),
             None => "not measured (no nvidia-smi)".to_string(),
         },
         match host_kib {
-            Some(k) => format!("{:.1} MiB at most (polled every 100 ms)", k as f64 / 1024.0),
-            None => "not measured".to_string(),
+            Some(k) => format!("{:.1} MiB", k as f64 / 1024.0),
+            None => "not measured (the process ended within 100 ms)".to_string(),
         }
     );
     println!(
