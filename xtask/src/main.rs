@@ -60,7 +60,13 @@ enum Cmd {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Ci => ci(),
+        Cmd::Ci => {
+            // A full run writes ~22 GB under target/ (two torch venvs, the test and release
+            // builds, the aarch64 build); a full disk shows up as some compiler's IO error deep in
+            // the log, so the space is said first and again when a step fails.
+            util::report_disk("before CI");
+            ci().inspect_err(|_| util::report_disk("when CI failed"))
+        }
         Cmd::Conformance(a) => conformance::run(&a),
         Cmd::Bench(b) => bench::run(b),
         Cmd::Circles => circles::run(),

@@ -32,6 +32,35 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| root().join("target"))
 }
 
+/// Prints the space free on the filesystem of the target directory (through `df`, so nothing is
+/// assumed about the platform's statfs layout); a failure to ask is printed, never fatal.
+pub fn report_disk(when: &str) {
+    let dir = target_dir();
+    let probe = if dir.exists() { dir } else { root() };
+    let out = Command::new("df").args(["-Pk"]).arg(&probe).output();
+    let free_kib = out.ok().and_then(|o| {
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        let line = text.lines().nth(1)?.to_owned();
+        line.split_whitespace().nth(3)?.parse::<u64>().ok()
+    });
+    match free_kib {
+        Some(k) => {
+            let gib = k as f64 / (1024.0 * 1024.0);
+            eprintln!("disk {when}: {gib:.1} GiB free under {}", probe.display());
+            if gib < 30.0 {
+                eprintln!(
+                    "warning: a fresh CI run writes ~22 GB under target/; with {gib:.1} GiB free it \
+                     can stop at 'No space left on device'"
+                );
+            }
+        }
+        None => eprintln!(
+            "disk {when}: could not read the free space of {}",
+            probe.display()
+        ),
+    }
+}
+
 /// `petite ARGS` from the build the conformance tiers run ([`conformance_petite`]), in the
 /// workspace root.
 pub fn petite(args: &[&str]) -> Result<()> {
