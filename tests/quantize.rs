@@ -1,8 +1,8 @@
 //! `--weights int8|fp8` end to end (issue 51) on lerobot's goldens: the export records what it
 //! quantized, `petite verify` meets the mode's bound and reports the error by layer group; a
-//! checkpoint with planted outlier channels (as trained LLM weights have) keeps its error with
-//! per-channel scales, where one scale a tensor — the same checkpoint fake-quantized per tensor
-//! and exported in f32 — moves the actions far more.
+//! checkpoint with planted outlier channels (as trained LLM weights have) keeps every row's
+//! INT8 rounding with per-channel scales, where one scale a tensor crushes the ordinary rows, and
+//! its int8 export computes exactly the bf16 export of the weights it dequantizes.
 
 mod common;
 
@@ -166,27 +166,19 @@ fn planted_outlier_channels_hold_per_channel_and_not_per_tensor() {
         .iter()
         .map(|g| g["row_rel_rms"].as_f64().unwrap())
         .fold(0f64, f64::max);
-    // Quantization alone, without bf16: the checkpoint's quantized weights rounded through
-    // INT8 (one scale a row, or one a tensor) and back, exported in f32.
-    let fake_ck = |per_tensor: bool, dir: &str| -> std::path::PathBuf {
-        let ck = s.0.join(format!("{dir}-ck"));
-        rewrite(&outliers, &ck, &|name, x| {
-            if petite_pi05::quant::quantized_by_default(name) {
-                let q = Quant::Int8;
-                let row = if per_tensor { x.len() } else { shape_of(name) };
-                for w in x.chunks_mut(row) {
-                    let scale = q.row_scale(w).unwrap();
-                    w.iter_mut()
-                        .for_each(|v| *v = q.dequantize(q.quantize(*v, scale), scale));
-                }
+    // The checkpoint's quantized weights rounded through INT8 per row and back: the weights an
+    // int8 export dequantizes.
+    let row_ck = s.0.join("per-row-ck");
+    rewrite(&outliers, &row_ck, &|name, x| {
+        if petite_pi05::quant::quantized_by_default(name) {
+            let q = Quant::Int8;
+            for w in x.chunks_mut(shape_of(name)) {
+                let scale = q.row_scale(w).unwrap();
+                w.iter_mut()
+                    .for_each(|v| *v = q.dequantize(q.quantize(*v, scale), scale));
             }
-        });
-        ck
-    };
-    let row_ck = fake_ck(false, "per-row");
-    let row_err = measure(&row_ck, &s.0.join("per-row"), &["--dtype", "f32"]);
-    let tensor_ck = fake_ck(true, "per-tensor");
-    let tensor_err = measure(&tensor_ck, &s.0.join("per-tensor"), &["--dtype", "f32"]);
+        }
+    });
     // The int8 export computes exactly what a bf16 export of the weights it dequantizes does:
     // codes · scale in f32, rounded once to bf16 — the same actions, to the bit.
     let fake_bf16 = measure(&row_ck, &s.0.join("per-row-bf16"), &[]);
@@ -195,17 +187,39 @@ fn planted_outlier_channels_hold_per_channel_and_not_per_tensor() {
         channel_err.to_bits(),
         "int8 export {channel_err} vs bf16 export of its dequantized weights {fake_bf16}"
     );
+    // Per channel against per tensor, on the weights themselves. (Not on the actions: this
+    // planted model is chaotic — over verify seeds 0-5 bf16 alone moved its actions
+    // 1.6e-2..8.8e-1 and per-row INT8 in f32 2.7e-2..3.6e-1, per tensor 2.6e-1..9.2e-1, each
+    // order changing with the seed — so one action figure ranks nothing.)
+    let src = MappedSafetensors::open(outliers.join("model.safetensors")).unwrap();
+    let names: Vec<String> = src
+        .names()
+        .into_iter()
+        .filter(|n| petite_pi05::quant::quantized_by_default(n))
+        .collect();
+    use petite_pi05::quant::{Granularity, weight_errors};
+    let per_row = weight_errors(&src, &names, Quant::Int8, Granularity::PerRow).unwrap();
+    let per_tensor = weight_errors(&src, &names, Quant::Int8, Granularity::PerTensor).unwrap();
+    let worst_row = per_row.iter().map(|g| g.row_rel_rms).fold(0f64, f64::max);
+    let best_tensor = per_tensor
+        .iter()
+        .map(|g| g.row_rel_rms)
+        .fold(f64::INFINITY, f64::min);
     eprintln!(
-        "outlier channels: bf16 {bf16_err:.3e}, int8 export {channel_err:.3e} (worst group row \
-         rel. RMS {rows:.2e}); int8 alone in f32: per channel {row_err:.3e}, per tensor \
-         {tensor_err:.3e}"
+        "outlier channels: actions bf16 {bf16_err:.3e}, int8 export {channel_err:.3e}; weights' \
+         row-relative RMS per channel {worst_row:.2e} (worst group, verify: {rows:.2e}), per \
+         tensor {best_tensor:.2e} (best group)"
     );
+    assert_eq!(per_row.len(), per_tensor.len());
+    assert!(!per_row.is_empty());
+    // Per channel every row keeps INT8's rounding (half a step of 127: RMS ~ 1/(127·√12·…)).
     assert!(
-        rows < 1e-2,
-        "per channel, every row keeps INT8's rounding: {rows}"
+        rows < 1e-2 && worst_row < 1e-2,
+        "per channel, every row keeps INT8's rounding: verify {rows}, {worst_row}"
     );
+    // One scale a tensor spends the codes on the ×100 rows: the others keep about one code.
     assert!(
-        tensor_err > 3.0 * row_err,
-        "per tensor {tensor_err} vs per channel {row_err}"
+        best_tensor > 0.3,
+        "per tensor, the ordinary rows are crushed in every group: {best_tensor}"
     );
 }

@@ -86,7 +86,7 @@ fn pairs() -> Vec<Pair> {
             continue;
         }
         let name = backend.name();
-        let builder = match backend.builder(&BackendOptions::default()) {
+        let builder = match backend.builder(&BackendOptions::default(), None) {
             Ok(b) => b,
             Err(e) => {
                 println!("builder `{name}`: skipped, it cannot build here ({e})");

@@ -7,7 +7,12 @@
 //! the 8 bits on them and round every other row to a few codes.
 //!
 //! The scale of a row is `amax / max` in f32 (`amax` the largest |w| of the row, `max` the
-//! format's largest code: 127, or 448 for FP8 E4M3), and `1` for a row of zeros; a code is
+//! format's largest code: 127, or 448 for FP8 E4M3) rounded up to the next bf16 value, and `1`
+//! for a row of zeros. Why bf16: a code (8 significant bits at most) times a bf16 scale (8) is
+//! exact in f32, so a backend that dequantizes in bf16 (TensorRT's `DequantizeLinear` with a
+//! bf16 scale, the only form its INT8 path builds with bf16 activations) rounds the same exact
+//! product the reference executor does: every backend computes the same weight. Up, so the
+//! largest |w| still maps into the codes' range (the loss: at most 2⁻⁸ of the range). A code is
 //! `w / scale` in f32, clamped to `±max`, then rounded to nearest even (INT8: an integer; FP8: the
 //! E4M3 "fn" encoding, no infinities, NaN `S.1111.111`). The clamp matters: `w / scale` can exceed
 //! `max` by an ulp, and E4M3's conversions turn overflow into NaN. These are the rules numpy and
@@ -78,7 +83,7 @@ impl Quant {
         }
     }
 
-    /// A row's scale: its largest magnitude over [`Quant::max`], `1` for a row of zeros.
+    /// A row's scale: [`Quant::scale_for`] its largest magnitude.
     pub fn row_scale(self, row: &[f32]) -> Result<f32, NonFinite> {
         let mut amax = 0f32;
         for (i, &w) in row.iter().enumerate() {
@@ -87,7 +92,18 @@ impl Quant {
             }
             amax = amax.max(w.abs());
         }
-        Ok(if amax == 0.0 { 1.0 } else { amax / self.max() })
+        Ok(self.scale_for(amax))
+    }
+
+    /// The scale of a row (or tensor) whose largest magnitude is `amax` (finite, ≥ 0): `amax /
+    /// max` rounded up to a bf16 value (the module's rules), `1` for `0`.
+    pub fn scale_for(self, amax: f32) -> f32 {
+        if amax == 0.0 {
+            return 1.0;
+        }
+        let b = (amax / self.max()).to_bits();
+        // Positive and finite: clearing the low 16 bits and stepping one bf16 ulp is the ceiling.
+        f32::from_bits(if b & 0xFFFF == 0 { b } else { (b | 0xFFFF) + 1 })
     }
 
     /// The code of `w` under `scale` (an INT8 code as its two's-complement byte).
@@ -201,7 +217,7 @@ mod tests {
         for q in Quant::ALL {
             let mut codes = Vec::new();
             let s = q.quantize_row(&row, &mut codes).unwrap();
-            assert_eq!(s, 2.54 / q.max());
+            assert_eq!(s, q.scale_for(2.54));
             assert_eq!(codes[3], 0);
             for (&w, &c) in row.iter().zip(&codes) {
                 // Half a code's step at most (INT8: the step is the scale; FP8: 2⁻³ relative).
@@ -213,6 +229,33 @@ mod tests {
             }
         }
         assert_eq!(Quant::Int8.row_scale(&[0.0; 3]), Ok(1.0));
+        assert_eq!(Quant::Int8.scale_for(127.0), 1.0, "exact quotients stay");
+        assert_eq!(Quant::Fp8E4M3.scale_for(448.0 * 3.0), 3.0);
+    }
+
+    /// A scale is the smallest bf16 value at or above `amax / max`: exact in bf16 (its low 16
+    /// bits clear), never below the quotient, and one bf16 step below it is.
+    #[test]
+    fn scales_are_the_bf16_ceiling_of_the_quotient() {
+        let mut x = 0x3c23_d70au32; // xorshift over f32 bit patterns of positive finite amax
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let amax = f32::from_bits(x & 0x7eff_ffff);
+            if amax == 0.0 {
+                continue;
+            }
+            for q in Quant::ALL {
+                let s = q.scale_for(amax);
+                let quotient = amax / q.max();
+                assert_eq!(s.to_bits() & 0xffff, 0, "{amax:e} {q}: {s:e} not bf16");
+                assert!(s >= quotient, "{amax:e} {q}: {s:e} < {quotient:e}");
+                let below = f32::from_bits(s.to_bits() - 0x1_0000);
+                assert!(below < quotient, "{amax:e} {q}: {below:e} would do");
+                assert!(q.quantize(amax, s) == q.quantize(q.max(), 1.0) || amax / s < q.max());
+            }
+        }
         assert_eq!(
             Quant::Fp8E4M3.row_scale(&[1.0, f32::NAN]),
             Err(NonFinite(1))

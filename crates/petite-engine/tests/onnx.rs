@@ -175,3 +175,193 @@ fn quantized_codes_feed_dequantize_linear_directly() {
         }
     }
 }
+
+/// One protobuf field's value: a varint, or a length-delimited run of bytes.
+enum Wire<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+}
+
+/// The fields of one protobuf message, in order (enough of the wire format for ONNX graphs:
+/// varints, length-delimited, 32- and 64-bit fixed values skipped).
+fn fields(mut b: &[u8]) -> Vec<(u64, Wire<'_>)> {
+    fn varint(b: &mut &[u8]) -> u64 {
+        let (mut v, mut shift) = (0u64, 0);
+        loop {
+            let byte = b[0];
+            *b = &b[1..];
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return v;
+            }
+            shift += 7;
+        }
+    }
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let key = varint(&mut b);
+        let value = match key & 7 {
+            0 => Wire::Varint(varint(&mut b)),
+            2 => {
+                let n = varint(&mut b) as usize;
+                let (v, rest) = b.split_at(n);
+                b = rest;
+                Wire::Bytes(v)
+            }
+            1 => {
+                b = &b[8..];
+                continue;
+            }
+            5 => {
+                b = &b[4..];
+                continue;
+            }
+            w => panic!("wire type {w}"),
+        };
+        out.push((key >> 3, value));
+    }
+    out
+}
+
+/// A NodeProto read back: op type, inputs, outputs and its integer attributes.
+#[derive(Debug)]
+struct NodeRead {
+    op: String,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+    ints: Vec<(String, i64)>,
+}
+
+/// The nodes of a ModelProto's graph.
+fn nodes(model: &[u8]) -> Vec<NodeRead> {
+    let text = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
+    let graph = fields(model)
+        .into_iter()
+        .find_map(|(f, v)| match (f, v) {
+            (7, Wire::Bytes(g)) => Some(g),
+            _ => None,
+        })
+        .expect("a graph");
+    let mut out = Vec::new();
+    for (f, v) in fields(graph) {
+        let (1, Wire::Bytes(n)) = (f, v) else {
+            continue;
+        };
+        let mut node = NodeRead {
+            op: String::new(),
+            inputs: vec![],
+            outputs: vec![],
+            ints: vec![],
+        };
+        for (f, v) in fields(n) {
+            match (f, v) {
+                (1, Wire::Bytes(s)) => node.inputs.push(text(s)),
+                (2, Wire::Bytes(s)) => node.outputs.push(text(s)),
+                (4, Wire::Bytes(s)) => node.op = text(s),
+                (5, Wire::Bytes(a)) => {
+                    let (mut name, mut i) = (String::new(), None);
+                    for (f, v) in fields(a) {
+                        match (f, v) {
+                            (1, Wire::Bytes(s)) => name = text(s),
+                            (3, Wire::Varint(x)) => i = Some(x as i64),
+                            _ => {}
+                        }
+                    }
+                    if let Some(i) = i {
+                        node.ints.push((name, i));
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push(node);
+    }
+    out
+}
+
+/// For TensorRT a bf16 dequantize is spelled in bf16: its f32 scale cast to bf16 first (once per
+/// scale), `DequantizeLinear` giving bf16 with nothing after it but the value's Identity — the
+/// form TensorRT-RTX's INT8 path builds (the f32 form failed in its compiler; `cargo xtask
+/// conformance --only tensorrt` builds both formats). ONNX Runtime's f32 twin keeps the f32
+/// dequantize and rounds after it. Either way the model declares opset 19 (a bf16 scale and FP8
+/// codes are 19's).
+#[test]
+fn a_bf16_dequantize_for_tensorrt_takes_a_bf16_scale() {
+    use petite_graph::{Builder, Dtype, quant};
+    use petite_weights::{SafetensorsWriter, TensorSpec};
+    let mut b = Builder::new();
+    let x1 = b.input("x1", Dtype::Bf16, &[2, 4]).unwrap();
+    let x2 = b.input("x2", Dtype::Bf16, &[2, 4]).unwrap();
+    let w = b.weight("w", Dtype::Bf16, &[3, 4]).unwrap();
+    let y1 = b.linear(x1, w, None).unwrap();
+    let y2 = b.linear(x2, w, None).unwrap();
+    b.output("y1", y1).unwrap();
+    b.output("y2", y2).unwrap();
+    let p = b.finish().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for q in quant::Quant::ALL {
+        let (qp, _) = quant::quantize_weights(&p, q, |_| true).unwrap();
+        assert_eq!(petite_engine::onnx::opset_for(&qp).0, 19, "{q}");
+        let file = dir.path().join(format!("{q}.safetensors"));
+        let table = [
+            TensorSpec::new("w", Dtype::of_quant(q), &[3, 4]),
+            TensorSpec::new("w.qscale", Dtype::F32, &[3]),
+        ];
+        let wr = SafetensorsWriter::create(&file, &table, &[]).unwrap();
+        for t in &table {
+            let mut s = wr.tensor(&t.name).unwrap();
+            std::io::Write::write_all(
+                &mut s,
+                &vec![1u8; t.dtype.size() * t.shape.iter().product::<usize>()],
+            )
+            .unwrap();
+            s.finish().unwrap();
+        }
+        wr.finish().unwrap();
+        let src = MappedSafetensors::open(&file).unwrap();
+        for flavor in [Flavor::TensorRt, Flavor::F32Twin] {
+            let model = emit(&qp, &locations(src.header()), "m.data", flavor).unwrap();
+            let ns = nodes(&model);
+            let producer = |v: &str| ns.iter().find(|n| n.outputs.iter().any(|o| o == v));
+            let readers = |v: &str| -> Vec<&NodeRead> {
+                ns.iter()
+                    .filter(|n| n.inputs.iter().any(|i| i == v))
+                    .collect()
+            };
+            let dqs: Vec<&NodeRead> = ns.iter().filter(|n| n.op == "DequantizeLinear").collect();
+            assert!(!dqs.is_empty(), "{q} {flavor:?}: no DequantizeLinear");
+            let to_bf16 = ("to".to_string(), 16);
+            let scale_casts = ns
+                .iter()
+                .filter(|n| n.op == "Cast" && n.ints.contains(&to_bf16))
+                .filter(|n| {
+                    readers(&n.outputs[0])
+                        .iter()
+                        .all(|r| r.op == "DequantizeLinear")
+                })
+                .count();
+            for dq in &dqs {
+                assert_eq!(
+                    dq.inputs[0], "w:w",
+                    "{q} {flavor:?}: codes straight from the initializer"
+                );
+                let scale = producer(&dq.inputs[1]);
+                let after = readers(&dq.outputs[0]);
+                match flavor {
+                    Flavor::TensorRt => {
+                        let cast = scale.expect("the scale is computed");
+                        assert_eq!(cast.op, "Cast", "{q}: {cast:?}");
+                        assert!(cast.ints.contains(&to_bf16), "{q}: {cast:?}");
+                        assert!(after.iter().all(|n| n.op == "Identity"), "{q}: {after:?}");
+                    }
+                    Flavor::F32Twin => {
+                        assert!(scale.is_none_or(|s| s.op != "Cast"), "{q}: {scale:?}");
+                        assert!(after.iter().all(|n| n.op == "Cast"), "{q}: {after:?}");
+                    }
+                }
+            }
+            let want = if flavor == Flavor::TensorRt { 1 } else { 0 };
+            assert_eq!(scale_casts, want, "{q} {flavor:?}: casts of the scale");
+        }
+    }
+}

@@ -179,7 +179,7 @@ pub fn weight_errors<S: petite_weights::WeightSource + ?Sized>(
                     quant.row_scale(&wide).map_err(bad)?; // finite, or an error
                     amax = wide.iter().fold(amax, |m, x| m.max(x.abs()));
                 }
-                Some(if amax == 0.0 { 1.0 } else { amax / quant.max() })
+                Some(quant.scale_for(amax))
             }
         };
         let g = group(name).unwrap_or("other");

@@ -29,7 +29,7 @@ impl Resolved {
         self.lerobot.as_ref().map(|(lr, _)| lr.describe())
     }
 
-    /// Warnings to print (a set `rtc_config`, stats missing).
+    /// Warnings to print (the folder's own, and normalization stats missing).
     pub fn warnings(&self) -> Vec<String> {
         let Some((lr, runner)) = &self.lerobot else {
             return vec![];

@@ -8,7 +8,7 @@
 //! bf16) and `petite verify` (which runs the files in the runtime through its embedded copy of
 //! the same driver) within 1e-4 of the f32 reference in f32, and the driver against lerobot's
 //! goldens: f32 export <= 1e-4 of lerobot's f32 actions; bf16 export <= [`BF16_BOUND`] of both
-//! lerobot's f32 and bf16 actions (portable kernels compute in bf16, see README).
+//! lerobot's f32 and bf16 actions (portable kernels compute in bf16, see docs/GUIDE.md, Backends: portable).
 //! `--full`: the same files in executorch 1.5.1's runtime (the pte tier's heavy venv).
 
 use std::path::Path;

@@ -18,7 +18,9 @@
 //! programs ExecuTorch 1.5.1's own exporter plans for the same delegate dataflow, with and
 //! without a `target_device=cuda:0` delegate (`conformance/executorch/placement_check.py`,
 //! venv `target/venv-pte-full`). The whole-policy ONNX export (`--backend onnx --dtype bf16`) of
-//! every golden is parsed and built by TensorRT-RTX as one engine. What it cannot check: running
+//! every golden is parsed and built by TensorRT-RTX as one engine. Quantized weights: one case
+//! exported `--weights int8` (sm86) and `--weights fp8` (sm89) builds every engine, its whole
+//! int8 ONNX builds as one, and fp8 for sm86 is refused before any work. What it cannot check: running
 //! a plan (no GPU here that
 //! TensorRT-RTX supports: so not the plan's streamable size either), and JetPack TensorRT's own
 //! builder.
@@ -97,6 +99,7 @@ pub fn run() -> Result<()> {
         }
     }
     total += weight_streaming(&petite, &python, &out)?;
+    total += quantized(&petite, &python, &out)?;
     refusals(&petite, &python, &out)?;
     whole_policy(&petite, &python, &out)?;
     std::fs::remove_dir_all(&out).with_context(|| format!("removing {}", out.display()))?;
@@ -110,7 +113,6 @@ pub fn run() -> Result<()> {
 /// `vtrt` plan. Measured here: 8–24 s and a builder peak RSS of 0.58–0.91 GiB per golden.
 fn whole_policy(petite: &Path, python: &Path, out: &Path) -> Result<()> {
     let root = util::root();
-    let driver = root.join("crates/petite-engine/python/trt_rtx_build.py");
     for case in CASES {
         let case_dir = root.join("testdata").join("pi05").join(case);
         let dir = out.join(format!("{case}-onnx-bf16"));
@@ -123,34 +125,101 @@ fn whole_policy(petite: &Path, python: &Path, out: &Path) -> Result<()> {
                 .arg("--out")
                 .arg(&dir),
         )?;
-        let plan = dir.join("pi05.plan");
-        let o = std::process::Command::new(python)
-            .arg(&driver)
-            .arg("--onnx")
-            .arg(dir.join("pi05.onnx"))
-            .arg("--plan")
-            .arg(&plan)
-            .args(["--target", "sm86"])
-            .output()
-            .context("starting the TensorRT-RTX driver")?;
-        ensure!(
-            o.status.success(),
-            "{case}: TensorRT-RTX did not build pi05.onnx ({}): {}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let bytes = std::fs::read(&plan).with_context(|| plan.display().to_string())?;
-        ensure!(
-            bytes.starts_with(b"vtrt"),
-            "{case}: {} is not a TensorRT-RTX plan",
-            plan.display()
-        );
+        let built = build_whole(python, &dir).with_context(|| case.to_string())?;
         eprintln!(
-            "xtask: tensorrt: {case}: whole-policy pi05.onnx (bf16) built as one engine: {}",
-            String::from_utf8_lossy(&o.stdout).trim()
+            "xtask: tensorrt: {case}: whole-policy pi05.onnx (bf16) built as one engine: {built}"
         );
     }
     Ok(())
+}
+
+/// Builds `DIR/pi05.onnx` for sm86 with the TensorRT-RTX driver; checks the plan is one and
+/// returns the driver's line.
+fn build_whole(python: &Path, dir: &Path) -> Result<String> {
+    let driver = util::root().join("crates/petite-engine/python/trt_rtx_build.py");
+    let plan = dir.join("pi05.plan");
+    let o = std::process::Command::new(python)
+        .arg(&driver)
+        .arg("--onnx")
+        .arg(dir.join("pi05.onnx"))
+        .arg("--plan")
+        .arg(&plan)
+        .args(["--target", "sm86"])
+        .output()
+        .context("starting the TensorRT-RTX driver")?;
+    ensure!(
+        o.status.success(),
+        "TensorRT-RTX did not build {} ({}): {}",
+        dir.join("pi05.onnx").display(),
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let bytes = std::fs::read(&plan).with_context(|| plan.display().to_string())?;
+    ensure!(
+        bytes.starts_with(b"vtrt"),
+        "{} is not a TensorRT-RTX plan",
+        plan.display()
+    );
+    Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// `--weights int8` (for sm86) and `--weights fp8` (for sm89, the first with FP8) of
+/// [`STREAMING_CASE`]: every engine, with its `DequantizeLinear`s of int8 or FP8 codes, parses
+/// and builds through TensorRT-RTX, and `report.json` records the quantization; the same case's
+/// whole-policy int8 ONNX (`--backend onnx`) builds as one engine. Returns the engines.
+fn quantized(petite: &Path, python: &Path, out: &Path) -> Result<usize> {
+    let root = util::root();
+    let case_dir = root.join("testdata").join("pi05").join(STREAMING_CASE);
+    let mut total = 0;
+    for (mode, target) in [("int8", "sm86"), ("fp8", "sm89")] {
+        let dir = out.join(format!("{STREAMING_CASE}-{mode}"));
+        util::run(
+            std::process::Command::new(petite)
+                .args(["export", "--backend", "tensorrt", "--trt-python"])
+                .arg(python)
+                .args(["--trt-target", target, "--weights", mode, "--config"])
+                .arg(case_dir.join("config.json"))
+                .arg("--checkpoint")
+                .arg(case_dir.join("model.safetensors"))
+                .arg("--out")
+                .arg(&dir),
+        )?;
+        let n = check_export(&dir).with_context(|| format!("{}", dir.display()))?;
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("report.json"))?)?;
+        let q = &r["quantization"];
+        ensure!(
+            q["weights"] == mode && q["tensors"].as_u64().is_some_and(|t| t > 0),
+            "{mode}: report.json quantization {q}"
+        );
+        eprintln!(
+            "xtask: tensorrt: {STREAMING_CASE} --weights {mode} ({target}): {n} engines built by TensorRT-RTX, {} weights quantized",
+            q["tensors"]
+        );
+        total += n;
+    }
+    let dir = out.join(format!("{STREAMING_CASE}-onnx-int8"));
+    util::run(
+        std::process::Command::new(petite)
+            .args([
+                "export",
+                "--backend",
+                "onnx",
+                "--weights",
+                "int8",
+                "--config",
+            ])
+            .arg(case_dir.join("config.json"))
+            .arg("--checkpoint")
+            .arg(case_dir.join("model.safetensors"))
+            .arg("--out")
+            .arg(&dir),
+    )?;
+    let built = build_whole(python, &dir)?;
+    eprintln!(
+        "xtask: tensorrt: {STREAMING_CASE}: whole-policy pi05.onnx (--weights int8) built as one engine: {built}"
+    );
+    Ok(total)
 }
 
 /// The weight-streaming export of [`STREAMING_CASE`] (see the module docs); returns its engines.
@@ -280,7 +349,7 @@ fn plan_bytes(blob: &Path) -> Result<Vec<u8>> {
 fn refusals(petite: &Path, python: &Path, out: &Path) -> Result<()> {
     let case_dir = util::root().join("testdata").join("pi05").join(CASES[0]);
     let base_python = util::python312()?;
-    let cases: [(&str, Vec<std::ffi::OsString>, &str); 3] = [
+    let cases: [(&str, Vec<std::ffi::OsString>, &str); 4] = [
         (
             "unsupported target",
             vec![
@@ -305,6 +374,18 @@ fn refusals(petite: &Path, python: &Path, out: &Path) -> Result<()> {
                 "1KiB".into(),
             ],
             "is below one layer's weights",
+        ),
+        (
+            "fp8 weights for a target without FP8",
+            vec![
+                "--trt-python".into(),
+                python.into(),
+                "--trt-target".into(),
+                "sm86".into(),
+                "--weights".into(),
+                "fp8".into(),
+            ],
+            "--weights fp8: --trt-target sm86 (compute capability 8.6) has no FP8",
         ),
     ];
     for (what, args, needle) in cases {

@@ -11,7 +11,8 @@ quiet NaN 0x7FC0 with the sign kept by ml_dtypes); it stands in for torch to avo
     weights_check.py quant-vectors OUT.bin   FP8 E4M3 and per-row INT8/FP8 quantization vectors
 
 Quantization (petite_dtype::quant): a row's scale is float32 amax / max (max 127 or 448; 1 for a
-zero row), a code np.clip(w / scale, -max, max) then np.rint (INT8) or ml_dtypes' float8_e4m3fn
+zero row) rounded up to a bfloat16 value (ml_dtypes' RNE cast, stepped one bfloat16 up where it
+fell below the quotient), a code np.clip(w / scale, -max, max) then np.rint (INT8) or ml_dtypes' float8_e4m3fn
 cast (round to nearest even; it turns overflow into NaN, hence the clip first).
 """
 
@@ -175,7 +176,10 @@ def quant_rows(rng):
 def quantize(rows, fmt):
     top = np.float32(127.0 if fmt == "int8" else 448.0)
     amax = np.abs(rows).max(axis=1)
-    scale = np.where(amax == 0, np.float32(1.0), amax / top).astype(np.float32)
+    quotient = np.where(amax == 0, np.float32(1.0), amax / top).astype(np.float32)
+    b = quotient.astype(ml_dtypes.bfloat16)
+    up = (b.view(np.uint16) + np.uint16(1)).view(ml_dtypes.bfloat16)
+    scale = np.where(b.astype(np.float32) < quotient, up, b).astype(np.float32)
     v = np.clip(rows / scale[:, None], -top, top).astype(np.float32)
     if fmt == "int8":
         codes = np.rint(v).astype(np.int8).view(np.uint8)

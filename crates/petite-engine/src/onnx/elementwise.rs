@@ -159,11 +159,33 @@ impl Emitter<'_> {
                 }
             }
             Op::Dequantize { .. } => {
-                // codes · scale[row] in f32 (ONNX: `(x − 0) · scale` on axis 0), then rounded
-                // once to the declared dtype, as the reference executor computes it.
+                // codes · scale[row] (ONNX: `(x − 0) · scale` on axis 0), rounded once to the
+                // declared dtype, as the reference executor computes it.
                 let (c, s) = (self.input(id, 0), self.input(id, 1));
-                let y = self.op("DequantizeLinear", &[&c, &s], vec![("axis", Attr::I(0))]);
-                self.finish_f32(id, &y);
+                let half = matches!(out_d, Dtype::Bf16 | Dtype::F16);
+                if self.flavor == Flavor::TensorRt && half && self.dtype(n.inputs[1]) == Dtype::F32
+                {
+                    // In the declared dtype: a scale in it makes `DequantizeLinear` give it
+                    // straight, the form TensorRT's INT8 path builds (an f32 scale's f32 result
+                    // cast to bf16 fails inside its Myelin compiler). The same bits: scales are
+                    // exact in bf16 (petite_dtype::quant) and a code times one is exact in f32,
+                    // so both round the same exact product once.
+                    let ty = onnx_type(out_d);
+                    let key = (s.clone(), ty);
+                    let s16 = match self.scale_casts.get(&key) {
+                        Some(v) => v.clone(),
+                        None => {
+                            let v = self.cast(&s, ty);
+                            self.scale_casts.insert(key, v.clone());
+                            v
+                        }
+                    };
+                    let y = self.op("DequantizeLinear", &[&c, &s16], vec![("axis", Attr::I(0))]);
+                    self.finish_native(id, &y);
+                } else {
+                    let y = self.op("DequantizeLinear", &[&c, &s], vec![("axis", Attr::I(0))]);
+                    self.finish_f32(id, &y);
+                }
             }
             Op::CumSum { axis } => {
                 let mut x = self.input(id, 0);

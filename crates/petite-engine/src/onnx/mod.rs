@@ -31,22 +31,24 @@ use crate::{Error, Result};
 pub const OPSET: i64 = 17;
 /// ONNX IR version matching opset 17.
 pub const IR_VERSION: i64 = 8;
-/// The opset of a model holding FP8 codes: 19 is the first whose `DequantizeLinear` takes
-/// `float8e4m3fn` (the ops petite emits mean the same from 17 to 19 on its dtypes).
-pub const OPSET_FP8: i64 = 19;
+/// The opset of a model holding quantized codes: 19 is the first whose `DequantizeLinear` takes
+/// `float8e4m3fn` codes and a bf16 scale (the ops petite emits mean the same from 17 to 19 on
+/// its dtypes).
+pub const OPSET_QUANT: i64 = 19;
 /// ONNX IR version matching opset 19 (the first with the float8 types).
-pub const IR_VERSION_FP8: i64 = 9;
+pub const IR_VERSION_QUANT: i64 = 9;
 
-/// The (opset, IR version) a model of `program` declares: [`OPSET`] unless it holds FP8 codes.
+/// The (opset, IR version) a model of `program` declares: [`OPSET`] unless it holds quantized
+/// codes ([`OPSET_QUANT`]).
 pub fn opset_for(program: &Program) -> (i64, i64) {
-    let fp8 = program.ids().any(|id| {
+    let quant = program.ids().any(|id| {
         program
             .node(id)
             .tensor()
-            .is_some_and(|t| t.dtype == Dtype::F8E4M3)
+            .is_some_and(|t| t.dtype.is_quant_code())
     });
-    if fp8 {
-        (OPSET_FP8, IR_VERSION_FP8)
+    if quant {
+        (OPSET_QUANT, IR_VERSION_QUANT)
     } else {
         (OPSET, IR_VERSION)
     }
@@ -194,6 +196,9 @@ struct Emitter<'a> {
     /// The model's opset ([`opset_for`]): from 18 on, `ReduceMean`/`ReduceMax` take their
     /// axes as an input.
     opset: i64,
+    /// [`Flavor::TensorRt`]: each f32 scale's cast to its dequantize's dtype, by the scale's
+    /// value name (a weight shared by the steps is dequantized once a step, cast once).
+    scale_casts: BTreeMap<(String, i64), String>,
 }
 
 impl Emitter<'_> {
@@ -522,6 +527,7 @@ pub fn emit_to(
         names,
         fresh: 0,
         opset: opset_for(program).0,
+        scale_casts: BTreeMap::new(),
     };
     let roots: Vec<NodeId> = program.outputs.iter().map(|o| o.value).collect();
     let live = program.ancestors(&roots);

@@ -13,6 +13,7 @@ mod tensorrt;
 use std::path::PathBuf;
 
 use petite_engine::EngineBuilder;
+use petite_graph::quant::Quant;
 use petite_pi05::Precision;
 
 use crate::{Error, Result};
@@ -134,9 +135,14 @@ pub trait BackendSpec: Sync {
         None
     }
     /// Its engine builder, its tool found and probed (a missing or broken builder is refused
-    /// before any work). Backends whose [`Output`] is not [`Output::Engines`] build none.
-    fn builder(&self, o: &BackendOptions) -> Result<Box<dyn EngineBuilder>> {
-        let _ = o;
+    /// before any work, as is a `--weights` format its target cannot compute). Backends whose
+    /// [`Output`] is not [`Output::Engines`] build none.
+    fn builder(
+        &self,
+        o: &BackendOptions,
+        weights: Option<Quant>,
+    ) -> Result<Box<dyn EngineBuilder>> {
+        let _ = (o, weights);
         Err(Error::Internal(format!(
             "the {} backend builds no engines",
             self.name()
@@ -173,8 +179,12 @@ impl Backend {
     }
 
     /// Its builder ([`BackendSpec::builder`]).
-    pub fn builder(self, o: &BackendOptions) -> Result<Box<dyn EngineBuilder>> {
-        self.0.builder(o)
+    pub fn builder(
+        self,
+        o: &BackendOptions,
+        weights: Option<Quant>,
+    ) -> Result<Box<dyn EngineBuilder>> {
+        self.0.builder(o, weights)
     }
 
     /// Refuses, in one line, a `--dtype` it does not export and every flag in `used` (as given

@@ -2,6 +2,7 @@
 
 use petite_engine::EngineBuilder;
 use petite_engine::reference::{BACKEND_ID, ReferenceBuilder};
+use petite_graph::quant::Quant;
 
 use super::{BackendOptions, BackendSpec, Flag, Output};
 use crate::Result;
@@ -27,7 +28,7 @@ impl BackendSpec for Reference {
             Flag::QuantizeSkip,
         ]
     }
-    fn builder(&self, _: &BackendOptions) -> Result<Box<dyn EngineBuilder>> {
+    fn builder(&self, _: &BackendOptions, _: Option<Quant>) -> Result<Box<dyn EngineBuilder>> {
         Ok(Box::new(ReferenceBuilder::default()))
     }
     fn delegate_id(&self) -> Option<&'static str> {

@@ -3,6 +3,7 @@
 
 use petite_engine::EngineBuilder;
 use petite_engine::tensorrt::{self, TensorRtBuilder, Tool, ToolKind, ToolSearch};
+use petite_graph::quant::Quant;
 use petite_pi05::Precision;
 
 use super::{BackendOptions, BackendSpec, Flag, Output};
@@ -34,6 +35,8 @@ impl BackendSpec for TensorRt {
             Flag::TrtPython,
             Flag::TrtTarget,
             Flag::WeightStreamingBudget,
+            Flag::Weights,
+            Flag::QuantizeSkip,
         ]
     }
     /// On an integrated GPU (Jetson) the export shares the device's one memory pool: the
@@ -48,7 +51,11 @@ impl BackendSpec for TensorRt {
         );
         Some(b)
     }
-    fn builder(&self, o: &BackendOptions) -> Result<Box<dyn EngineBuilder>> {
+    fn builder(
+        &self,
+        o: &BackendOptions,
+        weights: Option<Quant>,
+    ) -> Result<Box<dyn EngineBuilder>> {
         let tool = Tool::find(&ToolSearch {
             trtexec: o.trtexec.clone(),
             trt_python: o.trt_python.clone(),
@@ -68,6 +75,27 @@ impl BackendSpec for TensorRt {
             (None, ToolKind::Rtx) => Some(petite_engine::gpu::default_rtx_target(&tool)),
             (None, ToolKind::Trtexec) => None,
         };
+        if weights == Some(Quant::Fp8E4M3) {
+            // FP8 codes need FP8 hardware (sm89 on: Ada, Hopper, Thor); TensorRT-RTX's refusal
+            // comes from deep in its compiler after the first engine's parse.
+            let (what, cc) = match &target {
+                Some(t) => (format!("--trt-target {t}"), target_cc(t)),
+                None => match petite_engine::gpu::probe() {
+                    Some(g) => (
+                        format!("the GPU trtexec builds for ({}, {})", g.name, g.target()),
+                        u32::try_from(g.compute_capability.0 * 10 + g.compute_capability.1).ok(),
+                    ),
+                    None => (String::new(), None),
+                },
+            };
+            if let Some(cc) = cc.filter(|&cc| cc < 89) {
+                return Err(Error::Usage(format!(
+                    "--weights fp8: {what} (compute capability {}.{}) has no FP8; TensorRT builds FP8 weights for sm89 and later (Ada, Hopper, Thor). Use --weights int8 there",
+                    cc / 10,
+                    cc % 10
+                )));
+            }
+        }
         let mut b = TensorRtBuilder::new(tool);
         if let Some(t) = target {
             b.target = t;
@@ -81,5 +109,22 @@ impl BackendSpec for TensorRt {
     }
     fn delegate_id(&self) -> Option<&'static str> {
         Some(tensorrt::BACKEND_ID)
+    }
+}
+
+/// The compute capability of a TensorRT-RTX target name (`sm89` → 89), when it is one.
+fn target_cc(target: &str) -> Option<u32> {
+    target.strip_prefix("sm")?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::target_cc;
+
+    #[test]
+    fn target_names_give_compute_capabilities() {
+        assert_eq!(target_cc("sm89"), Some(89));
+        assert_eq!(target_cc("sm120"), Some(120));
+        assert_eq!(target_cc("gfx90"), None);
     }
 }

@@ -76,12 +76,12 @@ pub struct ExportArgs {
     pub jobs: Option<std::num::NonZeroUsize>,
     /// Numerics: bf16 (lerobot's bfloat16 mode) or f32. Default bf16: what a deployed policy
     /// runs, half the memory (tensorrt exports bf16 only). With --backend portable the kernels
-    /// compute in the weights' dtype (bf16 matmuls round inside the kernel; see README).
+    /// compute in the weights' dtype (bf16 matmuls round inside the kernel; see docs/GUIDE.md, Backends: portable).
     #[arg(long, value_enum, default_value = "bf16")]
     pub dtype: super::PrecisionArg,
-    /// Weight-only quantization for boards with little memory (reference, onnx): int8 or fp8
-    /// (E4M3) codes with one f32 scale per output channel, computed while the checkpoint
-    /// streams (no second pass). The rule: the linear layers of Gemma's and the action
+    /// Weight-only quantization for boards with little memory (reference, tensorrt, onnx): int8
+    /// or fp8 (E4M3; tensorrt: sm89 and later) codes with one scale per output channel (a bf16
+    /// value), computed while the checkpoint streams (no second pass). The rule: the linear layers of Gemma's and the action
     /// expert's blocks; SigLIP, embeddings, norms and the expert's in/out projections keep
     /// --dtype. Default: none (every weight in --dtype). Check the accuracy on your own
     /// checkpoint with `petite verify`.

@@ -75,7 +75,7 @@ impl<'l> EngineStages<'l> {
     pub(super) fn plan(l: &'l Loaded, opts: &'l ExportOptions) -> Result<Self> {
         // The backend's dtypes and flags were checked by `ExportOptions::check`. Finds and
         // probes the backend's tool: a missing builder is refused before any work.
-        let builder = opts.backend.builder(&opts.backend_options)?;
+        let builder = opts.backend.builder(&opts.backend_options, opts.weights)?;
         let device = match (opts.placement, builder.device()) {
             (Some(Placement::Host), _) | (None, None) => None,
             (Some(Placement::Device), Some(d)) | (None, Some(d)) => Some(d),

@@ -73,7 +73,8 @@ pub const DEFAULT_ENGINE_CAP: u64 = 512 << 20;
 const CONVERT_BYTES: u64 = 48 << 20;
 /// Memory of the portable backend's banded transpose+convert into the `.pte`s: per thread an 8 MiB source
 /// band with its rows mapped (unmapped 2 MiB behind) and its converted output, plus readahead
-/// of the weight; measured 62 MiB above the process base at full size (`memcap`, README).
+/// of the weight; a full-size export's whole peak RSS measured 53 MiB under `memcap`
+/// (docs/MEASUREMENTS.md, `--backend portable`).
 const PORTABLE_CONVERT_BYTES: u64 = 80 << 20;
 
 /// Settings of one export.
