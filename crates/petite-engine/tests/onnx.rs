@@ -130,12 +130,34 @@ fn a_row_range_weight_is_external_data_of_just_its_rows() {
     assert_eq!(ranges, cfg.language.vocab.div_ceil(16));
 }
 
+/// A mapping file holding weight `w` [3, 4] as `q` codes (every byte 1) and its scales.
+fn quantized_mapping(dir: &std::path::Path, q: petite_graph::quant::Quant) -> MappedSafetensors {
+    use petite_graph::Dtype;
+    use petite_weights::{SafetensorsWriter, TensorSpec};
+    let file = dir.join(format!("{q}.safetensors"));
+    let table = [
+        TensorSpec::new("w", Dtype::of_quant(q), &[3, 4]),
+        TensorSpec::new("w.qscale", Dtype::F32, &[3]),
+    ];
+    let wr = SafetensorsWriter::create(&file, &table, &[]).unwrap();
+    for t in &table {
+        let mut s = wr.tensor(&t.name).unwrap();
+        std::io::Write::write_all(
+            &mut s,
+            &vec![1u8; t.dtype.size() * t.shape.iter().product::<usize>()],
+        )
+        .unwrap();
+        s.finish().unwrap();
+    }
+    wr.finish().unwrap();
+    MappedSafetensors::open(&file).unwrap()
+}
+
 /// A quantized weight's codes feed their `DequantizeLinear` straight from the initializer (as
 /// TensorRT requires of a quantized constant: no Identity between).
 #[test]
 fn quantized_codes_feed_dequantize_linear_directly() {
     use petite_graph::{Builder, Dtype, quant};
-    use petite_weights::{SafetensorsWriter, TensorSpec};
     let mut b = Builder::new();
     let x = b.input("x", Dtype::Bf16, &[2, 4]).unwrap();
     let w = b.weight("w", Dtype::Bf16, &[3, 4]).unwrap();
@@ -145,23 +167,7 @@ fn quantized_codes_feed_dequantize_linear_directly() {
     let dir = tempfile::tempdir().unwrap();
     for q in quant::Quant::ALL {
         let (qp, _) = quant::quantize_weights(&p, q, |_| true).unwrap();
-        let file = dir.path().join(format!("{q}.safetensors"));
-        let table = [
-            TensorSpec::new("w", Dtype::of_quant(q), &[3, 4]),
-            TensorSpec::new("w.qscale", Dtype::F32, &[3]),
-        ];
-        let wr = SafetensorsWriter::create(&file, &table, &[]).unwrap();
-        for t in &table {
-            let mut s = wr.tensor(&t.name).unwrap();
-            std::io::Write::write_all(
-                &mut s,
-                &vec![1u8; t.dtype.size() * t.shape.iter().product::<usize>()],
-            )
-            .unwrap();
-            s.finish().unwrap();
-        }
-        wr.finish().unwrap();
-        let src = MappedSafetensors::open(&file).unwrap();
+        let src = quantized_mapping(dir.path(), q);
         for flavor in [Flavor::TensorRt, Flavor::F32Twin] {
             let model = emit(&qp, &locations(src.header()), "m.data", flavor).unwrap();
             // A NodeProto whose first input is the codes' initializer and which has a second
@@ -288,7 +294,6 @@ fn nodes(model: &[u8]) -> Vec<NodeRead> {
 #[test]
 fn a_bf16_dequantize_for_tensorrt_takes_a_bf16_scale() {
     use petite_graph::{Builder, Dtype, quant};
-    use petite_weights::{SafetensorsWriter, TensorSpec};
     let mut b = Builder::new();
     let x1 = b.input("x1", Dtype::Bf16, &[2, 4]).unwrap();
     let x2 = b.input("x2", Dtype::Bf16, &[2, 4]).unwrap();
@@ -302,23 +307,7 @@ fn a_bf16_dequantize_for_tensorrt_takes_a_bf16_scale() {
     for q in quant::Quant::ALL {
         let (qp, _) = quant::quantize_weights(&p, q, |_| true).unwrap();
         assert_eq!(petite_engine::onnx::opset_for(&qp).0, 19, "{q}");
-        let file = dir.path().join(format!("{q}.safetensors"));
-        let table = [
-            TensorSpec::new("w", Dtype::of_quant(q), &[3, 4]),
-            TensorSpec::new("w.qscale", Dtype::F32, &[3]),
-        ];
-        let wr = SafetensorsWriter::create(&file, &table, &[]).unwrap();
-        for t in &table {
-            let mut s = wr.tensor(&t.name).unwrap();
-            std::io::Write::write_all(
-                &mut s,
-                &vec![1u8; t.dtype.size() * t.shape.iter().product::<usize>()],
-            )
-            .unwrap();
-            s.finish().unwrap();
-        }
-        wr.finish().unwrap();
-        let src = MappedSafetensors::open(&file).unwrap();
+        let src = quantized_mapping(dir.path(), q);
         for flavor in [Flavor::TensorRt, Flavor::F32Twin] {
             let model = emit(&qp, &locations(src.header()), "m.data", flavor).unwrap();
             let ns = nodes(&model);

@@ -173,20 +173,12 @@ fn quantized(petite: &Path, python: &Path, out: &Path) -> Result<usize> {
     let mut total = 0;
     for (mode, target) in [("int8", "sm86"), ("fp8", "sm89")] {
         let dir = out.join(format!("{STREAMING_CASE}-{mode}"));
-        util::run(
-            std::process::Command::new(petite)
-                .args(["export", "--backend", "tensorrt", "--trt-python"])
-                .arg(python)
-                .args(["--trt-target", target, "--weights", mode, "--config"])
-                .arg(case_dir.join("config.json"))
-                .arg("--checkpoint")
-                .arg(case_dir.join("model.safetensors"))
-                .arg("--out")
-                .arg(&dir),
+        let (n, r) = export_case(
+            petite,
+            python,
+            &dir,
+            &["--trt-target", target, "--weights", mode],
         )?;
-        let n = check_export(&dir).with_context(|| format!("{}", dir.display()))?;
-        let r: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("report.json"))?)?;
         let q = &r["quantization"];
         ensure!(
             q["weights"] == mode && q["tensors"].as_u64().is_some_and(|t| t > 0),
@@ -222,30 +214,51 @@ fn quantized(petite: &Path, python: &Path, out: &Path) -> Result<usize> {
     Ok(total)
 }
 
-/// The weight-streaming export of [`STREAMING_CASE`] (see the module docs); returns its engines.
-fn weight_streaming(petite: &Path, python: &Path, out: &Path) -> Result<usize> {
+/// `petite export --backend tensorrt` of [`STREAMING_CASE`] into `dir` with `args`, checked
+/// ([`check_export`]): its engines and `report.json`.
+fn export_case(
+    petite: &Path,
+    python: &Path,
+    dir: &Path,
+    args: &[&str],
+) -> Result<(usize, serde_json::Value)> {
     let case_dir = util::root()
         .join("testdata")
         .join("pi05")
         .join(STREAMING_CASE);
-    let dir = out.join(format!("{STREAMING_CASE}-weight-streaming"));
     util::run(
         std::process::Command::new(petite)
             .args(["export", "--backend", "tensorrt", "--trt-python"])
             .arg(python)
-            .args(["--trt-target", "sm86", "--keep-engines"])
-            .args(["--weight-streaming-budget", STREAMING_BUDGET.0])
+            .args(args)
             .arg("--config")
             .arg(case_dir.join("config.json"))
             .arg("--checkpoint")
             .arg(case_dir.join("model.safetensors"))
             .arg("--out")
-            .arg(&dir),
+            .arg(dir),
     )?;
-    let n = check_export(&dir).with_context(|| format!("{}", dir.display()))?;
+    let n = check_export(dir).with_context(|| format!("{}", dir.display()))?;
+    let r = serde_json::from_str(&std::fs::read_to_string(dir.join("report.json"))?)?;
+    Ok((n, r))
+}
+
+/// The weight-streaming export of [`STREAMING_CASE`] (see the module docs); returns its engines.
+fn weight_streaming(petite: &Path, python: &Path, out: &Path) -> Result<usize> {
+    let dir = out.join(format!("{STREAMING_CASE}-weight-streaming"));
+    let (n, r) = export_case(
+        petite,
+        python,
+        &dir,
+        &[
+            "--trt-target",
+            "sm86",
+            "--keep-engines",
+            "--weight-streaming-budget",
+            STREAMING_BUDGET.0,
+        ],
+    )?;
     let want = STREAMING_BUDGET.1.to_string();
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json"))?)?;
     let plain: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
         out.join(format!("{STREAMING_CASE}-default"))
             .join("report.json"),
