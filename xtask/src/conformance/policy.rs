@@ -4,7 +4,8 @@
 //! sizes, a small trained tokenizer; one case as a Hub-style folder — and runs lerobot's own
 //! preprocessor → `predict_action_chunk` (fixed noise) → postprocessor on raw observations.
 //! Then, per case and backend (reference engines, portable in ExecuTorch's runtime, onnx in ONNX
-//! Runtime), f32:
+//! Runtime), f32 (and, on the reference engines, bf16 with `--weights int8` and `fp8` within
+//! their bounds):
 //! `petite export --checkpoint <folder> --config petite.json` and `petite act` on the same raw
 //! observation must give lerobot's actions within 1e-4 × max(1, |action|) each, and its prompt
 //! tokens and attention mask exactly. A NaN, a length mismatch or a missing tensor fails.
@@ -103,6 +104,54 @@ pub(crate) fn rtc_goldens(case_dir: &Path) -> Result<Vec<RtcGolden>> {
         );
     }
     Ok(g)
+}
+
+/// Quantized weights from a lerobot folder (issue 51): the case exported bf16 with `--weights
+/// int8` and `fp8` (reference engines), acted on by `petite act` and compared with lerobot's
+/// f32 pipeline within the mode's bound (`petite verify`'s: `INT8_MAX_ERROR` 1e-1,
+/// `FP8_MAX_ERROR` 5e-1), tokens and mask identical; `report.json` must say what it quantized.
+fn quantized(petite: &Path, dir: &Path) -> Result<()> {
+    for (mode, bound) in [("int8", 1e-1f32), ("fp8", 5e-1)] {
+        let bundle = dir.join(format!("reference-{mode}"));
+        util::run_quiet(
+            Command::new(petite)
+                .args(["export", "--dtype", "bf16", "--weights", mode])
+                .arg("--checkpoint")
+                .arg(dir.join("policy"))
+                .arg("--config")
+                .arg(dir.join("petite.json"))
+                .arg("--out")
+                .arg(&bundle),
+        )?;
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(bundle.join("report.json"))?)?;
+        let q = &report["quantization"];
+        ensure!(
+            q["weights"] == mode && q["tensors"].as_u64().is_some_and(|t| t > 0),
+            "{}: report.json quantization {q}",
+            bundle.display()
+        );
+        let acted = dir.join(format!("reference-{mode}-act.safetensors"));
+        util::run_quiet(
+            Command::new(petite)
+                .arg("act")
+                .arg("--dir")
+                .arg(&bundle)
+                .arg("--observation")
+                .arg(dir.join("observation.safetensors"))
+                .arg("--out")
+                .arg(&acted),
+        )?;
+        let err = compare_within(&dir.join("expected.safetensors"), &acted, bound)
+            .with_context(|| format!("{} (--weights {mode})", dir.display()))?;
+        eprintln!(
+            "xtask: policy: {} (reference, bf16, --weights {mode}: {} weights): actions within {err:.2e} × max(1, |a|) of lerobot's f32 pipeline (bound {bound:e}); tokens and mask identical",
+            dir.file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            q["tensors"]
+        );
+    }
+    Ok(())
 }
 
 /// The Python package's crate (its `pyproject.toml` beside), relative to the workspace root.
@@ -236,6 +285,7 @@ pub fn run() -> Result<()> {
                     ran.join(", ")
                 );
             }
+            quantized(&petite, &dir)?;
         }
         python_package(&python, &out, &petite)?;
         plugin(&python, &out)
