@@ -177,7 +177,7 @@ fn quantized(petite: &Path, python: &Path, out: &Path) -> Result<usize> {
             petite,
             python,
             &dir,
-            &["--trt-target", target, "--weights", mode],
+            &["--trt-target", target, "--weights", mode, "--keep-engines"],
         )?;
         let q = &r["quantization"];
         ensure!(
