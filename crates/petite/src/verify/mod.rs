@@ -198,15 +198,17 @@ fn default_dtype_bound(dtype: Option<&str>) -> (f32, String) {
 pub const DEFAULT_MAX_ERROR: f32 = 5e-2;
 
 /// The default bound of an export with `--weights int8` (bf16 activations). Measured on the
-/// three goldens × seeds 0–5 against the f32 reference (session 29): int8 2.0e-2 mean,
-/// 3.8e-2 max, where bf16 alone is 1.2e-2 mean, 5.2e-2 max (one outlier seed); 1e-1 keeps
-/// 2.6× the int8 maximum. Random weights have no outlier channels; a trained checkpoint's
-/// error is its own and `petite verify` measures it.
+/// three goldens × seeds 0–5 against the f32 reference (session 31, bf16-exact scales): int8
+/// 3.2e-2 mean, 5.1e-2 max but for one input, three_cams_masked_gqa's seed 5: 1.9e-1 there,
+/// where bf16 alone is 5.2e-2, over [`DEFAULT_MAX_ERROR`] too (a sensitive input, not a
+/// quantization fault: its 24 seeds' int8 median is 2.2e-2). 1e-1 keeps 2× the rest. Random
+/// weights have no outlier channels; a trained checkpoint's error is its own and `petite
+/// verify` measures it.
 pub const INT8_MAX_ERROR: f32 = 1e-1;
 
 /// The default bound of an export with `--weights fp8` (E4M3: 3 mantissa bits, a relative
-/// rounding of up to 1/16 a weight). Measured as [`INT8_MAX_ERROR`]: 8.9e-2 mean, 2.28e-1
-/// max; 5e-1 keeps 2.2×. At this noise a mistake of the size the goldens show (a mask
+/// rounding of up to 1/16 a weight). Measured as [`INT8_MAX_ERROR`]: 8.9e-2 mean, 2.25e-1
+/// max (the same sensitive input); 5e-1 keeps 2.2×. At this noise a mistake of the size the goldens show (a mask
 /// ignored: 7.4e-2 – 8.3e-2) is not told apart: check a change's correctness on bf16.
 pub const FP8_MAX_ERROR: f32 = 5e-1;
 
