@@ -223,3 +223,56 @@ fn planted_outlier_channels_hold_per_channel_and_not_per_tensor() {
         "per tensor, the ordinary rows are crushed in every group: {best_tensor}"
     );
 }
+
+/// The reference backend quantizes as it streams each engine from the checkpoint (no mapping
+/// file): its engines' codes and scales are, byte for byte, the ones the mapping-file path
+/// writes — `--backend onnx`, whose mapping file is `pi05.onnx.data`.
+#[test]
+fn the_reference_backend_quantizes_in_its_engines_the_mapping_files_bytes() {
+    let s = Scratch::new("in-build");
+    let c = case("three_cams_masked_gqa");
+    for q in Quant::ALL {
+        let reference = s.0.join(format!("reference-{q}"));
+        ok(export_cmd(&c, &reference)
+            .args(["--weights", q.name(), "--keep-engines"])
+            .output()
+            .unwrap());
+        assert!(
+            report(&reference)["mapping"].is_null(),
+            "{q}: the reference export wrote a mapping file"
+        );
+        let onnx = s.0.join(format!("onnx-{q}"));
+        ok(export_cmd(&c, &onnx)
+            .args(["--backend", "onnx", "--weights", q.name()])
+            .output()
+            .unwrap());
+        let mapping = MappedSafetensors::open(onnx.join("pi05.onnx.data")).unwrap();
+        let (mut codes, mut scales) = (0, 0);
+        for e in std::fs::read_dir(reference.join("engines")).unwrap() {
+            let path = e.unwrap().path();
+            if !path.to_string_lossy().ends_with(".ref.safetensors") {
+                continue;
+            }
+            let engine = MappedSafetensors::open(&path).unwrap();
+            for name in engine.names() {
+                let t = engine.tensor(&name).unwrap();
+                let is_scale = petite_graph::quant::scaled_weight(&name).is_some();
+                if !(t.dtype.is_quant_code() || is_scale) {
+                    continue;
+                }
+                let m = mapping.tensor(&name).unwrap();
+                assert_eq!(t.dtype, m.dtype, "{q} {name}");
+                assert!(t.bytes == m.bytes, "{q} {name}: bytes differ");
+                if is_scale {
+                    scales += 1;
+                } else {
+                    codes += 1;
+                }
+            }
+        }
+        assert!(
+            codes > 0 && codes == scales,
+            "{q}: {codes} codes, {scales} scales"
+        );
+    }
+}

@@ -399,6 +399,12 @@ pub trait EngineBuilder: Sync {
     fn needs_mapping_file(&self) -> bool {
         true
     }
+    /// Whether a build quantizes a code weight from the checkpoint's float rows itself, with its
+    /// scales (a whole weight's: `W` and `W.qscale` in one engine). `false`: quantized weights
+    /// come from a mapping file the export writes first.
+    fn quantizes_in_build(&self) -> bool {
+        false
+    }
     /// The builder's way of writing an engine straight into a region of another file (a
     /// `.pte` segment), when an engine's size is known before any weight is read; `None`
     /// (the default): engines are files of their own.

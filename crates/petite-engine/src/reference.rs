@@ -37,7 +37,10 @@ pub const SUFFIX: &str = ".ref.safetensors";
 
 /// Checks that `source` holds weight `w` with its shape (for a row range: the rows exist and the
 /// row shape agrees) and a dtype convertible to its declared one (any float for a float
-/// declaration, the same dtype otherwise); returns the stored dtype.
+/// declaration; for quantized codes the codes, or float rows the build quantizes; the same dtype
+/// otherwise); returns the stored dtype. A whole weight's scales (`W.qscale`, f32, one a row)
+/// that `source` lacks pass where it holds `W` as float rows: the build computes them from those
+/// rows beside `W`'s codes ([`petite_weights::stream`]), so both must be in the same engine.
 pub fn check_weight(source: &dyn WeightSource, w: &WeightInfo) -> Result<Dtype> {
     let expected = match w.rows {
         None => format!("{}{}", w.dtype.name(), ShapeDisplay(&w.shape)),
@@ -47,13 +50,23 @@ pub fn check_weight(source: &dyn WeightSource, w: &WeightInfo) -> Result<Dtype> 
             ShapeDisplay(&w.shape)
         ),
     };
-    let info = source.info(&w.name).map_err(|e| Error::Weight {
-        tensor: w.name.clone(),
-        expected: expected.clone(),
-        found: format!("no such tensor in the weight source ({e})"),
-    })?;
+    let info = match source.info(&w.name) {
+        Ok(info) => info,
+        Err(e) => {
+            if derived_scale(source, w) {
+                return Ok(Dtype::F32);
+            }
+            return Err(Error::Weight {
+                tensor: w.name.clone(),
+                expected: expected.clone(),
+                found: format!("no such tensor in the weight source ({e})"),
+            });
+        }
+    };
     let dtype_ok = if w.dtype.is_float() {
         info.dtype.is_float()
+    } else if w.dtype.is_quant_code() {
+        info.dtype == w.dtype || info.dtype.is_float()
     } else {
         info.dtype == w.dtype
     };
@@ -77,6 +90,20 @@ pub fn check_weight(source: &dyn WeightSource, w: &WeightInfo) -> Result<Dtype> 
         });
     }
     Ok(info.dtype)
+}
+
+/// Whether `w` is the f32 scales of a whole weight `source` holds as float rows (one scale a
+/// row): scales the build computes ([`check_weight`]).
+fn derived_scale(source: &dyn WeightSource, w: &WeightInfo) -> bool {
+    let Some(base) = petite_dtype::quant::scaled_weight(&w.name) else {
+        return false;
+    };
+    w.rows.is_none()
+        && w.dtype == Dtype::F32
+        && w.shape.len() == 1
+        && source
+            .info(base)
+            .is_ok_and(|b| b.dtype.is_float() && b.shape.first() == w.shape.first())
 }
 
 /// Builds reference engines.
@@ -276,6 +303,11 @@ impl EngineBuilder for ReferenceBuilder {
 
     fn in_place(&self) -> Option<&dyn InPlaceBuilder> {
         Some(self)
+    }
+
+    /// Its stream quantizes a float weight's rows and writes their scales as it goes.
+    fn quantizes_in_build(&self) -> bool {
+        true
     }
 
     /// The file must open as a reference engine whose subgraph equals the job's.

@@ -57,6 +57,9 @@ pub(super) struct EngineStages<'l> {
     identity: Identity,
     weights: Option<ExportWeights<'l>>,
     /// Whether the convert stage reused an earlier mapping file, and what converting cost.
+    /// Quantized weights are made by the builder from the checkpoint
+    /// ([`EngineBuilder::quantizes_in_build`]), not read from a mapping file.
+    quantizes_in_build: bool,
     mapping_reused: bool,
     convert_seconds: Option<f64>,
     /// Engines built by this run (the rest were reused).
@@ -165,6 +168,12 @@ impl<'l> EngineStages<'l> {
         let all_programs = [&progs.timestep_table, &progs.prefix, &progs.step];
         let selection = mapping::selection(&all_programs, builder.as_ref())?;
         let in_place = !opts.keep_engines && builder.in_place().is_some();
+        // Quantized weights straight from the checkpoint when the builder quantizes as it
+        // streams, unless a weight's codes or scales are cut into row ranges (their scales
+        // would need the source's rows of a tensor it does not hold): then from the mapping file.
+        let quantizes_in_build = builder.quantizes_in_build()
+            && !quantized_row_ranges(&prefix_plan, &progs.prefix)?
+            && !quantized_row_ranges(&step_plan, &progs.step)?;
         Ok(EngineStages {
             l,
             opts,
@@ -179,6 +188,7 @@ impl<'l> EngineStages<'l> {
             step_plan,
             selection,
             in_place,
+            quantizes_in_build,
             seal: None,
             identity: Identity::default(),
             weights: None,
@@ -509,7 +519,8 @@ impl EngineStages<'_> {
     /// Whether the convert stage writes the mapping file: the builder reads it, or the
     /// programs read quantized weights (only the mapping file holds their codes and scales).
     fn writes_mapping(&self) -> bool {
-        self.builder.needs_mapping_file() || mapping::has_quantized(&self.selection)
+        self.builder.needs_mapping_file()
+            || (mapping::has_quantized(&self.selection) && !self.quantizes_in_build)
     }
 }
 
@@ -890,6 +901,24 @@ fn add_export_id(p: &mut ProgramBuilder, id: &str) -> Result<()> {
         16,
     )?;
     Ok(())
+}
+
+/// Whether an engine of `plan` reads a quantized weight's codes or scales as a row range.
+fn quantized_row_ranges(
+    plan: &petite_partition::Plan,
+    program: &petite_graph::Program,
+) -> Result<bool> {
+    for i in 0..plan.engines.len() {
+        let sub = plan.engine_program(program, i)?;
+        if sub.program.weights().iter().any(|w| {
+            w.rows.is_some()
+                && (w.dtype.is_quant_code()
+                    || petite_graph::quant::scaled_weight(&w.name).is_some())
+        }) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 #[cfg(test)]

@@ -63,6 +63,14 @@ impl WeightSource for ExportWeights<'_> {
         {
             map.release(&m)?;
         }
+        // Scales a build computes from its weight's rows (no mapping file) have no pages of
+        // their own in the checkpoint: their weight's release gives those back.
+        let c: Vec<&str> = c
+            .into_iter()
+            .filter(|n| {
+                petite_graph::quant::scaled_weight(n).is_none() || self.checkpoint.info(n).is_ok()
+            })
+            .collect();
         if !c.is_empty() {
             self.checkpoint.release(&c)?;
         }
