@@ -735,7 +735,7 @@ fn tf32_attention_in_one_launch_is_as_close_to_exact_as_the_tf32_gemms() {
 /// code (all 256 int8 codes, all 254 finite FP8 E4M3 codes) into bf16 (eight codes a thread)
 /// and f32 (a row of 12 codes: one a thread); linears of few bf16 rows read the codes
 /// themselves (`pt_wq_gemm`: one split, and 50 rows × 300 features over K = 2048 in several
-/// splits, a partial feature tile and a bias), those of more rows the dequantized weight
+/// splits, a partial feature tile and a bias; splits of several steps with a shorter last one), those of more rows the dequantized weight
 /// (cuBLAS), and all agree with the reference executor up to their sums' order.
 #[test]
 #[ignore = "needs a GPU: cargo xtask conformance --only gpu"]
@@ -758,6 +758,11 @@ fn dequantized_weights_give_the_reference_executors_bits() {
         ("y", 50, 300, 2048, true),
         ("y5", 5, 24, 64, false),
         ("yb", 100, 40, 64, false),
+        // Splits of several 32-column steps (shared memory reused within a block) whose last
+        // split is shorter: kc = 96 over 7 splits, the last 64 columns; kc = 96 over 14, the
+        // last 32 (pi0.5's step linears have kc = 64 and more).
+        ("yk", 20, 4000, 640, false),
+        ("y9", 9, 2100, 1280, true),
     ];
     for (name, rows, n, k, bias) in linears {
         let x = b
@@ -773,7 +778,7 @@ fn dequantized_weights_give_the_reference_executors_bits() {
     let plain = b.finish().unwrap();
     for quant in [Quant::Int8, Quant::Fp8E4M3] {
         let (p, done) = quantize_weights(&plain, quant, |w| !w.name.starts_with("b_")).unwrap();
-        assert_eq!(done.names.len(), 5, "{:?}", done.names);
+        assert_eq!(done.names.len(), 7, "{:?}", done.names);
         // Which dequantizes the linears read themselves.
         let plan =
             petite_cuda::fuse::plan_program(&p, Options::new(fused_attention_queries((9, 0))))
@@ -802,7 +807,7 @@ fn dequantized_weights_give_the_reference_executors_bits() {
         )]);
         let mut quantized = vec![("w0", 24, 64), ("v", 7, 12)];
         for (i, (name, rows, n, k, bias)) in linears.into_iter().enumerate() {
-            quantized.push((["w_y", "w_y5", "w_yb"][i], n, k));
+            quantized.push((["w_y", "w_y5", "w_yb", "w_yk", "w_y9"][i], n, k));
             ins.insert(
                 format!("x_{name}"),
                 tensor(Dtype::Bf16, &[rows, k], values(rows * k, 10 + i as u64)),

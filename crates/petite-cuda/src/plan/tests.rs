@@ -386,6 +386,13 @@ fn weight_only_grids_cover_k_once_with_about_256_blocks() {
             "{n}×{k}: {blocks} blocks ({g:?})"
         );
     }
+    // The GPU test's shapes with several 32-column steps a split and a shorter last split.
+    let g = wq_grid(4000, 640).unwrap();
+    assert_eq!((g.tiles, g.kc, g.splits), (32, 96, 7));
+    assert_eq!(640 - (g.splits - 1) * g.kc, 64);
+    let g = wq_grid(2100, 1280).unwrap();
+    assert_eq!((g.tiles, g.kc, g.splits), (17, 96, 14));
+    assert_eq!(1280 - (g.splits - 1) * g.kc, 32);
     assert_eq!(wq_grid(24, 48), None);
     assert_eq!(wq_grid(0, 64), None);
     assert_eq!(wq_grid(24, 0), None);

@@ -11,6 +11,10 @@ use crate::fuse::Role;
 use crate::plan::{ConvParams, Gemm, MatOperand};
 use crate::source::dtype_code;
 
+/// `pt_wq_gemm`'s block: its tile loads assume 256 threads (x's 64 rows × 4 threads, the
+/// codes' 128 rows × 2, eight warps of 16 features).
+const WQ_THREADS: u32 = 256;
+
 impl<'d> DeviceProgram<'d> {
     /// `y = x·wᵀ (+ b)`: f32 straight into y; bf16/f16 without bias straight into y (cuBLAS
     /// rounds the f32 accumulator once); with a bias through an f32 accumulator and one
@@ -135,6 +139,9 @@ impl<'d> DeviceProgram<'d> {
         };
         let rows = x.numel().checked_div(k).unwrap_or(0);
         let (px, pc, ps) = (dev.ptr(x), dev.ptr(codes), dev.ptr(scale));
+        if !codes.dtype().is_quant_code() {
+            return Err(err(format!("{codes:?} is not quantized codes")));
+        }
         if rows == 0
             || rows > crate::fuse::WQ_ROWS
             || x.dtype() != Dtype::Bf16
@@ -165,7 +172,7 @@ impl<'d> DeviceProgram<'d> {
                 splits as u32,
                 1,
             ),
-            block_dim: (crate::plan::BLOCK, 1, 1),
+            block_dim: (WQ_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         dev.launch("pt_wq_gemm", cfg, |bl| {

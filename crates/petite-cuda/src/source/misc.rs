@@ -180,6 +180,12 @@ __device__ __forceinline__ float pt_f8e4m3(unsigned b) {
 __device__ __forceinline__ float pt_code(unsigned b, int dc) {
   return dc == DT_I8 ? (float)(signed char)(unsigned char)b : pt_f8e4m3(b);
 }
+// code · scale in f32. A NaN code stays its own NaN (sign and payload): the CPU's multiply keeps
+// its NaN operand's bits, the GPU's would give the canonical 0x7fffffff.
+__device__ __forceinline__ float pt_deq(unsigned b, int dc, float s) {
+  const float c = pt_code(b, dc);
+  return c != c ? c : c * s;
+}
 
 // A quantized weight back in its dtype: out[r, c] = code(codes[r, c]) · scale[r] in f32,
 // rounded once to the output dtype (int8 codes as two's complement, fp8 as E4M3). With `vec`
@@ -196,8 +202,8 @@ extern "C" __global__ void pt_dequant(i64 rows, i64 per, int dc, int dout, int v
       const uint2 w = *(const uint2*)(codes + i);
       float v[8];
       for (int k = 0; k < 4; ++k) {
-        v[k] = pt_code((w.x >> (8 * k)) & 255u, dc) * s;
-        v[k + 4] = pt_code((w.y >> (8 * k)) & 255u, dc) * s;
+        v[k] = pt_deq((w.x >> (8 * k)) & 255u, dc, s);
+        v[k + 4] = pt_deq((w.y >> (8 * k)) & 255u, dc, s);
       }
       if (dout == DT_BF16) {
         unsigned h[4];
@@ -210,7 +216,7 @@ extern "C" __global__ void pt_dequant(i64 rows, i64 per, int dc, int dout, int v
     return;
   }
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-    stf(out, i, dout, pt_code(codes[i], dc) * scale[i / per]);
+    stf(out, i, dout, pt_deq(codes[i], dc, scale[i / per]));
   }
 }
 
@@ -254,8 +260,8 @@ extern "C" __global__ __launch_bounds__(256) void pt_wq_gemm(i64 m, i64 n, i64 k
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const unsigned w = words[j];
-      h[2 * j] = (unsigned)f2bf(pt_code(w & 255u, dc) * sc) | ((unsigned)f2bf(pt_code((w >> 8) & 255u, dc) * sc) << 16);
-      h[2 * j + 1] = (unsigned)f2bf(pt_code((w >> 16) & 255u, dc) * sc) | ((unsigned)f2bf(pt_code(w >> 24, dc) * sc) << 16);
+      h[2 * j] = (unsigned)f2bf(pt_deq(w & 255u, dc, sc)) | ((unsigned)f2bf(pt_deq((w >> 8) & 255u, dc, sc)) << 16);
+      h[2 * j + 1] = (unsigned)f2bf(pt_deq((w >> 16) & 255u, dc, sc)) | ((unsigned)f2bf(pt_deq(w >> 24, dc, sc)) << 16);
     }
     *(uint4*)&ws[wr][wc] = make_uint4(h[0], h[1], h[2], h[3]);
     *(uint4*)&ws[wr][wc + 8] = make_uint4(h[4], h[5], h[6], h[7]);
