@@ -186,15 +186,12 @@ fn policy_goldens(
         // products): the plain chunk and one golden a schedule within the bf16 bound.
         for (dtype, bound) in [("f32", 1e-4f32), ("bf16", BF16_BOUND)] {
             let bundle = scratch.join(format!("{case}-policy-{dtype}"));
-            output(
-                Command::new(petite)
-                    .args(["export", "--dtype", dtype, "--checkpoint"])
-                    .arg(dir.join("policy"))
-                    .arg("--config")
-                    .arg(dir.join("petite.json"))
-                    .arg("--out")
-                    .arg(&bundle),
-            )?;
+            output(&mut super::policy::export_cmd(
+                petite,
+                &dir,
+                &bundle,
+                &["--dtype", dtype],
+            ))?;
             let act = |obs: &Path, expected: &Path, extra: &[String]| -> Result<f64> {
                 let out = scratch.join(format!("{case}-acted.safetensors"));
                 output(

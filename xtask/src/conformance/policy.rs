@@ -106,6 +106,34 @@ pub(crate) fn rtc_goldens(case_dir: &Path) -> Result<Vec<RtcGolden>> {
     Ok(g)
 }
 
+/// `petite export ARGS` of case folder `dir`'s lerobot policy (with its `petite.json`) into
+/// `bundle`.
+pub(crate) fn export_cmd(petite: &Path, dir: &Path, bundle: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(petite);
+    cmd.arg("export")
+        .args(args)
+        .arg("--checkpoint")
+        .arg(dir.join("policy"))
+        .arg("--config")
+        .arg(dir.join("petite.json"))
+        .arg("--out")
+        .arg(bundle);
+    cmd
+}
+
+/// `petite act` of `bundle` on `observation`, its actions (and tokens) into `out`.
+fn act_cmd(petite: &Path, bundle: &Path, observation: &Path, out: &Path) -> Command {
+    let mut cmd = Command::new(petite);
+    cmd.arg("act")
+        .arg("--dir")
+        .arg(bundle)
+        .arg("--observation")
+        .arg(observation)
+        .arg("--out")
+        .arg(out);
+    cmd
+}
+
 /// Quantized weights from a lerobot folder (issue 51): the case exported bf16 with `--weights
 /// int8` and `fp8` (reference engines), acted on by `petite act` and compared with lerobot's
 /// f32 pipeline within the mode's bound (`petite verify`'s: `INT8_MAX_ERROR` 1e-1,
@@ -113,16 +141,12 @@ pub(crate) fn rtc_goldens(case_dir: &Path) -> Result<Vec<RtcGolden>> {
 fn quantized(petite: &Path, dir: &Path) -> Result<()> {
     for (mode, bound) in [("int8", 1e-1f32), ("fp8", 5e-1)] {
         let bundle = dir.join(format!("reference-{mode}"));
-        util::run_quiet(
-            Command::new(petite)
-                .args(["export", "--dtype", "bf16", "--weights", mode])
-                .arg("--checkpoint")
-                .arg(dir.join("policy"))
-                .arg("--config")
-                .arg(dir.join("petite.json"))
-                .arg("--out")
-                .arg(&bundle),
-        )?;
+        util::run_quiet(&mut export_cmd(
+            petite,
+            dir,
+            &bundle,
+            &["--dtype", "bf16", "--weights", mode],
+        ))?;
         let report: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(bundle.join("report.json"))?)?;
         let q = &report["quantization"];
@@ -132,16 +156,12 @@ fn quantized(petite: &Path, dir: &Path) -> Result<()> {
             bundle.display()
         );
         let acted = dir.join(format!("reference-{mode}-act.safetensors"));
-        util::run_quiet(
-            Command::new(petite)
-                .arg("act")
-                .arg("--dir")
-                .arg(&bundle)
-                .arg("--observation")
-                .arg(dir.join("observation.safetensors"))
-                .arg("--out")
-                .arg(&acted),
-        )?;
+        util::run_quiet(&mut act_cmd(
+            petite,
+            &bundle,
+            &dir.join("observation.safetensors"),
+            &acted,
+        ))?;
         let err = compare_within(&dir.join("expected.safetensors"), &acted, bound)
             .with_context(|| format!("{} (--weights {mode})", dir.display()))?;
         eprintln!(
@@ -202,25 +222,19 @@ pub fn run() -> Result<()> {
             let dir = out.join(case);
             for backend in ["reference", "portable", "onnx"] {
                 let bundle = dir.join(backend);
-                util::run(
-                    Command::new(&petite)
-                        .args(["export", "--dtype", "f32", "--backend", backend])
-                        .arg("--checkpoint")
-                        .arg(dir.join("policy"))
-                        .arg("--config")
-                        .arg(dir.join("petite.json"))
-                        .arg("--out")
-                        .arg(&bundle),
-                )?;
+                util::run(&mut export_cmd(
+                    &petite,
+                    &dir,
+                    &bundle,
+                    &["--dtype", "f32", "--backend", backend],
+                ))?;
                 let acted = dir.join(format!("{backend}-act.safetensors"));
-                let mut act = Command::new(&petite);
-                act.arg("act")
-                    .arg("--dir")
-                    .arg(&bundle)
-                    .arg("--observation")
-                    .arg(dir.join("observation.safetensors"))
-                    .arg("--out")
-                    .arg(&acted);
+                let mut act = act_cmd(
+                    &petite,
+                    &bundle,
+                    &dir.join("observation.safetensors"),
+                    &acted,
+                );
                 match backend {
                     "portable" => {
                         act.arg("--python").arg(&pte_python);
@@ -247,18 +261,16 @@ pub fn run() -> Result<()> {
                     }
                     let gdir = dir.join("rtc").join(format!("{j:02}"));
                     let acted = gdir.join(format!("{backend}-act.safetensors"));
-                    let mut act = Command::new(&petite);
-                    act.arg("act")
-                        .arg("--dir")
-                        .arg(&bundle)
-                        .arg("--observation")
-                        .arg(gdir.join("observation.safetensors"))
-                        .args(["--inference-delay", &g.inference_delay.to_string()])
+                    let mut act = act_cmd(
+                        &petite,
+                        &bundle,
+                        &gdir.join("observation.safetensors"),
+                        &acted,
+                    );
+                    act.args(["--inference-delay", &g.inference_delay.to_string()])
                         .args(["--execution-horizon", &g.execution_horizon.to_string()])
                         .args(["--rtc-schedule", &g.schedule])
-                        .args(["--max-guidance-weight", &g.max_guidance_weight.to_string()])
-                        .arg("--out")
-                        .arg(&acted);
+                        .args(["--max-guidance-weight", &g.max_guidance_weight.to_string()]);
                     match backend {
                         "portable" => {
                             act.arg("--python").arg(&pte_python);

@@ -112,20 +112,10 @@ pub fn run() -> Result<()> {
 /// strongly typed engine (the driver `--backend tensorrt` runs per engine), zero errors, a
 /// `vtrt` plan. Measured here: 8–24 s and a builder peak RSS of 0.58–0.91 GiB per golden.
 fn whole_policy(petite: &Path, python: &Path, out: &Path) -> Result<()> {
-    let root = util::root();
     for case in CASES {
-        let case_dir = root.join("testdata").join("pi05").join(case);
         let dir = out.join(format!("{case}-onnx-bf16"));
-        util::run(
-            std::process::Command::new(petite)
-                .args(["export", "--backend", "onnx", "--dtype", "bf16", "--config"])
-                .arg(case_dir.join("config.json"))
-                .arg("--checkpoint")
-                .arg(case_dir.join("model.safetensors"))
-                .arg("--out")
-                .arg(&dir),
-        )?;
-        let built = build_whole(python, &dir).with_context(|| case.to_string())?;
+        let built = whole_onnx(petite, python, case, &dir, &["--dtype", "bf16"])
+            .with_context(|| case.to_string())?;
         eprintln!(
             "xtask: tensorrt: {case}: whole-policy pi05.onnx (bf16) built as one engine: {built}"
         );
@@ -133,9 +123,35 @@ fn whole_policy(petite: &Path, python: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Builds `DIR/pi05.onnx` for sm86 with the TensorRT-RTX driver; checks the plan is one and
-/// returns the driver's line.
-fn build_whole(python: &Path, dir: &Path) -> Result<String> {
+/// `petite export` of golden `case` (its config and checkpoint) into `dir`; the caller adds the
+/// backend and its flags.
+fn export_golden(petite: &Path, case: &str, dir: &Path) -> std::process::Command {
+    let case_dir = util::root().join("testdata").join("pi05").join(case);
+    let mut cmd = std::process::Command::new(petite);
+    cmd.arg("export")
+        .arg("--config")
+        .arg(case_dir.join("config.json"))
+        .arg("--checkpoint")
+        .arg(case_dir.join("model.safetensors"))
+        .arg("--out")
+        .arg(dir);
+    cmd
+}
+
+/// Exports golden `case` with `--backend onnx ARGS` into `dir` and builds its `pi05.onnx` for
+/// sm86 with the TensorRT-RTX driver; checks the plan is one and returns the driver's line.
+fn whole_onnx(
+    petite: &Path,
+    python: &Path,
+    case: &str,
+    dir: &Path,
+    args: &[&str],
+) -> Result<String> {
+    util::run(
+        export_golden(petite, case, dir)
+            .args(["--backend", "onnx"])
+            .args(args),
+    )?;
     let driver = util::root().join("crates/petite-engine/python/trt_rtx_build.py");
     let plan = dir.join("pi05.plan");
     let o = std::process::Command::new(python)
@@ -168,8 +184,6 @@ fn build_whole(python: &Path, dir: &Path) -> Result<String> {
 /// and builds through TensorRT-RTX, and `report.json` records the quantization; the same case's
 /// whole-policy int8 ONNX (`--backend onnx`) builds as one engine. Returns the engines.
 fn quantized(petite: &Path, python: &Path, out: &Path) -> Result<usize> {
-    let root = util::root();
-    let case_dir = root.join("testdata").join("pi05").join(STREAMING_CASE);
     let mut total = 0;
     for (mode, target) in [("int8", "sm86"), ("fp8", "sm89")] {
         let dir = out.join(format!("{STREAMING_CASE}-{mode}"));
@@ -191,23 +205,7 @@ fn quantized(petite: &Path, python: &Path, out: &Path) -> Result<usize> {
         total += n;
     }
     let dir = out.join(format!("{STREAMING_CASE}-onnx-int8"));
-    util::run(
-        std::process::Command::new(petite)
-            .args([
-                "export",
-                "--backend",
-                "onnx",
-                "--weights",
-                "int8",
-                "--config",
-            ])
-            .arg(case_dir.join("config.json"))
-            .arg("--checkpoint")
-            .arg(case_dir.join("model.safetensors"))
-            .arg("--out")
-            .arg(&dir),
-    )?;
-    let built = build_whole(python, &dir)?;
+    let built = whole_onnx(petite, python, STREAMING_CASE, &dir, &["--weights", "int8"])?;
     eprintln!(
         "xtask: tensorrt: {STREAMING_CASE}: whole-policy pi05.onnx (--weights int8) built as one engine: {built}"
     );
@@ -222,21 +220,11 @@ fn export_case(
     dir: &Path,
     args: &[&str],
 ) -> Result<(usize, serde_json::Value)> {
-    let case_dir = util::root()
-        .join("testdata")
-        .join("pi05")
-        .join(STREAMING_CASE);
     util::run(
-        std::process::Command::new(petite)
-            .args(["export", "--backend", "tensorrt", "--trt-python"])
+        export_golden(petite, STREAMING_CASE, dir)
+            .args(["--backend", "tensorrt", "--trt-python"])
             .arg(python)
-            .args(args)
-            .arg("--config")
-            .arg(case_dir.join("config.json"))
-            .arg("--checkpoint")
-            .arg(case_dir.join("model.safetensors"))
-            .arg("--out")
-            .arg(dir),
+            .args(args),
     )?;
     let n = check_export(dir).with_context(|| format!("{}", dir.display()))?;
     let r = serde_json::from_str(&std::fs::read_to_string(dir.join("report.json"))?)?;
