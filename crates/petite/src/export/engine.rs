@@ -172,8 +172,8 @@ impl<'l> EngineStages<'l> {
         // streams, unless a weight's codes or scales are cut into row ranges (their scales
         // would need the source's rows of a tensor it does not hold): then from the mapping file.
         let quantizes_in_build = builder.quantizes_in_build()
-            && !quantized_row_ranges(&prefix_plan, &progs.prefix)?
-            && !quantized_row_ranges(&step_plan, &progs.step)?;
+            && !quantized_row_ranges(&progs.prefix)
+            && !quantized_row_ranges(&progs.step);
         Ok(EngineStages {
             l,
             opts,
@@ -903,22 +903,13 @@ fn add_export_id(p: &mut ProgramBuilder, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Whether an engine of `plan` reads a quantized weight's codes or scales as a row range.
-fn quantized_row_ranges(
-    plan: &petite_partition::Plan,
-    program: &petite_graph::Program,
-) -> Result<bool> {
-    for i in 0..plan.engines.len() {
-        let sub = plan.engine_program(program, i)?;
-        if sub.program.weights().iter().any(|w| {
-            w.rows.is_some()
-                && (w.dtype.is_quant_code()
-                    || petite_graph::quant::scaled_weight(&w.name).is_some())
-        }) {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+/// Whether `program` reads a quantized weight's codes or scales as a row range (row ranges are
+/// the program's own weights; partitioning makes none).
+fn quantized_row_ranges(program: &petite_graph::Program) -> bool {
+    program.weights().iter().any(|w| {
+        w.rows.is_some()
+            && (w.dtype.is_quant_code() || petite_graph::quant::scaled_weight(&w.name).is_some())
+    })
 }
 
 #[cfg(test)]
