@@ -276,3 +276,26 @@ fn the_reference_backend_quantizes_in_its_engines_the_mapping_files_bytes() {
         );
     }
 }
+
+/// `--device cuda` gathers the token embedding's rows on the host in a quantized export as in a
+/// bf16 one (the embedding stays bf16; issue 51's device memory): the same engines, tables and
+/// bytes, found without a GPU from the exports' own engine programs.
+#[test]
+fn a_quantized_exports_token_embedding_is_gathered_on_the_host_as_a_bf16_ones() {
+    let s = Scratch::new("gathers");
+    let c = case("three_cams_masked_gqa");
+    let mut seen = Vec::new();
+    for w in ["bf16", "int8"] {
+        let out = s.0.join(w);
+        let mut cmd = export_cmd(&c, &out);
+        if w != "bf16" {
+            cmd.args(["--weights", w]);
+        }
+        ok(cmd.output().unwrap());
+        let t = petite::bundle::host_gathered_tables(&out, 0).unwrap();
+        let (n, bytes) = t.iter().fold((0, 0), |(n, b), &(_, k, x)| (n + k, b + x));
+        assert!(n >= 1 && bytes > 0, "{w}: {t:?}");
+        seen.push((n, bytes));
+    }
+    assert_eq!(seen[0], seen[1], "bf16 against int8");
+}

@@ -24,6 +24,7 @@
 
 mod device;
 pub mod fuse;
+pub mod host_gather;
 mod kcache;
 pub mod plan;
 mod program;

@@ -41,6 +41,10 @@ pub struct Tuning {
     /// bf16 attentions of up to this many queries fused (`attention_queries=N|all|off`);
     /// `None`: the device's default ([`crate::fuse::fused_attention_queries`]).
     pub attention_queries: Option<usize>,
+    /// Large embedding tables gathered on the host (`host_gather=on|off`,
+    /// [`crate::host_gather`]): a resident method leaves pi0.5's 1004.5 MiB token embedding in
+    /// the mapped `.pte` and uploads the ~200 rows a chunk reads. Off: the tables are uploaded.
+    pub host_gather: bool,
 }
 
 impl Default for Tuning {
@@ -49,6 +53,7 @@ impl Default for Tuning {
             fuse: true,
             offset_params: true,
             attention_queries: None,
+            host_gather: true,
         }
     }
 }
@@ -56,7 +61,7 @@ impl Default for Tuning {
 impl Tuning {
     /// The keys and values [`Tuning::set`] takes.
     pub const KEYS: &'static str =
-        "fuse=on|off, offsets=params|literal, attention_queries=N|all|off";
+        "fuse=on|off, offsets=params|literal, attention_queries=N|all|off, host_gather=on|off";
 
     /// Sets `key` to `value`; an unknown key or a value it does not take is [`Invalid`].
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), Invalid> {
@@ -85,6 +90,13 @@ impl Tuning {
                         .map_err(|_| bad("a number of queries, all or off"))?,
                 })
             }
+            "host_gather" => {
+                self.host_gather = match value {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(bad("on or off")),
+                }
+            }
             _ => return Err(Invalid::new(key, value, format!("a key: {}", Self::KEYS))),
         }
         Ok(())
@@ -105,7 +117,7 @@ impl Tuning {
 
     /// Every key with its value, as [`Tuning::set`] takes it (`attention_queries=default`:
     /// the device's): what `--timing-json` records, so a bench can check its variant applied.
-    pub fn describe(&self) -> [(&'static str, String); 3] {
+    pub fn describe(&self) -> [(&'static str, String); 4] {
         [
             ("fuse", if self.fuse { "on" } else { "off" }.to_string()),
             (
@@ -125,6 +137,10 @@ impl Tuning {
                     Some(usize::MAX) => "all".to_string(),
                     Some(n) => n.to_string(),
                 },
+            ),
+            (
+                "host_gather",
+                if self.host_gather { "on" } else { "off" }.to_string(),
             ),
         ]
     }
@@ -282,13 +298,20 @@ mod tests {
 
     #[test]
     fn tuning_takes_its_keys_and_refuses_others() {
-        let t = Tuning::parse(&["fuse=off", "offsets=literal", "attention_queries=all"]).unwrap();
+        let t = Tuning::parse(&[
+            "fuse=off",
+            "offsets=literal",
+            "attention_queries=all",
+            "host_gather=off",
+        ])
+        .unwrap();
         assert_eq!(
             t,
             Tuning {
                 fuse: false,
                 offset_params: false,
-                attention_queries: Some(usize::MAX)
+                attention_queries: Some(usize::MAX),
+                host_gather: false,
             }
         );
         assert_eq!(
@@ -308,9 +331,20 @@ mod tests {
             Tuning::default()
                 .describe()
                 .map(|(k, v)| format!("{k}={v}")),
-            ["fuse=on", "offsets=params", "attention_queries=default"]
+            [
+                "fuse=on",
+                "offsets=params",
+                "attention_queries=default",
+                "host_gather=on"
+            ]
         );
-        for bad in ["fuse=0", "pairs=off", "offsets", "attention_queries=on"] {
+        for bad in [
+            "fuse=0",
+            "pairs=off",
+            "offsets",
+            "attention_queries=on",
+            "host_gather=1",
+        ] {
             let e = Tuning::parse(&[bad]).unwrap_err();
             assert!(
                 e.to_string().contains(bad.split('=').next().unwrap()),

@@ -392,6 +392,78 @@ fn an_out_of_table_index_is_an_error_also_read_back_after_a_graph() {
     }
 }
 
+/// A sharded embedding table gathered on the host (`petite_cuda::host_gather`): the rewritten
+/// program, its rows uploaded before each replay of a CUDA graph captured once, gives the bits
+/// of the program that gathers from the table on the device, for several token sets; the
+/// table's bytes are not on the device.
+#[test]
+#[ignore = "needs a GPU: cargo xtask conformance --only gpu"]
+fn embedding_rows_gathered_on_the_host_give_the_device_gathers_bits_through_a_graph() {
+    use petite_cuda::host_gather::{Gathered, HostGathers};
+    let dev = Device::open().expect("a CUDA GPU (this test fails without one)");
+    let (rows, width, n) = (300usize, 64usize, 7usize);
+    let mut b = Builder::new();
+    let t = b.input("tokens", Dtype::I64, &[n]).unwrap();
+    // Shards of 64 rows: five row ranges, the last short.
+    let e = b
+        .embedding_sharded("emb", Dtype::Bf16, &[rows, width], t, 64 * width * 2)
+        .unwrap();
+    let y = b.mul_scalar(e, 3.0).unwrap();
+    b.output("y", y).unwrap();
+    let p = b.finish().unwrap();
+    let mut w = petite_reference::MemoryWeights::new();
+    w.insert_f32("emb", &[rows, width], &values(rows * width, 11))
+        .unwrap();
+    let hg = HostGathers::plan(&p, 0, &|_| true).unwrap().unwrap();
+    assert_eq!(hg.tables().0, 5);
+    let on_device = DeviceProgram::load(&dev, &p, &w, false).unwrap();
+    let hosted = DeviceProgram::load(&dev, hg.program(), &w, false).unwrap();
+    assert_eq!(
+        hosted.weight_bytes(),
+        0,
+        "the rewritten program uploads no table"
+    );
+    assert!(on_device.weight_bytes() >= (rows * width * 2) as u64);
+    let bufs = hg.alloc(&dev).unwrap();
+    let fixed = dev.zeros(Dtype::I64, &[n]).unwrap();
+    let out = dev.zeros(Dtype::Bf16, &[n, width]).unwrap();
+    let flag = dev.zeros(Dtype::I64, &[1]).unwrap();
+    let ((), g) = dev
+        .capture(|| {
+            let mut ins = BTreeMap::from([("tokens".to_string(), fixed.clone())]);
+            ins.extend(hg.inputs(&bufs));
+            let r = hosted.run_device_flagged(ins, Some(&flag))?;
+            dev.copy(&r["y"], &out)
+        })
+        .unwrap();
+    let mut staged = Gathered::default();
+    for toks in [
+        vec![0i64, 1, 2, 63, 64, 65, 299],
+        vec![5; 7],
+        vec![299, 256, 255, 128, 127, 3, 0],
+    ] {
+        let host = Tensor::i64(&[n], toks.clone()).unwrap();
+        let ins = BTreeMap::from([("tokens".to_string(), host.clone())]);
+        hg.gather(&ins, &w, &mut staged).unwrap();
+        hg.upload(&dev, &bufs, &staged).unwrap();
+        dev.copy(&dev.upload(&host).unwrap(), &fixed).unwrap();
+        g.launch().unwrap();
+        hosted.check_indices(&flag).unwrap();
+        let want = on_device
+            .run_device(BTreeMap::from([(
+                "tokens".to_string(),
+                dev.upload(&host).unwrap(),
+            )]))
+            .unwrap();
+        assert_eq!(
+            dev.download(&out).unwrap().to_bytes(),
+            dev.download(&want["y"]).unwrap().to_bytes(),
+            "tokens {toks:?}"
+        );
+        assert!(staged.distinct() <= n + 5, "{}", staged.distinct());
+    }
+}
+
 #[test]
 #[ignore = "needs a GPU: cargo xtask conformance --only gpu"]
 fn unrolled_elementwise_kernels_and_free_permutes_give_the_reference_executors_bits() {

@@ -115,6 +115,7 @@ fn run() -> anyhow::Result<()> {
         let mut settings = petite::settings::Settings::from_env()?;
         let tune: &[String] = match &cli.cmd {
             Cmd::Verify(a) => &a.tune,
+            Cmd::Act(a) => &a.tune,
             Cmd::Pi05(cli::pi05::Pi05Cmd::Run(a)) => &a.tune,
             _ => &[],
         };

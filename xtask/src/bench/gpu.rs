@@ -255,7 +255,7 @@ pub(crate) fn parse_variant_with(
             tune.push((k.to_string(), v.to_string()));
         } else {
             return Err(format!(
-                "{s:?}: {k:?} is neither a --tune key (fuse, offsets, attention_queries) nor a PETITE_ setting"
+                "{s:?}: {k:?} is neither a --tune key (fuse, offsets, attention_queries, host_gather) nor a PETITE_ setting"
             ));
         }
     }

@@ -482,6 +482,46 @@ pub fn run(a: &Args) -> Result<()> {
     println!(
         "policy bench: the overhead's medians: preprocessing {pre:.3} ms, the owner thread's queue {queued:.3} ms, postprocessing {post:.3} ms"
     );
+    if cuda && !small {
+        // The same calls with the token embedding uploaded whole (petite-cuda's host gathers
+        // off): what gathering its rows on the host saves in GPU memory, and costs a chunk.
+        let off_timing = dir.join("act-timing-gather-off.json");
+        let off_out = dir.join("actions-gather-off.safetensors");
+        let (off_mib, off_kib) = run_measuring_memory(
+            Command::new(&petite)
+                .args(["act", "--seed", "0", "--device", &a.device, "--dir"])
+                .arg(&out)
+                .arg("--observation")
+                .arg(&obs)
+                .arg("--tokenizer")
+                .arg(&tok)
+                .args(["--tune", "host_gather=off"])
+                .args(["--repeat", &a.repeat.to_string()])
+                .arg("--timing-json")
+                .arg(&off_timing)
+                .arg("--out")
+                .arg(&off_out),
+        )?;
+        let t: Value = serde_json::from_slice(&std::fs::read(&off_timing)?)?;
+        let mut off_chunk: Vec<f64> = t["calls"].as_array().context("timing JSON has no calls")?
+            [1..]
+            .iter()
+            .filter_map(|c| c["chunk_s"].as_f64())
+            .map(|s| s * 1e3)
+            .collect();
+        let (om, _) = median_p99(&mut off_chunk);
+        let same = actions(&off_out)? == actions(&dir.join("actions.safetensors"))?;
+        println!(
+            "policy bench: host gathers A/B (the same export and calls; token embedding rows gathered on the host, the default, against the table on the device): GPU memory {} against {}; the chunk {cm:.3} against {om:.3} ms ({:.3}×); host VmHWM {} against {}; actions {}",
+            gpu_mib.map_or("?".into(), |m| format!("{:.3} GiB", m as f64 / 1024.0)),
+            off_mib.map_or("?".into(), |m| format!("{:.3} GiB", m as f64 / 1024.0)),
+            cm / om,
+            host_kib.map_or("?".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0)),
+            off_kib.map_or("?".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0)),
+            if same { "the same bits" } else { "DIFFER" }
+        );
+        anyhow::ensure!(same, "host-gathered rows changed the actions");
+    }
     // Real-time chunking: the same calls guided by a leftover of chunk − 1 rows (delay 3).
     let (chunk_len, action_dim) = if small { (6, 4) } else { (50, 7) };
     let rtc_obs = dir.join("observation-rtc.safetensors");

@@ -216,6 +216,28 @@ impl Device {
         Ok(Tensor::from_bytes(t.dtype(), t.shape(), &bytes)?)
     }
 
+    /// Queues a copy of `bytes` into the first `bytes.len()` bytes of `dst` on the stream,
+    /// after the work queued before it. From pageable memory the driver stages `bytes` before
+    /// it returns, so the caller may reuse them at once (CUDA's API synchronization behavior).
+    pub fn write(&self, dst: &DevTensor, bytes: &[u8]) -> Result<()> {
+        if bytes.len() > dst.bytes() {
+            return Err(Error::Plan(format!(
+                "{} bytes written into {dst:?} of {} bytes",
+                bytes.len(),
+                dst.bytes()
+            )));
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: a live buffer of at least `bytes.len()` past its pointer, on this stream;
+        // the source is staged by the driver before the call returns.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(self.ptr(dst), bytes, self.stream.cu_stream())
+        }
+        .map_err(driver("copy to the device"))
+    }
+
     /// Queues a copy of `src`'s bytes into `dst` (same dtype and element count).
     pub fn copy(&self, src: &DevTensor, dst: &DevTensor) -> Result<()> {
         if src.dtype() != dst.dtype() || src.numel() != dst.numel() {

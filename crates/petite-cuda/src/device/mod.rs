@@ -197,7 +197,8 @@ impl Device {
     }
 
     /// Where loading spends its time, on stderr, when [`Settings::trace`].
-    pub(crate) fn trace(&self, msg: std::fmt::Arguments<'_>) {
+    /// Prints `msg` to stderr where [`crate::Settings::trace`] is on (`PETITE_CUDA_TRACE`).
+    pub fn trace(&self, msg: std::fmt::Arguments<'_>) {
         trace(self.settings.trace, msg)
     }
 

@@ -381,6 +381,25 @@ fn method_spec<'a>(
     })
 }
 
+/// For each engine of `pte_dir`'s prefix: its segment, and the embeddings and table bytes a
+/// device runtime gathers on the host (tables of at least `min_bytes`;
+/// [`petite_cuda::host_gather`]). What `--device cuda` leaves off the GPU, computed without one.
+#[doc(hidden)]
+pub fn host_gathered_tables(pte_dir: &Path, min_bytes: usize) -> Result<Vec<(usize, usize, u64)>> {
+    let ptes = Ptes::open(pte_dir)?;
+    let plan = method(&ptes.prefix, METHOD)?;
+    let spec = method_spec(&ptes.prefix, plan)?;
+    let mut out = Vec::new();
+    for &(seg, offset, len) in &spec.engines {
+        let e = petite_engine::reference::ReferenceEngine::open_region(spec.path, offset, len)?;
+        let g = crate::runtimes::engine_gathers(e.program(), seg, &spec, min_bytes)
+            .map_err(|e| bad(spec.path, e.to_string()))?;
+        let (n, bytes) = g.map_or((0, 0), |(p, _)| p.tables());
+        out.push((seg, n, bytes));
+    }
+    Ok(out)
+}
+
 /// Reads the timestep table (a constant tensor output of method `timestep_table`).
 fn read_table(pte: &PteFile, steps: usize, r: usize) -> Result<Vec<f32>> {
     let plan = method(pte, TABLE_METHOD)?;

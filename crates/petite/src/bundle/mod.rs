@@ -22,7 +22,7 @@ use petite_pte::PteFile;
 
 use crate::{Error, Result};
 
-pub use delegates::{ChunkFn, PteRun, run_pte, with_resident};
+pub use delegates::{ChunkFn, PteRun, host_gathered_tables, run_pte, with_resident};
 pub use driver::{run_onnx, run_portable};
 pub use python::{ORT_PYTHON_ENV, PYTHON_ENV, find_ort_python, find_python};
 pub use specs::{check_onnx_spec, check_specs, is_onnx, is_portable};

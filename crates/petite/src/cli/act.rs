@@ -69,6 +69,11 @@ pub struct ActArgs {
     /// n_action_steps), plus the prompt's tokens and attention mask.
     #[arg(long)]
     pub out: PathBuf,
+    /// A/B only (`cargo xtask bench policy`), with `--device cuda`: KEY=VALUE of petite-cuda's
+    /// tuning (fuse=on|off, offsets=params|literal, attention_queries=N|all|off,
+    /// host_gather=on|off).
+    #[arg(long = "tune", value_name = "KEY=VALUE", hide = true)]
+    pub tune: Vec<String>,
 }
 
 /// Runs `petite act`.

@@ -14,6 +14,7 @@
 
 mod cpu_reference;
 mod cuda_reference;
+pub(crate) use cuda_reference::engine_gathers;
 
 use std::path::Path;
 use std::sync::LazyLock;

@@ -12,6 +12,7 @@ use std::cell::{Cell, OnceCell};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+use petite_cuda::host_gather::{GatherBuffers, Gathered, HostGathers};
 use petite_cuda::{DevTensor, DeviceProgram, Graph};
 use petite_engine::reference::ReferenceEngine;
 use petite_engine::{EngineRuntime, HostTensor, IoBinding};
@@ -151,20 +152,42 @@ impl Runtime for CudaReference {
             .0
             .upload_bytes(t.dtype(), t.shape(), t.bytes())
             .map_err(cuda("upload a value"))?;
-        Ok(Value::Resident(std::sync::Arc::new(d)))
+        let host = (t.bytes().len() <= KEEP_HOST_BYTES).then_some(t);
+        Ok(OnDevice::value(d, host))
     }
 
     fn download(&self, v: Value) -> Result<HostTensor> {
         match v {
             Value::Host(t) => Ok(t),
             Value::Resident(b) => {
-                let d = b.downcast_ref::<DevTensor>().ok_or_else(|| {
-                    Error::Internal("a device value of another runtime reached petite-cuda".into())
-                })?;
-                let t = self.0.download(d).map_err(cuda("download a value"))?;
+                let d = OnDevice::of(&b)?;
+                let t = self.0.download(&d.t).map_err(cuda("download a value"))?;
                 Ok(HostTensor::from(&t))
             }
         }
+    }
+}
+
+/// Host values up to this size keep their bytes beside their device copy when uploaded: a
+/// method gathering embedding rows on the host reads its tokens there without waiting for the
+/// device.
+const KEEP_HOST_BYTES: usize = 64 << 10;
+
+/// A value this runtime keeps on the device, with its host bytes when it came up small.
+struct OnDevice {
+    t: DevTensor,
+    host: Option<HostTensor>,
+}
+
+impl OnDevice {
+    fn value(t: DevTensor, host: Option<HostTensor>) -> Value {
+        Value::Resident(std::sync::Arc::new(OnDevice { t, host }))
+    }
+
+    fn of(v: &std::sync::Arc<dyn std::any::Any + Send + Sync>) -> Result<&OnDevice> {
+        v.downcast_ref::<OnDevice>().ok_or_else(|| {
+            Error::Internal("a device value of another runtime reached petite-cuda".into())
+        })
     }
 }
 
@@ -182,12 +205,42 @@ impl CudaReference {
         let mut engines = HashMap::new();
         for &(seg, offset, len) in &m.engines {
             let e = ReferenceEngine::open_region(m.path, offset, len)?;
-            let mut program = DeviceProgram::load(dev, e.program(), e.file(), true)
-                .map_err(Error::cuda(format!("{} segment {seg}", m.path.display())))?;
+            let (inputs, outputs) = petite_engine::bindings(e.program());
+            let at = || Error::cuda(format!("{} segment {seg}", m.path.display()));
+            let (plan, reads) = if dev.settings().tuning.host_gather {
+                engine_gathers(
+                    e.program(),
+                    seg,
+                    m,
+                    petite_cuda::host_gather::MIN_TABLE_BYTES,
+                )
+                .map_err(at())?
+                .unzip()
+            } else {
+                (None, None)
+            };
+            let source = plan.as_ref().map_or(e.program(), |p| p.program());
+            let mut program = DeviceProgram::load(dev, source, e.file(), true).map_err(at())?;
             if bf16 {
                 program.set_f32_matmul(petite_cuda::F32Matmul::Tf32);
             }
-            let (inputs, outputs) = petite_engine::bindings(e.program());
+            if let Some(p) = &plan {
+                let (n, bytes) = p.tables();
+                dev.trace(format_args!(
+                    "segment {seg}: {n} embedding tables ({:.1} MiB) gathered on the host",
+                    bytes as f64 / (1u64 << 20) as f64
+                ));
+            }
+            let gather = match (plan, reads) {
+                (Some(plan), Some(reads)) => Some(EngineGather {
+                    reads,
+                    bufs: plan.alloc(dev).map_err(at())?,
+                    plan,
+                    staged: Default::default(),
+                    engine: e,
+                }),
+                _ => None,
+            };
             let flag = if program.has_embedding() {
                 Some(
                     dev.zeros(petite_graph::Dtype::I64, &[1])
@@ -203,6 +256,7 @@ impl CudaReference {
                     inputs,
                     outputs,
                     flag,
+                    gather,
                 },
             );
         }
@@ -228,6 +282,46 @@ impl CudaReference {
     }
 }
 
+/// Engine input names a host gather reads, each with the method input it is (by position).
+pub(crate) type InputsRead = Vec<(String, usize)>;
+
+/// Engine `seg` of method `m` (its program `program`) with its embeddings of tables of at least
+/// `min_bytes` gathered on the host ([`HostGathers::plan`]), where their indices come from
+/// engine inputs the chain passes straight from the method's: the plan, and for each engine
+/// input it reads, the method input it is (by position). `None`: nothing to gather.
+pub(crate) fn engine_gathers(
+    program: &petite_graph::Program,
+    seg: usize,
+    m: &MethodSpec<'_>,
+    min_bytes: usize,
+) -> petite_cuda::Result<Option<(HostGathers, InputsRead)>> {
+    let (inputs, _) = petite_engine::bindings(program);
+    let mut calls = m.calls.iter().filter(|(s, _)| *s == seg);
+    let from_method: HashMap<String, usize> = match (calls.next(), calls.next()) {
+        (Some((_, args)), None) => inputs
+            .iter()
+            .zip(args)
+            .filter_map(|(b, a)| {
+                m.inputs
+                    .iter()
+                    .position(|(i, _, _)| i == a)
+                    .map(|k| (b.name.clone(), k))
+            })
+            .collect(),
+        _ => HashMap::new(),
+    };
+    let Some(plan) = HostGathers::plan(program, min_bytes, &|name| from_method.contains_key(name))?
+    else {
+        return Ok(None);
+    };
+    let reads = plan
+        .inputs_read()
+        .into_iter()
+        .filter_map(|n| from_method.get(&n).map(|&k| (n, k)))
+        .collect();
+    Ok(Some((plan, reads)))
+}
+
 /// One engine of a [`CudaMethod`]: its program and I/O binding names.
 struct MethodEngine<'d> {
     program: DeviceProgram<'d>,
@@ -235,6 +329,20 @@ struct MethodEngine<'d> {
     outputs: Vec<IoBinding>,
     /// The embedding index flag when the program gathers rows (read back after each run).
     flag: Option<DevTensor>,
+    /// Its embeddings gathered on the host ([`petite_cuda::host_gather`]), if any.
+    gather: Option<EngineGather>,
+}
+
+/// An engine's embeddings gathered on the host: the plan, the engine's file whose mapped
+/// tables the rows come from, the method inputs the indices are computed from, and the device
+/// buffers the rows go up into before each run.
+struct EngineGather {
+    plan: HostGathers,
+    /// The engine input names the gathers read, with the method input each is.
+    reads: InputsRead,
+    bufs: GatherBuffers,
+    staged: std::cell::RefCell<Gathered>,
+    engine: ReferenceEngine,
 }
 
 /// A method's chain of engines on the device: run directly the first time (a one-shot run pays
@@ -281,6 +389,9 @@ impl<'d> CudaMethod<'d> {
                 })?;
                 ins.insert(b.name.clone(), v);
             }
+            if let Some(g) = &e.gather {
+                ins.extend(g.plan.inputs(&g.bufs));
+            }
             let mut outs = match (&e.flag, flagged) {
                 (Some(f), true) => {
                     self.dev.copy(&self.zero, f)?;
@@ -315,11 +426,40 @@ impl<'d> CudaMethod<'d> {
         Ok(())
     }
 
+    /// Gathers each engine's host-gathered embedding rows for `inputs` and queues them up
+    /// (before the work that reads them). An index outside its table is refused here, before
+    /// anything of this run is queued.
+    fn gather(&self, inputs: &[Value]) -> Result<()> {
+        for e in self.engines.values() {
+            let Some(g) = &e.gather else { continue };
+            let mut host = BTreeMap::new();
+            for (name, k) in &g.reads {
+                let t = match &inputs[*k] {
+                    Value::Host(t) => t.to_reference()?,
+                    Value::Resident(b) => match &OnDevice::of(b)?.host {
+                        Some(t) => t.to_reference()?,
+                        None => self
+                            .dev
+                            .download(&OnDevice::of(b)?.t)
+                            .map_err(cuda("download an embedding's indices"))?,
+                    },
+                };
+                host.insert(name.clone(), t);
+            }
+            let mut staged = g.staged.borrow_mut();
+            g.plan
+                .gather(&host, g.engine.file(), &mut staged)
+                .map_err(cuda("gather embedding rows on the host"))?;
+            g.plan
+                .upload(self.dev, &g.bufs, &staged)
+                .map_err(cuda("upload embedding rows"))?;
+        }
+        Ok(())
+    }
+
     fn device_value(&self, v: Value) -> Result<DevTensor> {
         match v {
-            Value::Resident(b) => b.downcast_ref::<DevTensor>().cloned().ok_or_else(|| {
-                Error::Internal("a device value of another runtime reached petite-cuda".into())
-            }),
+            Value::Resident(b) => Ok(OnDevice::of(&b)?.t.clone()),
             Value::Host(t) => self
                 .dev
                 .upload_bytes(t.dtype(), t.shape(), t.bytes())
@@ -351,22 +491,21 @@ impl ResidentMethod for CudaMethod<'_> {
                 Value::Host(_) => None,
             })
             .collect();
+        // The last replay's deferred checks, before its flags are reset; then the rows gathered
+        // on the host (refused before anything is queued if an index is out of its table).
+        self.finish()?;
+        self.gather(&inputs)?;
         let ins = inputs
             .into_iter()
             .map(|v| self.device_value(v))
             .collect::<Result<Vec<_>>>()?;
-        // The last replay's deferred checks, before its flags are reset.
-        self.finish()?;
         let n = self.runs.get();
         self.runs.set(n + 1);
         if n == 0 {
             // The first run, directly: a method that runs once (verify's prefix) captures nothing.
             let values = self.input_ids.iter().copied().zip(ins).collect();
             let outs = self.queue(values, false).map_err(cuda("run a method"))?;
-            return Ok(outs
-                .into_iter()
-                .map(|t| Value::Resident(std::sync::Arc::new(t)))
-                .collect());
+            return Ok(outs.into_iter().map(|t| OnDevice::value(t, None)).collect());
         }
         let dev = self.dev;
         let mut last = self.last.borrow_mut();
@@ -411,7 +550,7 @@ impl ResidentMethod for CudaMethod<'_> {
         Ok(self
             .fixed_out
             .iter()
-            .map(|t| Value::Resident(std::sync::Arc::new(t.clone())))
+            .map(|t| OnDevice::value(t.clone(), None))
             .collect())
     }
 }
