@@ -33,13 +33,35 @@ pub const ROWS_INPUT: &str = "host_gather.rows";
 struct Hosted {
     /// The table it read.
     weight: WeightInfo,
-    /// Computes the embedding's original indices from the program's inputs: a piece of the
-    /// original program, its one output the indices.
-    indices: Program,
+    /// Its table's checkpoint name among the hosted ones (the key of a gathered row).
+    table: u64,
+    /// The output of [`HostGathers::indices`] that is its original indices.
+    output: String,
     /// The new input carrying its renumbered indices (i32, the original indices' shape).
     index_input: String,
+    /// The indices' shape.
+    shape: Vec<usize>,
     /// Where its renumbered indices start in the index buffer (elements).
     at: usize,
+}
+
+/// Hashes a gathered row's key (table and row packed in a `u64`) by one multiply: std's
+/// SipHash over a name and a row was most of a gather's host time (pi0.5: 3,200 lookups).
+#[derive(Default)]
+struct RowHasher(u64);
+
+impl std::hash::Hasher for RowHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = x.wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
+    }
 }
 
 /// A program whose large embedding tables are gathered on the host, and how to gather them.
@@ -47,6 +69,9 @@ struct Hosted {
 pub struct HostGathers {
     program: Program,
     hosted: Vec<Hosted>,
+    /// Computes every hosted embedding's original indices from the program's inputs (a piece
+    /// of the original program; one output an embedding, [`Hosted::output`]).
+    indices: Program,
     /// The compact table's dtype and row width (every hosted table shares them).
     dtype: Dtype,
     width: usize,
@@ -161,36 +186,57 @@ impl HostGathers {
         let mut cap = 0usize;
         let mut hosted = Vec::with_capacity(picked.len());
         let mut index_nodes = Vec::with_capacity(picked.len());
-        for (k, (id, weight, idx)) in picked.into_iter().enumerate() {
+        let idxs: Vec<NodeId> = picked.iter().map(|p| p.2).collect();
+        let from = program.ancestors(&idxs);
+        let nodes: Vec<NodeId> = program.ids().filter(|a| from[a.index()]).collect();
+        let sub = program.subprogram(&nodes)?;
+        let mut indices = sub.program;
+        indices.outputs.clear();
+        let mut tables: Vec<&str> = Vec::new();
+        for (k, (id, weight, idx)) in picked.iter().enumerate() {
             let shape = program
-                .node(idx)
+                .node(*idx)
                 .tensor()
                 .ok_or_else(|| err("tuple indices"))?
                 .shape
                 .clone();
             let numel: usize = shape.iter().product();
-            let from = program.ancestors(&[idx]);
-            let nodes: Vec<NodeId> = program.ids().filter(|a| from[a.index()]).collect();
-            let sub = program.subprogram(&nodes)?;
-            let mut indices = sub.program;
-            let at_out = sub
-                .output_values
+            let value = sub
+                .original
                 .iter()
-                .position(|&v| v == idx)
-                .ok_or_else(|| err("the indices are not an output of their own piece"))?;
-            let keep = indices.outputs[at_out].clone();
-            indices.outputs = vec![keep];
+                .position(|v| v == idx)
+                .ok_or_else(|| err("the indices are not in their own piece"))?;
+            let output = format!("indices.{k}");
+            indices.outputs.push(petite_graph::GraphOutput {
+                name: output.clone(),
+                value: NodeId(value as u32),
+            });
+            let table = match tables.iter().position(|t| *t == weight.name) {
+                Some(t) => t,
+                None => {
+                    tables.push(&weight.name);
+                    tables.len() - 1
+                }
+            } as u64;
             let index_input = format!("host_gather.index.{k}");
-            let node = add_input(&mut rewritten, index_input.clone(), Dtype::I32, shape)?;
-            index_nodes.push((id, node));
+            let node = add_input(
+                &mut rewritten,
+                index_input.clone(),
+                Dtype::I32,
+                shape.clone(),
+            )?;
+            index_nodes.push((*id, node));
             hosted.push(Hosted {
-                weight,
-                indices,
+                weight: weight.clone(),
+                table,
+                output,
                 index_input,
+                shape,
                 at: cap,
             });
             cap += numel;
         }
+        indices.validate()?;
         let rows = add_input(
             &mut rewritten,
             ROWS_INPUT.to_string(),
@@ -204,6 +250,7 @@ impl HostGathers {
         Ok(Some(HostGathers {
             program: rewritten,
             hosted,
+            indices,
             dtype,
             width,
             cap,
@@ -218,17 +265,12 @@ impl HostGathers {
     /// The original program's inputs the gathers read (their values are needed on the host).
     pub fn inputs_read(&self) -> Vec<String> {
         let mut v: Vec<String> = self
-            .hosted
+            .indices
+            .inputs
             .iter()
-            .flat_map(|h| {
-                h.indices
-                    .inputs
-                    .iter()
-                    .filter_map(|&i| h.indices.input_name(i).map(str::to_string))
-            })
+            .filter_map(|&i| self.indices.input_name(i).map(str::to_string))
             .collect();
         v.sort();
-        v.dedup();
         v
     }
 
@@ -253,22 +295,22 @@ impl HostGathers {
         out.index.clear();
         out.distinct = 0;
         let row_bytes = self.width * self.dtype.size();
-        let mut slots: HashMap<(&str, usize), i32> = HashMap::new();
+        let mut slots: HashMap<u64, i32, std::hash::BuildHasherDefault<RowHasher>> =
+            HashMap::with_capacity_and_hasher(2 * self.cap, Default::default());
+        let mut ins = BTreeMap::new();
+        for &i in &self.indices.inputs {
+            let name = self.indices.input_name(i).unwrap_or_default();
+            let t = inputs.get(name).ok_or_else(|| Error::Input {
+                name: name.to_string(),
+                message: "needed on the host to gather an embedding's rows".into(),
+            })?;
+            ins.insert(name.to_string(), t.clone());
+        }
+        let mut outs = Executor::new(&self.indices, &NoWeights)?.run(ins)?;
         for h in &self.hosted {
-            let mut ins = BTreeMap::new();
-            for &i in &h.indices.inputs {
-                let name = h.indices.input_name(i).unwrap_or_default();
-                let t = inputs.get(name).ok_or_else(|| Error::Input {
-                    name: name.to_string(),
-                    message: "needed on the host to gather an embedding's rows".into(),
-                })?;
-                ins.insert(name.to_string(), t.clone());
-            }
-            let outs = Executor::new(&h.indices, &NoWeights)?.run(ins)?;
             let idx = outs
-                .into_values()
-                .next()
-                .ok_or_else(|| err("an index piece returned nothing"))?;
+                .remove(&h.output)
+                .ok_or_else(|| err(format!("no {} computed", h.output)))?;
             let values: Vec<i64> = match idx.data() {
                 Data::I64(v) => v.clone(),
                 Data::I32(v) => v.iter().map(|&x| x as i64).collect(),
@@ -295,7 +337,8 @@ impl HostGathers {
                     )));
                 }
                 let row = first + v as usize;
-                let slot = match slots.get(&(h.weight.name.as_str(), row)) {
+                let key = (h.table << 40) | row as u64;
+                let slot = match slots.get(&key) {
                     Some(&s) => s,
                     None => {
                         let src = view
@@ -312,7 +355,7 @@ impl HostGathers {
                         convert_into(stored, self.dtype, src, &mut out.rows[at..]);
                         let s = out.distinct as i32;
                         out.distinct += 1;
-                        slots.insert((h.weight.name.as_str(), row), s);
+                        slots.insert(key, s);
                         s
                     }
                 };
@@ -352,13 +395,7 @@ impl HostGathers {
     pub fn inputs(&self, bufs: &GatherBuffers) -> Vec<(String, DevTensor)> {
         let mut v = vec![(ROWS_INPUT.to_string(), bufs.rows.clone())];
         for h in &self.hosted {
-            let shape = h
-                .indices
-                .outputs
-                .first()
-                .and_then(|o| h.indices.node(o.value).tensor())
-                .map_or_else(Vec::new, |t| t.shape.clone());
-            v.push((h.index_input.clone(), bufs.index.view(h.at * 4, &shape)));
+            v.push((h.index_input.clone(), bufs.index.view(h.at * 4, &h.shape)));
         }
         v
     }
@@ -414,13 +451,7 @@ mod tests {
             Tensor::from_bytes(hg.dtype, &[hg.cap, hg.width], &rows)?,
         );
         for h in &hg.hosted {
-            let n = h
-                .indices
-                .node(h.indices.outputs[0].value)
-                .tensor()
-                .unwrap()
-                .shape
-                .clone();
+            let n = h.shape.clone();
             let k: usize = n.iter().product();
             let bytes: Vec<u8> = g.index[h.at..h.at + k]
                 .iter()
