@@ -295,6 +295,17 @@ fn a_quantized_exports_token_embedding_is_gathered_on_the_host_as_a_bf16_ones() 
         let t = petite::bundle::host_gathered_tables(&out, 0).unwrap();
         let (n, bytes) = t.iter().fold((0, 0), |(n, b), &(_, k, x)| (n + k, b + x));
         assert!(n >= 1 && bytes > 0, "{w}: {t:?}");
+        // What policy.json records: the tables past petite-cuda's threshold (none in a golden).
+        let policy: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("policy.json")).unwrap())
+                .unwrap();
+        let at_threshold: u64 =
+            petite::bundle::host_gathered_tables(&out, petite_cuda::host_gather::MIN_TABLE_BYTES)
+                .unwrap()
+                .iter()
+                .map(|t| t.2)
+                .sum();
+        assert_eq!(policy["host_table_bytes"], at_threshold, "{w}");
         seen.push((n, bytes));
     }
     assert_eq!(seen[0], seen[1], "bf16 against int8");

@@ -48,6 +48,12 @@ pub struct PolicySpec {
     /// before any buffer. Absent from bundles written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_bytes: Option<u64>,
+    /// Of [`PolicySpec::weight_bytes`], the embedding tables a GPU runtime leaves in the mapped
+    /// `.pte` and gathers rows of on the host (petite-cuda's host gathers: pi0.5's token
+    /// embedding, 1004.5 MiB in bf16): the weights' device memory is the difference. Absent
+    /// from bundles written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_table_bytes: Option<u64>,
     /// The model config the programs were built for.
     pub model: Pi05Config,
     /// lerobot's processing; `None` for an export from a bare checkpoint.

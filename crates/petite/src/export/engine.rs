@@ -744,6 +744,7 @@ impl Stages for EngineStages<'_> {
             cfg: None,
             runner: None,
             weight_bytes: None,
+            host_table_bytes: None,
             part: BackendPart::Engines(part),
             written: Written {
                 weight_bytes,

@@ -488,6 +488,7 @@ impl SaveTargets {
             dtype: dtype_name(opts.precision).into(),
             weights: opts.weights_name().into(),
             weight_bytes: saved.weight_bytes,
+            host_table_bytes: saved.host_table_bytes,
             model: saved_cfg(saved).clone(),
             runner: saved.runner.clone(),
         };
@@ -532,6 +533,18 @@ fn saved_cfg(s: &Saved) -> &Pi05Config {
         .unwrap_or_else(|| DEFAULT.get_or_init(Pi05Config::default))
 }
 
+/// The bytes of `prefix`'s embedding tables petite-cuda gathers on the host
+/// ([`petite_cuda::host_gather`]; their indices computed from the program's inputs).
+fn host_table_bytes(prefix: &petite_graph::Program) -> Result<u64> {
+    let plan = petite_cuda::host_gather::HostGathers::plan(
+        prefix,
+        petite_cuda::host_gather::MIN_TABLE_BYTES,
+        &|_| true,
+    )
+    .map_err(|e| Error::Internal(format!("planning the host gathers: {e}")))?;
+    Ok(plan.map_or(0, |p| p.tables().1))
+}
+
 /// What a backend's stages give the report: its part of `report.json`, what it wrote (for the
 /// totals) and the engine counts.
 struct Saved {
@@ -541,6 +554,8 @@ struct Saved {
     runner: Option<petite_pi05::policy::Runner>,
     /// The prefix's and step's weight bytes as stored, filled in by [`export`].
     weight_bytes: Option<u64>,
+    /// Of `weight_bytes`, the tables a GPU runtime gathers on the host.
+    host_table_bytes: Option<u64>,
     part: BackendPart,
     written: Written,
     engines_reused: usize,
@@ -751,6 +766,13 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
             .map(|p| p.weight_bytes() as u64)
             .sum(),
     );
+    // Reference engines run on a GPU by petite-cuda, which gathers large embedding tables' rows
+    // on the host; other backends' runtimes hold every weight.
+    saved.host_table_bytes = if opts.backend.name() == crate::backends::Backend::DEFAULT.name() {
+        Some(host_table_bytes(&loaded.progs.prefix)?)
+    } else {
+        None
+    };
     drop(stages);
     let table_text = crate::report::table(&recorded, total);
     let report = report(

@@ -415,6 +415,7 @@ impl Stages for OnnxStages<'_> {
             cfg: None,
             runner: None,
             weight_bytes: None,
+            host_table_bytes: None,
             part: BackendPart::Onnx(part),
             written: report::Written {
                 weight_bytes,

@@ -472,6 +472,7 @@ impl Stages for PortableStages<'_> {
             cfg: None,
             runner: None,
             weight_bytes: None,
+            host_table_bytes: None,
             part: BackendPart::Portable(part),
             written: Written {
                 weight_bytes,
