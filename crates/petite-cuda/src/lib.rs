@@ -37,7 +37,7 @@ pub use device::{
 };
 pub use kcache::{KernelCache, kernel_cache};
 pub use program::DeviceProgram;
-pub use settings::{Profile, Settings, Tuning};
+pub use settings::{HostGather, Profile, Settings, Tuning};
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]

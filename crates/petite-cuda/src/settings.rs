@@ -41,10 +41,34 @@ pub struct Tuning {
     /// bf16 attentions of up to this many queries fused (`attention_queries=N|all|off`);
     /// `None`: the device's default ([`crate::fuse::fused_attention_queries`]).
     pub attention_queries: Option<usize>,
-    /// Large embedding tables gathered on the host (`host_gather=on|off`,
-    /// [`crate::host_gather`]): a resident method leaves pi0.5's 1004.5 MiB token embedding in
-    /// the mapped `.pte` and uploads the ~200 rows a chunk reads. Off: the tables are uploaded.
-    pub host_gather: bool,
+    /// Which embedding tables a resident method gathers on the host (`host_gather=on|off|all`,
+    /// [`crate::host_gather`]): by default those of at least
+    /// [`crate::host_gather::MIN_TABLE_BYTES`] (pi0.5's 1004.5 MiB token embedding stays in the
+    /// mapped `.pte`, the ~200 rows a chunk reads are uploaded); off, none (the tables are
+    /// uploaded); all, every one (so small goldens take the same path in tests).
+    pub host_gather: HostGather,
+}
+
+/// Which embedding tables are gathered on the host ([`Tuning::host_gather`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostGather {
+    /// None: every table is uploaded.
+    Off,
+    /// Those of at least [`crate::host_gather::MIN_TABLE_BYTES`] (the default).
+    Large,
+    /// Every one whose indices the host has.
+    All,
+}
+
+impl HostGather {
+    /// The smallest table gathered on the host, or `None` when none is.
+    pub fn min_table_bytes(self) -> Option<usize> {
+        match self {
+            HostGather::Off => None,
+            HostGather::Large => Some(crate::host_gather::MIN_TABLE_BYTES),
+            HostGather::All => Some(0),
+        }
+    }
 }
 
 impl Default for Tuning {
@@ -53,7 +77,7 @@ impl Default for Tuning {
             fuse: true,
             offset_params: true,
             attention_queries: None,
-            host_gather: true,
+            host_gather: HostGather::Large,
         }
     }
 }
@@ -61,7 +85,7 @@ impl Default for Tuning {
 impl Tuning {
     /// The keys and values [`Tuning::set`] takes.
     pub const KEYS: &'static str =
-        "fuse=on|off, offsets=params|literal, attention_queries=N|all|off, host_gather=on|off";
+        "fuse=on|off, offsets=params|literal, attention_queries=N|all|off, host_gather=on|off|all";
 
     /// Sets `key` to `value`; an unknown key or a value it does not take is [`Invalid`].
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), Invalid> {
@@ -92,9 +116,10 @@ impl Tuning {
             }
             "host_gather" => {
                 self.host_gather = match value {
-                    "on" => true,
-                    "off" => false,
-                    _ => return Err(bad("on or off")),
+                    "on" => HostGather::Large,
+                    "off" => HostGather::Off,
+                    "all" => HostGather::All,
+                    _ => return Err(bad("on, off or all")),
                 }
             }
             _ => return Err(Invalid::new(key, value, format!("a key: {}", Self::KEYS))),
@@ -140,7 +165,12 @@ impl Tuning {
             ),
             (
                 "host_gather",
-                if self.host_gather { "on" } else { "off" }.to_string(),
+                match self.host_gather {
+                    HostGather::Off => "off",
+                    HostGather::Large => "on",
+                    HostGather::All => "all",
+                }
+                .to_string(),
             ),
         ]
     }
@@ -311,7 +341,7 @@ mod tests {
                 fuse: false,
                 offset_params: false,
                 attention_queries: Some(usize::MAX),
-                host_gather: false,
+                host_gather: HostGather::Off,
             }
         );
         assert_eq!(
@@ -337,6 +367,13 @@ mod tests {
                 "attention_queries=default",
                 "host_gather=on"
             ]
+        );
+        assert_eq!(
+            Tuning::parse(&["host_gather=all"])
+                .unwrap()
+                .host_gather
+                .min_table_bytes(),
+            Some(0)
         );
         for bad in [
             "fuse=0",

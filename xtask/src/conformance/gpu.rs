@@ -213,6 +213,29 @@ fn policy_goldens(
                 &dir.join("expected.safetensors"),
                 &[],
             )?;
+            // The same call with this golden's (small) token embedding gathered on the host, as
+            // a full-size policy's is: the same bits through the method's graph.
+            let acted = scratch.join(format!("{case}-acted.safetensors"));
+            let by_device = f32s(&acted, "action")?;
+            act(
+                &dir.join("observation.safetensors"),
+                &dir.join("expected.safetensors"),
+                &["--tune".into(), "host_gather=all".into()],
+            )
+            .with_context(|| format!("{case} {dtype}: --tune host_gather=all"))?;
+            let by_host = f32s(&acted, "action")?;
+            anyhow::ensure!(
+                !by_host.is_empty()
+                    && by_host.len() == by_device.len()
+                    && by_host
+                        .iter()
+                        .zip(&by_device)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{case} {dtype}: the embedding gathered on the host changed the actions"
+            );
+            rows.push(format!(
+                "policy {case} {dtype}: token embedding gathered on the host, the same bits"
+            ));
             let mut worst = 0f64;
             let mut ran = 0;
             for (j, g) in gs.iter().enumerate() {

@@ -71,7 +71,7 @@ pub struct ActArgs {
     pub out: PathBuf,
     /// A/B only (`cargo xtask bench policy`), with `--device cuda`: KEY=VALUE of petite-cuda's
     /// tuning (fuse=on|off, offsets=params|literal, attention_queries=N|all|off,
-    /// host_gather=on|off).
+    /// host_gather=on|off|all).
     #[arg(long = "tune", value_name = "KEY=VALUE", hide = true)]
     pub tune: Vec<String>,
 }

@@ -131,7 +131,7 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     f32_matmul: Option<petite::runtimes::F32Matmul>,
     /// A/B only (`cargo xtask bench gpu --variant`), with `--device cuda`: KEY=VALUE of
-    /// petite-cuda's tuning (fuse=on|off, offsets=params|literal, attention_queries=N|all|off, host_gather=on|off),
+    /// petite-cuda's tuning (fuse=on|off, offsets=params|literal, attention_queries=N|all|off, host_gather=on|off|all),
     /// recorded in `--timing-json` as "tuning".
     #[arg(long = "tune", value_name = "KEY=VALUE", hide = true)]
     pub(crate) tune: Vec<String>,

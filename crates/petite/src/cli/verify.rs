@@ -50,7 +50,7 @@ pub struct VerifyArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub stages: petite::verify::Stages,
     /// A/B only (`cargo xtask bench gpu-verify --variant`), with `--device cuda`: KEY=VALUE of
-    /// petite-cuda's tuning (fuse=on|off, offsets=params|literal, attention_queries=N|all|off, host_gather=on|off).
+    /// petite-cuda's tuning (fuse=on|off, offsets=params|literal, attention_queries=N|all|off, host_gather=on|off|all).
     #[arg(long = "tune", value_name = "KEY=VALUE", hide = true)]
     pub tune: Vec<String>,
     /// Also write the export's actions here (safetensors `actions`, f32 `[chunk, action_dim]`,

@@ -207,17 +207,11 @@ impl CudaReference {
             let e = ReferenceEngine::open_region(m.path, offset, len)?;
             let (inputs, outputs) = petite_engine::bindings(e.program());
             let at = || Error::cuda(format!("{} segment {seg}", m.path.display()));
-            let (plan, reads) = if dev.settings().tuning.host_gather {
-                engine_gathers(
-                    e.program(),
-                    seg,
-                    m,
-                    petite_cuda::host_gather::MIN_TABLE_BYTES,
-                )
-                .map_err(at())?
-                .unzip()
-            } else {
-                (None, None)
+            let (plan, reads) = match dev.settings().tuning.host_gather.min_table_bytes() {
+                Some(min) => engine_gathers(e.program(), seg, m, min)
+                    .map_err(at())?
+                    .unzip(),
+                None => (None, None),
             };
             let source = plan.as_ref().map_or(e.program(), |p| p.program());
             let mut program = DeviceProgram::load(dev, source, e.file(), true).map_err(at())?;
