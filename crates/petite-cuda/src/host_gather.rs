@@ -22,8 +22,7 @@ use petite_weights::{WeightSource, convert_into};
 use crate::device::{DevTensor, Device};
 use crate::{Error, Result};
 
-/// Tables smaller than this stay on the device: their bytes are not worth a per-run gather.
-pub const MIN_TABLE_BYTES: usize = 16 << 20;
+pub use crate::settings::MIN_TABLE_BYTES;
 
 /// The name of the compact table's input in a rewritten program.
 pub const ROWS_INPUT: &str = "host_gather.rows";

@@ -42,19 +42,23 @@ pub struct Tuning {
     /// `None`: the device's default ([`crate::fuse::fused_attention_queries`]).
     pub attention_queries: Option<usize>,
     /// Which embedding tables a resident method gathers on the host (`host_gather=on|off|all`,
-    /// [`crate::host_gather`]): by default those of at least
-    /// [`crate::host_gather::MIN_TABLE_BYTES`] (pi0.5's 1004.5 MiB token embedding stays in the
-    /// mapped `.pte`, the ~200 rows a chunk reads are uploaded); off, none (the tables are
-    /// uploaded); all, every one (so small goldens take the same path in tests).
+    /// [`crate::host_gather`]): by default those of at least [`MIN_TABLE_BYTES`] (pi0.5's
+    /// 1004.5 MiB token embedding stays in the mapped `.pte`, the ~200 rows a chunk reads are
+    /// uploaded); off, none (the tables are uploaded); all, every one (so small goldens take
+    /// the same path in tests).
     pub host_gather: HostGather,
 }
+
+/// Tables smaller than this stay on the device by default ([`HostGather::Large`]): their bytes
+/// are not worth a per-run gather.
+pub const MIN_TABLE_BYTES: usize = 16 << 20;
 
 /// Which embedding tables are gathered on the host ([`Tuning::host_gather`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostGather {
     /// None: every table is uploaded.
     Off,
-    /// Those of at least [`crate::host_gather::MIN_TABLE_BYTES`] (the default).
+    /// Those of at least [`MIN_TABLE_BYTES`] (the default).
     Large,
     /// Every one whose indices the host has.
     All,
@@ -65,7 +69,7 @@ impl HostGather {
     pub fn min_table_bytes(self) -> Option<usize> {
         match self {
             HostGather::Off => None,
-            HostGather::Large => Some(crate::host_gather::MIN_TABLE_BYTES),
+            HostGather::Large => Some(MIN_TABLE_BYTES),
             HostGather::All => Some(0),
         }
     }
