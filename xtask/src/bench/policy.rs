@@ -111,6 +111,18 @@ fn run_measuring_memory(cmd: &mut Command) -> Result<(Option<u64>, Option<u64>)>
     Ok((gpu, host))
 }
 
+/// Each timed call's chunk alone (ms), the first call left out, from `petite act --timing-json`.
+fn chunk_ms(timing: &Path) -> Result<Vec<f64>> {
+    let t: Value = serde_json::from_slice(&std::fs::read(timing)?)?;
+    let calls = t["calls"].as_array().context("timing JSON has no calls")?;
+    Ok(calls
+        .iter()
+        .skip(1)
+        .filter_map(|c| c["chunk_s"].as_f64())
+        .map(|s| s * 1e3)
+        .collect())
+}
+
 /// The Python rows' script (`policy_faces.py` beside this file).
 const FACES_PY: &str = include_str!("policy_faces.py");
 
@@ -374,20 +386,30 @@ pub fn run(a: &Args) -> Result<()> {
     let obs = dir.join("observation.safetensors");
     write_observation(&obs, &cameras, h, w, state, None)?;
     let timing = dir.join("act-timing.json");
-    let (gpu_mib, host_kib) = run_measuring_memory(
-        Command::new(&petite)
-            .args(["act", "--seed", "0", "--device", &a.device, "--dir"])
+    // `petite act` on the GPU (or CPU) bench's export, `--repeat` timed calls recorded in
+    // `timing`: the plain row, the host-gather A/B and the RTC row differ only in `obs`/`extra`.
+    let timed_act = |obs: &Path, extra: &[&str], timing: &Path, acted: &Path| -> Command {
+        let mut c = Command::new(&petite);
+        c.args(["act", "--seed", "0", "--device", &a.device, "--dir"])
             .arg(&out)
             .arg("--observation")
-            .arg(&obs)
+            .arg(obs)
             .arg("--tokenizer")
             .arg(&tok)
+            .args(extra)
             .args(["--repeat", &a.repeat.to_string()])
             .arg("--timing-json")
-            .arg(&timing)
+            .arg(timing)
             .arg("--out")
-            .arg(dir.join("actions.safetensors")),
-    )?;
+            .arg(acted);
+        c
+    };
+    let (gpu_mib, host_kib) = run_measuring_memory(&mut timed_act(
+        &obs,
+        &[],
+        &timing,
+        &dir.join("actions.safetensors"),
+    ))?;
     if a.check_cpu && cuda {
         let cpu_out = dir.join("actions-cpu.safetensors");
         util::run(
@@ -487,29 +509,13 @@ pub fn run(a: &Args) -> Result<()> {
         // off): what gathering its rows on the host saves in GPU memory, and costs a chunk.
         let off_timing = dir.join("act-timing-gather-off.json");
         let off_out = dir.join("actions-gather-off.safetensors");
-        let (off_mib, off_kib) = run_measuring_memory(
-            Command::new(&petite)
-                .args(["act", "--seed", "0", "--device", &a.device, "--dir"])
-                .arg(&out)
-                .arg("--observation")
-                .arg(&obs)
-                .arg("--tokenizer")
-                .arg(&tok)
-                .args(["--tune", "host_gather=off"])
-                .args(["--repeat", &a.repeat.to_string()])
-                .arg("--timing-json")
-                .arg(&off_timing)
-                .arg("--out")
-                .arg(&off_out),
-        )?;
-        let t: Value = serde_json::from_slice(&std::fs::read(&off_timing)?)?;
-        let mut off_chunk: Vec<f64> = t["calls"].as_array().context("timing JSON has no calls")?
-            [1..]
-            .iter()
-            .filter_map(|c| c["chunk_s"].as_f64())
-            .map(|s| s * 1e3)
-            .collect();
-        let (om, _) = median_p99(&mut off_chunk);
+        let (off_mib, off_kib) = run_measuring_memory(&mut timed_act(
+            &obs,
+            &["--tune", "host_gather=off"],
+            &off_timing,
+            &off_out,
+        ))?;
+        let (om, _) = median_p99(&mut chunk_ms(&off_timing)?);
         let same = actions(&off_out)? == actions(&dir.join("actions.safetensors"))?;
         println!(
             "policy bench: host gathers A/B (the same export and calls; token embedding rows gathered on the host, the default, against the table on the device): GPU memory {} against {}; the chunk {cm:.3} against {om:.3} ms ({:.3}×); host VmHWM {} against {}; actions {}",
@@ -534,28 +540,13 @@ pub fn run(a: &Args) -> Result<()> {
         Some([chunk_len - 1, action_dim]),
     )?;
     let rtc_timing = dir.join("act-rtc-timing.json");
-    util::run(
-        Command::new(&petite)
-            .args(["act", "--seed", "0", "--device", &a.device, "--dir"])
-            .arg(&out)
-            .arg("--observation")
-            .arg(&rtc_obs)
-            .arg("--tokenizer")
-            .arg(&tok)
-            .args(["--inference-delay", "3"])
-            .args(["--repeat", &a.repeat.to_string()])
-            .arg("--timing-json")
-            .arg(&rtc_timing)
-            .arg("--out")
-            .arg(dir.join("actions-rtc.safetensors")),
-    )?;
-    let rt: Value = serde_json::from_slice(&std::fs::read(&rtc_timing)?)?;
-    let mut rtc_chunk: Vec<f64> = rt["calls"].as_array().context("timing JSON has no calls")?[1..]
-        .iter()
-        .filter_map(|c| c["chunk_s"].as_f64())
-        .map(|s| s * 1e3)
-        .collect();
-    let (rm, rp) = median_p99(&mut rtc_chunk);
+    util::run(&mut timed_act(
+        &rtc_obs,
+        &["--inference-delay", "3"],
+        &rtc_timing,
+        &dir.join("actions-rtc.safetensors"),
+    ))?;
+    let (rm, rp) = median_p99(&mut chunk_ms(&rtc_timing)?);
     let guided = actions(&dir.join("actions-rtc.safetensors"))?;
     let plain = actions(&dir.join("actions.safetensors"))?;
     let moved = crate::conformance::gpu::max_err(&guided, &plain).unwrap_or(f32::NAN);
