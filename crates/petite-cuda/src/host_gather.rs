@@ -92,6 +92,9 @@ pub struct Gathered {
     rows: Vec<u8>,
     index: Vec<i32>,
     distinct: usize,
+    /// A gathered row's key → its place in `rows`: kept between runs, so that a run allocates
+    /// nothing once the first has sized it.
+    slots: HashMap<u64, i32, std::hash::BuildHasherDefault<RowHasher>>,
 }
 
 impl Gathered {
@@ -293,9 +296,8 @@ impl HostGathers {
         out.rows.clear();
         out.index.clear();
         out.distinct = 0;
+        out.slots.clear();
         let row_bytes = self.width * self.dtype.size();
-        let mut slots: HashMap<u64, i32, std::hash::BuildHasherDefault<RowHasher>> =
-            HashMap::with_capacity_and_hasher(2 * self.cap, Default::default());
         let mut ins = BTreeMap::new();
         for &i in &self.indices.inputs {
             let name = self.indices.input_name(i).unwrap_or_default();
@@ -310,9 +312,9 @@ impl HostGathers {
             let idx = outs
                 .remove(&h.output)
                 .ok_or_else(|| err(format!("no {} computed", h.output)))?;
-            let values: Vec<i64> = match idx.data() {
-                Data::I64(v) => v.clone(),
-                Data::I32(v) => v.iter().map(|&x| x as i64).collect(),
+            let values: std::borrow::Cow<'_, [i64]> = match idx.data() {
+                Data::I64(v) => v.as_slice().into(),
+                Data::I32(v) => v.iter().map(|&x| x as i64).collect::<Vec<_>>().into(),
                 _ => return Err(err("embedding indices are not integers")),
             };
             let view = weights.tensor(&h.weight.name)?;
@@ -337,7 +339,7 @@ impl HostGathers {
                 }
                 let row = first + v as usize;
                 let key = (h.table << 40) | row as u64;
-                let slot = match slots.get(&key) {
+                let slot = match out.slots.get(&key) {
                     Some(&s) => s,
                     None => {
                         let src = view
@@ -354,7 +356,7 @@ impl HostGathers {
                         convert_into(stored, self.dtype, src, &mut out.rows[at..]);
                         let s = out.distinct as i32;
                         out.distinct += 1;
-                        slots.insert(key, s);
+                        out.slots.insert(key, s);
                         s
                     }
                 };
@@ -385,9 +387,9 @@ impl HostGathers {
                 self.cap
             )));
         }
-        let index: Vec<u8> = g.index.iter().flat_map(|i| i.to_le_bytes()).collect();
         dev.write(&bufs.rows, &g.rows)?;
-        dev.write(&bufs.index, &index)
+        // Little-endian i32s, as the device reads them (every CUDA host is little-endian).
+        dev.write(&bufs.index, bytemuck::cast_slice(&g.index))
     }
 
     /// The rewritten program's extra inputs, by name, as views of `bufs`.
