@@ -766,13 +766,15 @@ pub fn export(opts: &ExportOptions) -> Result<ExportResult> {
             .map(|p| p.weight_bytes() as u64)
             .sum(),
     );
-    // Reference engines run on a GPU by petite-cuda, which gathers large embedding tables' rows
-    // on the host; other backends' runtimes hold every weight.
-    saved.host_table_bytes = if opts.backend.name() == crate::backends::Backend::DEFAULT.name() {
-        Some(host_table_bytes(&loaded.progs.prefix)?)
-    } else {
-        None
-    };
+    // Engines of the delegate petite-cuda runs on a GPU (`PetiteReference`, the runtime
+    // registry's key) gather large embedding tables' rows on the host; other runtimes hold
+    // every weight.
+    saved.host_table_bytes =
+        if opts.backend.spec().delegate_id() == Some(crate::engines::REFERENCE_ID) {
+            Some(host_table_bytes(&loaded.progs.prefix)?)
+        } else {
+            None
+        };
     drop(stages);
     let table_text = crate::report::table(&recorded, total);
     let report = report(
